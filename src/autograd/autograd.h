@@ -1,0 +1,53 @@
+/* Autograd internals: graph nodes and the recording API used by ops.
+ *
+ * Every differentiable op has exactly one output. When grad mode is on and
+ * an input requires grad, the op records a node on its output: the node holds
+ * references to the inputs (so backward rules may use them and so the graph
+ * stays alive as long as its output does), up to NB_NODE_SAVED saved tensors
+ * (detached, so an op saving its own output makes no reference cycle), and
+ * integer/double parameters. A backward rule computes input gradients with
+ * nabla's own ops, so under create_graph the rules are themselves recorded. */
+#ifndef NB_AUTOGRAD_H
+#define NB_AUTOGRAD_H
+
+#include "core/core.h"
+
+#define NB_NODE_SAVED 4
+
+typedef struct nb_node nb_node;
+/* Sets gin[i] to a new reference (or leaves it NULL for "no gradient") for
+ * every input i with nb_node_needs_grad(n, i). Returns NB_OK or an error. */
+typedef nb_status (*nb_backward_fn)(nb_node *n, nb_tensor *gout, nb_tensor **gin);
+
+struct nb_node {
+  int64_t refcount;
+  const char *name;
+  nb_backward_fn backward;
+  int n_inputs;
+  nb_tensor **inputs;              /* owned references */
+  nb_tensor *saved[NB_NODE_SAVED]; /* owned references, detached */
+  int64_t ip[2 * NB_MAX_DIMS + 4]; /* op parameters */
+  double dp[4];
+  int out_ndim;                    /* the output's shape, dtype and device */
+  int64_t out_shape[NB_MAX_DIMS];
+  nb_dtype out_dtype;
+  nb_device out_device;
+  int freed;                       /* saved tensors dropped after backward */
+  /* backward-pass scratch */
+  int64_t pass;
+  int pending;
+  nb_tensor *gacc;
+};
+
+void nb_node_release(nb_node *n);
+/* Records a node on out if grad mode is on and any input requires grad.
+ * Returns the node (so the caller can save tensors and parameters) or NULL
+ * when nothing was recorded. NULL entries in inputs are allowed. */
+nb_node *nb_record(const char *name, nb_backward_fn fn, int n_inputs,
+                   const nb_tensor *const *inputs, nb_tensor *out);
+/* Saves a detached alias of t in slot i. */
+void nb_node_save(nb_node *n, int i, const nb_tensor *t);
+int nb_node_needs_grad(const nb_node *n, int i);
+int nb_any_requires_grad(int n, const nb_tensor *const *ts);
+
+#endif

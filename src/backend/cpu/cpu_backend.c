@@ -1,0 +1,93 @@
+/* The CPU backend's table and memory functions, and backend lookup. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/core.h"
+
+/* 64-byte aligned so that vector loads of contiguous data never split a
+ * cache line at the start of a tensor. */
+static void *cpu_alloc(nb_device dev, size_t nbytes) {
+  size_t n = (nbytes + 63) & ~(size_t)63;
+  void *p = aligned_alloc(64, n ? n : 64);
+  if (!p) nb_error_set(NB_ERR_OOM, "cpu: out of memory allocating %zu bytes", nbytes);
+  return p;
+}
+
+static void cpu_free(nb_device dev, void *p, size_t nbytes) { free(p); }
+
+static nb_status cpu_memcpy(nb_device dev, void *dst, const void *src, size_t nbytes) {
+  memcpy(dst, src, nbytes);
+  return NB_OK;
+}
+
+static nb_status cpu_sync(nb_device dev) { return NB_OK; }
+
+const nb_backend nb_cpu_backend = {
+  .name = "cpu",
+  .alloc = cpu_alloc,
+  .free = cpu_free,
+  .upload = cpu_memcpy,
+  .download = cpu_memcpy,
+  .synchronize = cpu_sync,
+  .fill = nb_cpu_fill,
+  .arange = nb_cpu_arange,
+  .copy = nb_cpu_copy,
+  .unary = nb_cpu_unary,
+  .binary = nb_cpu_binary,
+  .where = nb_cpu_where,
+  .reduce = nb_cpu_reduce,
+  .matmul = nb_cpu_matmul,
+  .rand_uniform = nb_cpu_rand_uniform,
+  .rand_normal = nb_cpu_rand_normal,
+  .randint = nb_cpu_randint,
+  .softmax_fwd = nb_cpu_softmax_fwd,
+  .softmax_bwd = nb_cpu_softmax_bwd,
+  .norm_fwd = nb_cpu_norm_fwd,
+  .norm_bwd = nb_cpu_norm_bwd,
+  .xent_fwd = nb_cpu_xent_fwd,
+  .xent_bwd = nb_cpu_xent_bwd,
+  .index_select = nb_cpu_index_select,
+  .index_add = nb_cpu_index_add,
+  .gather = nb_cpu_gather,
+  .scatter_add = nb_cpu_scatter_add,
+  .dropout = nb_cpu_dropout,
+  .im2col = nb_cpu_im2col,
+  .col2im = nb_cpu_col2im,
+  .maxpool2d_fwd = nb_cpu_maxpool2d_fwd,
+  .maxpool2d_bwd = nb_cpu_maxpool2d_bwd,
+  .avgpool2d_fwd = nb_cpu_avgpool2d_fwd,
+  .avgpool2d_bwd = nb_cpu_avgpool2d_bwd,
+  .adamw_step = nb_cpu_adamw_step,
+  .sgd_step = nb_cpu_sgd_step,
+};
+
+const nb_backend *nb_backend_for(nb_device dev) {
+  if (dev.type == NB_CPU) return &nb_cpu_backend;
+#ifdef NABLA_HAVE_CUDA
+  if (dev.type == NB_CUDA) {
+    int n = nb_cuda_available();
+    if (dev.index < 0 || dev.index >= n) {
+      nb_error_set(NB_ERR_DEVICE, "device cuda:%d is not available (%d CUDA device%s found)",
+                   dev.index, n, n == 1 ? "" : "s");
+      return NULL;
+    }
+    return nb_cuda_backend();
+  }
+#endif
+  nb_error_set(NB_ERR_DEVICE, "device %s is not available: nabla was built without CUDA",
+               dev.type == NB_CUDA ? "cuda" : "unknown");
+  return NULL;
+}
+
+#ifndef NABLA_HAVE_CUDA
+/* A CPU-only build answers the CUDA queries without failing. */
+int nb_cuda_available(void) { return 0; }
+nb_status nb_cuda_memory_stats(int device, nb_memory_stats *out) {
+  if (out) memset(out, 0, sizeof *out);
+  return nb_error_set(NB_ERR_DEVICE, "nb_cuda_memory_stats: nabla was built without CUDA");
+}
+nb_status nb_cuda_empty_cache(int device) {
+  return nb_error_set(NB_ERR_DEVICE, "nb_cuda_empty_cache: nabla was built without CUDA");
+}
+#endif

@@ -1,0 +1,247 @@
+/* Reductions over any set of axes, with keepdim. sum, max, min, argmax and
+ * argmin run a kernel; mean, var, std, logsumexp and norm are compositions,
+ * so their gradients come from the primitives' rules. */
+#include <math.h>
+#include <string.h>
+
+#include "ops/ops.h"
+
+nb_status nb_op_axes_mask(const char *op, const nb_tensor *x, int n_axes, const int *axes,
+                          int mask[NB_MAX_DIMS]) {
+  memset(mask, 0, NB_MAX_DIMS * sizeof mask[0]);
+  if (n_axes < 0 || (n_axes && !axes))
+    return nb_error_set(NB_ERR_AXIS, "%s: %d axes given (expected an array, or 0 for all)", op, n_axes);
+  if (n_axes == 0) {
+    for (int i = 0; i < x->ndim; i++) mask[i] = 1;
+    return NB_OK;
+  }
+  for (int i = 0; i < n_axes; i++) {
+    int a = nb_norm_axis(op, axes[i], x->ndim);
+    if (a < 0) return NB_ERR_AXIS;
+    if (x->ndim == 0) continue;
+    if (mask[a]) return nb_error_set(NB_ERR_AXIS, "%s: axis %d is given twice", op, axes[i]);
+    mask[a] = 1;
+  }
+  return NB_OK;
+}
+
+/* The result's shape, with reduced axes kept as 1 (keep) or dropped. */
+static int reduced_shape(const nb_tensor *x, const int *mask, int keep, int64_t *shape) {
+  int k = 0;
+  for (int i = 0; i < x->ndim; i++) {
+    if (!mask[i]) shape[k++] = x->shape[i];
+    else if (keep) shape[k++] = 1;
+  }
+  return k;
+}
+
+/* Runs the reduction kernel: kept axes first, reduced axes last. */
+static nb_tensor *reduce_kernel(nb_rop op, const nb_tensor *x, const int *mask, int keep,
+                                nb_dtype out_dt) {
+  int64_t oshape[NB_MAX_DIMS], kshape[NB_MAX_DIMS];
+  int ond = reduced_shape(x, mask, keep, kshape);
+  int knd = reduced_shape(x, mask, 0, oshape);
+  nb_tensor *out = nb_tensor_alloc(ond, kshape, out_dt, nb_device_of(x));
+  if (!out || !nb_numel(out)) return out;
+  nb_kview ki, ko;
+  nb_kview_of(x, &ki);
+  int k = 0, nred = 0;
+  for (int i = 0; i < x->ndim; i++)
+    if (!mask[i]) { ki.shape[k] = x->shape[i]; ki.strides[k++] = x->strides[i]; }
+  for (int i = 0; i < x->ndim; i++)
+    if (mask[i]) { ki.shape[k] = x->shape[i]; ki.strides[k++] = x->strides[i]; nred++; }
+  nb_kview_of(out, &ko);
+  ko.ndim = knd;
+  nb_contiguous_strides(knd, oshape, ko.strides);
+  memcpy(ko.shape, oshape, sizeof oshape);
+  if (nb_backend_for(nb_device_of(x))->reduce(op, &ko, &ki, nred)) {
+    nb_release(out);
+    return NULL;
+  }
+  return out;
+}
+
+/* g of the reduced shape, brought back to x's shape by broadcasting. */
+static nb_tensor *expand_back(const nb_tensor *g, const nb_node *n, const nb_tensor *x) {
+  int64_t shape[NB_MAX_DIMS];
+  for (int i = 0; i < x->ndim; i++) shape[i] = n->ip[i] ? 1 : x->shape[i];
+  nb_tensor *gk = nb_reshape(g, x->ndim, shape);
+  return nb_expand(gk, x->ndim, x->shape);
+}
+
+static nb_status sum_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  gin[0] = nb_retain(expand_back(g, n, n->inputs[0]));
+  return gin[0] ? NB_OK : nb_last_status();
+}
+
+/* max/min: the gradient is shared evenly among the elements equal to the
+ * extreme (as for maximum on ties). */
+static nb_status extreme_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const nb_tensor *x = n->inputs[0];
+  nb_tensor *hit = nb_cast(nb_eq(x, expand_back(n->saved[0], n, x)), g->dtype);
+  int axes[NB_MAX_DIMS], na = 0;
+  for (int i = 0; i < x->ndim; i++)
+    if (n->ip[i]) axes[na++] = i;
+  nb_tensor *count = nb_sum(hit, na, axes, 1);
+  gin[0] = nb_retain(nb_div(nb_mul(hit, expand_back(g, n, x)), nb_expand(count, x->ndim, x->shape)));
+  return gin[0] ? NB_OK : nb_last_status();
+}
+
+static nb_tensor *reduce_op(const char *name, nb_rop op, const nb_tensor *x, int n_axes,
+                            const int *axes, int keep) {
+  if (!x) { nb_error_null(name, "x"); return NULL; }
+  int mask[NB_MAX_DIMS];
+  if (nb_op_axes_mask(name, x, n_axes, axes, mask)) return NULL;
+  int empty = 0;
+  for (int i = 0; i < x->ndim; i++) empty |= mask[i] && x->shape[i] == 0;
+  if (empty && op != NB_ROP_SUM) {
+    char b[200];
+    nb_error_set(NB_ERR_SHAPE, "%s: cannot reduce %s over an empty axis", name, nb_describe(x, b, sizeof b));
+    return NULL;
+  }
+  nb_dtype dt = x->dtype;
+  if (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN) dt = NB_I64;
+  else if (op == NB_ROP_SUM && !nb_dtype_is_float(dt)) dt = NB_I64;
+  nb_scope_begin();
+  const nb_tensor *in = op == NB_ROP_SUM ? nb_cast(x, dt) : x;
+  nb_tensor *out = in ? reduce_kernel(op, in, mask, keep, dt) : NULL;
+  if (out && empty) { /* an empty sum is zero: the kernel never ran */
+    nb_kview ko;
+    nb_kview_of(out, &ko);
+    if (nb_numel(out) && nb_backend_for(nb_device_of(out))->fill(&ko, 0.0)) { nb_release(out); out = NULL; }
+  }
+  nb_backward_fn bw = op == NB_ROP_SUM ? sum_bw : op == NB_ROP_MAX || op == NB_ROP_MIN ? extreme_bw : NULL;
+  nb_node *n = out && bw ? nb_record(name, bw, 1, (const nb_tensor *const[]){in}, out) : NULL;
+  if (n) {
+    for (int i = 0; i < x->ndim; i++) n->ip[i] = mask[i];
+    if (bw == extreme_bw) nb_node_save(n, 0, out);
+  }
+  nb_scope_end();
+  return nb_autorelease(out);
+}
+
+nb_tensor *nb_sum(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
+  return reduce_op("sum", NB_ROP_SUM, x, n_axes, axes, keepdim);
+}
+nb_tensor *nb_max(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
+  return reduce_op("max", NB_ROP_MAX, x, n_axes, axes, keepdim);
+}
+nb_tensor *nb_min(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
+  return reduce_op("min", NB_ROP_MIN, x, n_axes, axes, keepdim);
+}
+nb_tensor *nb_argmax(const nb_tensor *x, int axis, int keepdim) {
+  return reduce_op("argmax", NB_ROP_ARGMAX, x, 1, &axis, keepdim);
+}
+nb_tensor *nb_argmin(const nb_tensor *x, int axis, int keepdim) {
+  return reduce_op("argmin", NB_ROP_ARGMIN, x, 1, &axis, keepdim);
+}
+
+/* Number of elements reduced over, or -1 after setting an error. */
+static int64_t reduced_count(const char *op, const nb_tensor *x, int n_axes, const int *axes) {
+  int mask[NB_MAX_DIMS];
+  if (nb_op_axes_mask(op, x, n_axes, axes, mask)) return -1;
+  int64_t c = 1;
+  for (int i = 0; i < x->ndim; i++)
+    if (mask[i]) c *= x->shape[i];
+  return c;
+}
+
+static int require_float(const char *op, const nb_tensor *x) {
+  if (nb_dtype_is_float(x->dtype)) return 1;
+  nb_error_set(NB_ERR_DTYPE, "%s: dtype %s (expected a float tensor; cast it first)", op,
+               nb_dtype_name(x->dtype));
+  return 0;
+}
+
+/* Runs a composition in its own scope and hands out one kept result. */
+#define COMPOSE(result_expr)                      \
+  do {                                            \
+    nb_scope_begin();                             \
+    nb_tensor *r_ = nb_keep(result_expr);         \
+    nb_scope_end();                               \
+    return nb_autorelease(r_);                    \
+  } while (0)
+
+nb_tensor *nb_mean(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
+  if (!x) { nb_error_null("mean", "x"); return NULL; }
+  if (!require_float("mean", x)) return NULL;
+  int64_t c = reduced_count("mean", x, n_axes, axes);
+  if (c < 0) return NULL;
+  COMPOSE(nb_mul_scalar(nb_sum(x, n_axes, axes, keepdim), c ? 1.0 / (double)c : NAN));
+}
+
+nb_tensor *nb_var(const nb_tensor *x, int n_axes, const int *axes, double correction, int keepdim) {
+  if (!x) { nb_error_null("var", "x"); return NULL; }
+  if (!require_float("var", x)) return NULL;
+  int64_t c = reduced_count("var", x, n_axes, axes);
+  if (c < 0) return NULL;
+  double denom = (double)c - correction;
+  nb_scope_begin();
+  nb_tensor *d = nb_sub(x, nb_mean(x, n_axes, axes, 1));
+  nb_tensor *r = nb_keep(nb_mul_scalar(nb_sum(nb_square(d), n_axes, axes, keepdim),
+                                       denom > 0 ? 1.0 / denom : NAN));
+  nb_scope_end();
+  return nb_autorelease(r);
+}
+
+nb_tensor *nb_std(const nb_tensor *x, int n_axes, const int *axes, double correction, int keepdim) {
+  if (!x) { nb_error_null("std", "x"); return NULL; }
+  COMPOSE(nb_sqrt(nb_var(x, n_axes, axes, correction, keepdim)));
+}
+
+/* log(sum(exp(x))) = m + log(sum(exp(x - m))) with m the (detached) max;
+ * rows whose max is infinite use m = 0 so that -inf rows give -inf. */
+nb_tensor *nb_logsumexp(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
+  if (!x) { nb_error_null("logsumexp", "x"); return NULL; }
+  if (!require_float("logsumexp", x)) return NULL;
+  nb_scope_begin();
+  nb_no_grad_begin();
+  nb_tensor *m = nb_max(x, n_axes, axes, 1);
+  nb_tensor *zero = m ? nb_scalar(0.0, x->dtype, nb_device_of(x)) : NULL;
+  nb_tensor *finite = m ? nb_lt(nb_abs(m), nb_scalar(INFINITY, x->dtype, nb_device_of(x))) : NULL;
+  m = finite ? nb_where(finite, m, zero) : NULL;
+  nb_no_grad_end();
+  nb_tensor *s = nb_log(nb_sum(nb_exp(nb_sub(x, m)), n_axes, axes, 1));
+  nb_tensor *r = nb_add(s, m);
+  if (r && !keepdim) {
+    int64_t shape[NB_MAX_DIMS];
+    int mask[NB_MAX_DIMS];
+    nb_op_axes_mask("logsumexp", x, n_axes, axes, mask);
+    r = nb_reshape(r, reduced_shape(x, mask, 0, shape), shape);
+  }
+  r = nb_keep(r);
+  nb_scope_end();
+  return nb_autorelease(r);
+}
+
+nb_tensor *nb_norm(const nb_tensor *x, double p, int n_axes, const int *axes, int keepdim) {
+  if (!x) { nb_error_null("norm", "x"); return NULL; }
+  if (!require_float("norm", x)) return NULL;
+  if (!(p > 0)) {
+    nb_error_set(NB_ERR_VALUE, "norm: p = %g (expected p > 0 or infinity)", p);
+    return NULL;
+  }
+  if (isinf(p)) COMPOSE(nb_max(nb_abs(x), n_axes, axes, keepdim));
+  if (p == 1) COMPOSE(nb_sum(nb_abs(x), n_axes, axes, keepdim));
+  if (p == 2) COMPOSE(nb_sqrt(nb_sum(nb_square(x), n_axes, axes, keepdim)));
+  COMPOSE(nb_pow_scalar(nb_sum(nb_pow_scalar(nb_abs(x), p), n_axes, axes, keepdim), 1.0 / p));
+}
+
+/* Sums the axes that broadcasting added or stretched from size 1. */
+nb_tensor *nb_sum_to_shape(const nb_tensor *t, int ndim, const int64_t *shape) {
+  if (!t) { nb_error_null("sum_to_shape", "t"); return NULL; }
+  char b1[200], b2[200];
+  int lead = t->ndim - ndim, axes[NB_MAX_DIMS], na = 0;
+  if (lead < 0) goto bad;
+  for (int i = 0; i < t->ndim; i++) {
+    if (i < lead) axes[na++] = i;
+    else if (shape[i - lead] == 1 && t->shape[i] != 1) axes[na++] = i;
+    else if (shape[i - lead] != t->shape[i]) goto bad;
+  }
+  if (!na) return nb_autorelease(nb_retain((nb_tensor *)t));
+  COMPOSE(nb_reshape(nb_sum(t, na, axes, 1), ndim, shape));
+bad:
+  nb_error_set(NB_ERR_SHAPE, "sum_to_shape: %s cannot be summed to %s", nb_describe(t, b1, sizeof b1),
+               nb_shape_str(ndim, shape, b2, sizeof b2));
+  return NULL;
+}

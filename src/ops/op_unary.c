@@ -1,0 +1,165 @@
+/* Unary elementwise ops: definition, dtype rule, backward rule. */
+#include <math.h>
+
+#include "autograd/autograd.h"
+#include "backend/backend.h"
+#include "core/core.h"
+#include "ops/ops.h"
+
+/* Runs one unary kernel into a new tensor of x's shape and dtype dt. */
+nb_tensor *nb_op_unary_kernel(nb_uop op, const nb_tensor *x, nb_dtype dt) {
+  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, dt, nb_device_of(x));
+  if (!out) return NULL;
+  nb_kview ko, ki;
+  nb_kview_of(out, &ko);
+  nb_kview_of(x, &ki);
+  if (nb_numel(x) && nb_backend_for(nb_device_of(x))->unary(op, &ko, &ki)) {
+    nb_release(out);
+    return NULL;
+  }
+  return out;
+}
+
+/* ---- backward rules: g is the output's gradient, x the input, y the output */
+#define RULE(name, expr)                                                        \
+  static nb_status name##_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {       \
+    const nb_tensor *x = n->inputs[0], *y = n->saved[0];                        \
+    (void)x; (void)y;                                                           \
+    gin[0] = nb_retain(expr);                                                   \
+    return gin[0] ? NB_OK : nb_last_status();                                   \
+  }
+
+RULE(neg, nb_neg(g))
+RULE(abs, nb_mul(g, nb_sign(x)))
+RULE(exp, nb_mul(g, y))
+RULE(log, nb_div(g, x))
+RULE(log1p, nb_div(g, nb_add_scalar(x, 1.0)))
+RULE(expm1, nb_mul(g, nb_add_scalar(y, 1.0)))
+RULE(sqrt, nb_div(nb_mul_scalar(g, 0.5), y))
+RULE(rsqrt, nb_mul(nb_mul_scalar(g, -0.5), nb_mul(y, nb_square(y))))
+RULE(square, nb_mul(g, nb_mul_scalar(x, 2.0)))
+RULE(reciprocal, nb_neg(nb_mul(g, nb_square(y))))
+RULE(sin, nb_mul(g, nb_cos(x)))
+RULE(cos, nb_neg(nb_mul(g, nb_sin(x))))
+RULE(tanh, nb_mul(g, nb_rsub_scalar(nb_square(y), 1.0)))
+RULE(sigmoid, nb_mul(g, nb_mul(y, nb_rsub_scalar(y, 1.0))))
+RULE(relu, nb_mul(g, nb_cast(nb_gt(x, nb_scalar(0, x->dtype, nb_device_of(x))), x->dtype)))
+RULE(softplus, nb_mul(g, nb_sigmoid(x)))
+RULE(zero, nb_zeros_like(x))
+
+/* The derivative kernels (GELU', SiLU') are ops without a backward of their
+ * own: differentiating GELU twice reports that it is not supported. */
+static nb_status no_double_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  return nb_error_set(NB_ERR_UNSUPPORTED, "backward: second derivative of '%s' is not supported",
+                      n->name);
+}
+
+static nb_tensor *derivative(const char *name, nb_uop op, const nb_tensor *x) {
+  nb_tensor *d = nb_op_unary_kernel(op, x, x->dtype);
+  if (d) nb_record(name, no_double_bw, 1, (const nb_tensor *const[]){x}, d);
+  return nb_autorelease(d);
+}
+
+RULE(gelu, nb_mul(g, derivative("gelu_derivative", NB_UOP_GELU_ERF_D, x)))
+RULE(gelu_tanh, nb_mul(g, derivative("gelu_tanh_derivative", NB_UOP_GELU_TANH_D, x)))
+RULE(silu, nb_mul(g, derivative("silu_derivative", NB_UOP_SILU_D, x)))
+
+typedef struct {
+  const char *name;
+  nb_backward_fn bw;
+  int int_ok;      /* integer inputs keep their dtype */
+  int save_output; /* the rule reads y */
+} unary_def;
+
+static const unary_def unary_defs[NB_UOP_COUNT] = {
+  [NB_UOP_NEG] = {"neg", neg_bw, 1, 0},
+  [NB_UOP_ABS] = {"abs", abs_bw, 1, 0},
+  [NB_UOP_EXP] = {"exp", exp_bw, 0, 1},
+  [NB_UOP_LOG] = {"log", log_bw, 0, 0},
+  [NB_UOP_LOG1P] = {"log1p", log1p_bw, 0, 0},
+  [NB_UOP_EXPM1] = {"expm1", expm1_bw, 0, 1},
+  [NB_UOP_SQRT] = {"sqrt", sqrt_bw, 0, 1},
+  [NB_UOP_RSQRT] = {"rsqrt", rsqrt_bw, 0, 1},
+  [NB_UOP_SQUARE] = {"square", square_bw, 1, 0},
+  [NB_UOP_RECIPROCAL] = {"reciprocal", reciprocal_bw, 0, 1},
+  [NB_UOP_SIN] = {"sin", sin_bw, 0, 0},
+  [NB_UOP_COS] = {"cos", cos_bw, 0, 0},
+  [NB_UOP_TANH] = {"tanh", tanh_bw, 0, 1},
+  [NB_UOP_SIGMOID] = {"sigmoid", sigmoid_bw, 0, 1},
+  [NB_UOP_RELU] = {"relu", relu_bw, 0, 0},
+  [NB_UOP_GELU_ERF] = {"gelu", gelu_bw, 0, 0},
+  [NB_UOP_GELU_TANH] = {"gelu_tanh", gelu_tanh_bw, 0, 0},
+  [NB_UOP_SILU] = {"silu", silu_bw, 0, 0},
+  [NB_UOP_SOFTPLUS] = {"softplus", softplus_bw, 0, 0},
+  [NB_UOP_SIGN] = {"sign", zero_bw, 1, 0},
+  [NB_UOP_FLOOR] = {"floor", zero_bw, 1, 0},
+  [NB_UOP_CEIL] = {"ceil", zero_bw, 1, 0},
+  [NB_UOP_ROUND] = {"round", zero_bw, 1, 0},
+};
+
+static nb_tensor *unary(nb_uop op, const nb_tensor *x) {
+  const unary_def *d = &unary_defs[op];
+  if (!x) { nb_error_null(d->name, "x"); return NULL; }
+  int is_int = !nb_dtype_is_float(x->dtype);
+  /* floor/ceil/round of an integer is the integer itself */
+  if (is_int && (op == NB_UOP_FLOOR || op == NB_UOP_CEIL || op == NB_UOP_ROUND))
+    return nb_clone(x);
+  nb_scope_begin();
+  const nb_tensor *in = x;
+  if (is_int && (!d->int_ok || x->dtype == NB_BOOL)) in = nb_cast(x, is_int && d->int_ok ? NB_I64 : NB_F32);
+  nb_tensor *out = in ? nb_op_unary_kernel(op, in, in->dtype) : NULL;
+  nb_node *n = out ? nb_record(d->name, d->bw, 1, (const nb_tensor *const[]){in}, out) : NULL;
+  if (n && d->save_output) nb_node_save(n, 0, out);
+  nb_scope_end();
+  return nb_autorelease(out);
+}
+
+nb_tensor *nb_neg(const nb_tensor *x) { return unary(NB_UOP_NEG, x); }
+nb_tensor *nb_abs(const nb_tensor *x) { return unary(NB_UOP_ABS, x); }
+nb_tensor *nb_exp(const nb_tensor *x) { return unary(NB_UOP_EXP, x); }
+nb_tensor *nb_log(const nb_tensor *x) { return unary(NB_UOP_LOG, x); }
+nb_tensor *nb_log1p(const nb_tensor *x) { return unary(NB_UOP_LOG1P, x); }
+nb_tensor *nb_expm1(const nb_tensor *x) { return unary(NB_UOP_EXPM1, x); }
+nb_tensor *nb_sqrt(const nb_tensor *x) { return unary(NB_UOP_SQRT, x); }
+nb_tensor *nb_rsqrt(const nb_tensor *x) { return unary(NB_UOP_RSQRT, x); }
+nb_tensor *nb_square(const nb_tensor *x) { return unary(NB_UOP_SQUARE, x); }
+nb_tensor *nb_reciprocal(const nb_tensor *x) { return unary(NB_UOP_RECIPROCAL, x); }
+nb_tensor *nb_sin(const nb_tensor *x) { return unary(NB_UOP_SIN, x); }
+nb_tensor *nb_cos(const nb_tensor *x) { return unary(NB_UOP_COS, x); }
+nb_tensor *nb_tanh(const nb_tensor *x) { return unary(NB_UOP_TANH, x); }
+nb_tensor *nb_sigmoid(const nb_tensor *x) { return unary(NB_UOP_SIGMOID, x); }
+nb_tensor *nb_relu(const nb_tensor *x) { return unary(NB_UOP_RELU, x); }
+nb_tensor *nb_gelu(const nb_tensor *x) { return unary(NB_UOP_GELU_ERF, x); }
+nb_tensor *nb_gelu_tanh(const nb_tensor *x) { return unary(NB_UOP_GELU_TANH, x); }
+nb_tensor *nb_silu(const nb_tensor *x) { return unary(NB_UOP_SILU, x); }
+nb_tensor *nb_softplus(const nb_tensor *x) { return unary(NB_UOP_SOFTPLUS, x); }
+nb_tensor *nb_sign(const nb_tensor *x) { return unary(NB_UOP_SIGN, x); }
+nb_tensor *nb_floor(const nb_tensor *x) { return unary(NB_UOP_FLOOR, x); }
+nb_tensor *nb_ceil(const nb_tensor *x) { return unary(NB_UOP_CEIL, x); }
+nb_tensor *nb_round(const nb_tensor *x) { return unary(NB_UOP_ROUND, x); }
+
+/* ---- cast ---------------------------------------------------------------- */
+static nb_status cast_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  gin[0] = nb_retain(nb_cast(g, n->inputs[0]->dtype));
+  return gin[0] ? NB_OK : nb_last_status();
+}
+
+nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dt) {
+  if (!x) { nb_error_null("nb_cast", "x"); return NULL; }
+  if ((unsigned)dt >= NB_DTYPE_COUNT) {
+    nb_error_set(NB_ERR_DTYPE, "nb_cast: invalid dtype %d", (int)dt);
+    return NULL;
+  }
+  if (x->dtype == dt) return nb_autorelease(nb_retain((nb_tensor *)x));
+  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, dt, nb_device_of(x));
+  if (!out) return NULL;
+  nb_kview ko, ki;
+  nb_kview_of(out, &ko);
+  nb_kview_of(x, &ki);
+  if (nb_numel(x) && nb_backend_for(nb_device_of(x))->copy(&ko, &ki)) {
+    nb_release(out);
+    return NULL;
+  }
+  if (nb_dtype_is_float(x->dtype)) nb_record("cast", cast_bw, 1, (const nb_tensor *const[]){x}, out);
+  return nb_autorelease(out);
+}

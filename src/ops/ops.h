@@ -1,0 +1,22 @@
+/* Internal helpers shared by the op definitions in src/ops/. */
+#ifndef NB_OPS_H
+#define NB_OPS_H
+
+#include "autograd/autograd.h"
+#include "backend/backend.h"
+#include "core/core.h"
+
+/* A new tensor (not autoreleased) holding uop(x), of dtype dt. */
+nb_tensor *nb_op_unary_kernel(nb_uop op, const nb_tensor *x, nb_dtype dt);
+/* Gradient g of a broadcast result, summed back to input x's shape and cast
+ * to x's dtype (a new reference). */
+nb_tensor *nb_op_grad_to(const nb_tensor *g, const nb_tensor *x);
+/* Fails (and names op) unless all given tensors share one device. */
+nb_status nb_op_same_device(const char *op, int n, const nb_tensor *const *ts);
+/* Normalises a set of axes into a mask; n_axes 0 means all. */
+nb_status nb_op_axes_mask(const char *op, const nb_tensor *x, int n_axes, const int *axes,
+                          int mask[NB_MAX_DIMS]);
+/* The scalar as a 0-d tensor of the dtype a binary op with t should use. */
+nb_tensor *nb_op_scalar_for(const nb_tensor *t, double s);
+
+#endif
