@@ -1,0 +1,511 @@
+/* Every foundation op: forward against a naive float64 reference (f64, f32,
+ * bf16), and gradients against central finite differences in float64, on
+ * contiguous, transposed, sliced, broadcast, size-1 and odd-sized inputs. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* ---- input layouts ------------------------------------------------------ */
+typedef enum { L_CONTIG, L_TRANSPOSED, L_SLICED, L_SIZE1, L_ODD, L_COUNT } layout;
+static const char *layout_names[] = {"contiguous", "transposed", "sliced", "size-1", "odd"};
+
+/* A view of the given layout over a base tensor made for it. */
+static nb_tensor *layout_view(nb_tensor *base, layout l) {
+  switch (l) {
+  case L_TRANSPOSED: return nb_transpose(base, 0, 1);
+  case L_SLICED: return nb_slice(nb_slice(base, 0, 1, 9, 2), 1, 0, 7, 3);
+  default: return base;
+  }
+}
+
+static void layout_base_shape(layout l, int64_t *shape) {
+  static const int64_t s[L_COUNT][2] = {{4, 6}, {6, 4}, {9, 7}, {1, 1}, {13, 7}};
+  shape[0] = s[l][0];
+  shape[1] = s[l][1];
+}
+
+/* ---- unary -------------------------------------------------------------- */
+typedef nb_tensor *(*unary_fn)(const nb_tensor *);
+static double gelu_ref(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
+static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+static double sigmoid_ref(double x) { return 1 / (1 + exp(-x)); }
+static double relu_ref(double x) { return x > 0 ? x : 0; }
+static double silu_ref(double x) { return x * sigmoid_ref(x); }
+static double softplus_ref(double x) { return log1p(exp(x)); }
+static double sign_ref(double x) { return (x > 0) - (x < 0); }
+static double neg_ref(double x) { return -x; }
+static double square_ref(double x) { return x * x; }
+static double recip_ref(double x) { return 1 / x; }
+static double rsqrt_ref(double x) { return 1 / sqrt(x); }
+static double round_ref(double x) { return nearbyint(x); }
+
+typedef struct {
+  const char *name;
+  unary_fn fn;
+  double (*ref)(double);
+  int positive;    /* domain x > 0 */
+  int smooth;      /* has a nonzero gradient */
+} unary_case;
+
+static const unary_case unary_cases[] = {
+  {"neg", nb_neg, neg_ref, 0, 1}, {"abs", nb_abs, fabs, 0, 1}, {"exp", nb_exp, exp, 0, 1},
+  {"log", nb_log, log, 1, 1}, {"log1p", nb_log1p, log1p, 1, 1}, {"expm1", nb_expm1, expm1, 0, 1},
+  {"sqrt", nb_sqrt, sqrt, 1, 1}, {"rsqrt", nb_rsqrt, rsqrt_ref, 1, 1},
+  {"square", nb_square, square_ref, 0, 1}, {"reciprocal", nb_reciprocal, recip_ref, 1, 1},
+  {"sin", nb_sin, sin, 0, 1}, {"cos", nb_cos, cos, 0, 1}, {"tanh", nb_tanh, tanh, 0, 1},
+  {"sigmoid", nb_sigmoid, sigmoid_ref, 0, 1}, {"relu", nb_relu, relu_ref, 0, 1},
+  {"gelu", nb_gelu, gelu_ref, 0, 1}, {"gelu_tanh", nb_gelu_tanh, gelu_tanh_ref, 0, 1},
+  {"silu", nb_silu, silu_ref, 0, 1}, {"softplus", nb_softplus, softplus_ref, 0, 1},
+  {"sign", nb_sign, sign_ref, 0, 0}, {"floor", nb_floor, floor, 0, 0}, {"ceil", nb_ceil, ceil, 0, 0},
+  {"round", nb_round, round_ref, 0, 0},
+};
+#define N_UNARY (int)(sizeof unary_cases / sizeof unary_cases[0])
+
+typedef struct { const unary_case *uc; layout l; } unary_ctx;
+
+/* Domain-restricted ops see |x| + 0.5, so every test point is valid. */
+static nb_tensor *unary_input(nb_tensor *x, int positive) {
+  return positive ? nb_add_scalar(nb_abs(x), 0.5) : x;
+}
+
+static nb_tensor *unary_apply(nb_tensor *const *in, void *vctx) {
+  unary_ctx *c = vctx;
+  return c->uc->fn(unary_input(layout_view(in[0], c->l), c->uc->positive));
+}
+
+static void test_unary(void) {
+  static const nb_dtype dts[] = {NB_F64, NB_F32, NB_BF16, NB_F16};
+  static const double tol[] = {1e-12, 2e-6, 1e-2, 2e-3};
+  for (int k = 0; k < N_UNARY; k++) {
+    const unary_case *uc = &unary_cases[k];
+    for (int l = 0; l < L_COUNT; l++) {
+      nb_scope_begin();
+      int64_t shape[2];
+      layout_base_shape((layout)l, shape);
+      for (int d = 0; d < 4; d++) {
+        nb_tensor *base = nbt_randn(100 + k * 7 + l, 2, shape, NB_F64);
+        nb_tensor *x = unary_input(layout_view(nb_cast(base, dts[d]), (layout)l), uc->positive);
+        /* the reference sees the same rounded inputs */
+        double *xv = nbt_f64(x);
+        int64_t n = nb_numel(x);
+        double *ref = malloc((size_t)n * sizeof *ref);
+        for (int64_t i = 0; i < n; i++) ref[i] = uc->ref(xv[i]);
+        nb_tensor *y = uc->fn(x);
+        char name[128];
+        snprintf(name, sizeof name, "%s %s %s", uc->name, nb_dtype_name(dts[d]), layout_names[l]);
+        nbt_check_close(name, y, ref, tol[d], tol[d]);
+        NBT_CHECK(y && nb_dtype_of(y) == dts[d], "%s keeps dtype", name);
+        free(xv);
+        free(ref);
+      }
+      nb_tensor *leaf = nbt_leaf(300 + k, 2, shape);
+      unary_ctx ctx = {uc, (layout)l};
+      char name[128];
+      snprintf(name, sizeof name, "grad %s %s", uc->name, layout_names[l]);
+      nbt_gradcheck(name, unary_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
+      nb_release(leaf);
+      nb_scope_end();
+    }
+  }
+}
+
+/* ---- binary ------------------------------------------------------------- */
+typedef nb_tensor *(*binary_fn)(const nb_tensor *, const nb_tensor *);
+static double add_r(double a, double b) { return a + b; }
+static double sub_r(double a, double b) { return a - b; }
+static double mul_r(double a, double b) { return a * b; }
+static double div_r(double a, double b) { return a / b; }
+static double max_r(double a, double b) { return a > b ? a : b; }
+static double min_r(double a, double b) { return a < b ? a : b; }
+
+typedef struct {
+  const char *name;
+  binary_fn fn;
+  double (*ref)(double, double);
+  int positive_a, away_b; /* pow needs a > 0; div needs |b| away from 0 */
+} binary_case;
+
+static const binary_case binary_cases[] = {
+  {"add", nb_add, add_r, 0, 0}, {"sub", nb_sub, sub_r, 0, 0}, {"mul", nb_mul, mul_r, 0, 0},
+  {"div", nb_div, div_r, 0, 1}, {"pow", nb_pow, pow, 1, 0}, {"maximum", nb_maximum, max_r, 0, 0},
+  {"minimum", nb_minimum, min_r, 0, 0},
+};
+
+/* shape pairs: same, row broadcast, outer broadcast, transposed b, size-1, odd */
+typedef struct { int na, nb; int64_t a[3], b[3]; int transpose_b; } bshape;
+static const bshape bshapes[] = {
+  {2, 2, {3, 4}, {3, 4}, 0}, {2, 1, {3, 4}, {4}, 0}, {2, 2, {3, 1}, {1, 5}, 0},
+  {2, 2, {3, 4}, {4, 3}, 1}, {2, 0, {1, 1}, {0}, 0}, {3, 2, {2, 7, 5}, {7, 1}, 0},
+};
+
+typedef struct { const binary_case *bc; const bshape *bs; } binary_ctx;
+
+static nb_tensor *prep_b(nb_tensor *b, const binary_case *bc) {
+  return bc->away_b ? nb_add_scalar(nb_abs(b), 0.5) : b; /* keep |b| >= 0.5 */
+}
+
+static nb_tensor *binary_apply(nb_tensor *const *in, void *vctx) {
+  binary_ctx *c = vctx;
+  nb_tensor *a = c->bc->positive_a ? nb_add_scalar(nb_abs(in[0]), 0.5) : in[0];
+  nb_tensor *b = c->bs->transpose_b ? nb_transpose(in[1], 0, 1) : in[1];
+  return c->bc->fn(a, prep_b(b, c->bc));
+}
+
+static void broadcast_index(const int64_t *oshape, int ond, int64_t flat, const int64_t *shape, int nd,
+                            int64_t *out_flat) {
+  int64_t idx[8], f = flat, r = 0;
+  for (int i = ond - 1; i >= 0; i--) { idx[i] = f % oshape[i]; f /= oshape[i]; }
+  for (int i = 0; i < nd; i++) {
+    int j = i + ond - nd;
+    r = r * shape[i] + (shape[i] == 1 ? 0 : idx[j]);
+  }
+  *out_flat = r;
+}
+
+static void test_binary(void) {
+  for (size_t k = 0; k < sizeof binary_cases / sizeof binary_cases[0]; k++) {
+    const binary_case *bc = &binary_cases[k];
+    for (size_t s = 0; s < sizeof bshapes / sizeof bshapes[0]; s++) {
+      nb_scope_begin();
+      const bshape *bs = &bshapes[s];
+      nb_tensor *la = nbt_leaf(500 + k * 13 + s, bs->na, bs->a);
+      nb_tensor *lb = nbt_leaf(600 + k * 13 + s, bs->nb, bs->b);
+      binary_ctx ctx = {bc, bs};
+      /* forward in f64 and f32 against the reference */
+      nb_tensor *ins[2] = {la, lb};
+      nb_tensor *y = binary_apply(ins, &ctx);
+      nb_tensor *a = bc->positive_a ? nb_add_scalar(nb_abs(la), 0.5) : la;
+      nb_tensor *b = prep_b(bs->transpose_b ? nb_transpose(lb, 0, 1) : lb, bc);
+      b = nb_contiguous(b);
+      double *av = nbt_f64(a), *bv = nbt_f64(b);
+      int64_t n = nb_numel(y);
+      double *ref = malloc((size_t)n * sizeof *ref);
+      for (int64_t i = 0; i < n; i++) {
+        int64_t ia, ib;
+        broadcast_index(nb_shape(y), nb_ndim(y), i, nb_shape(a), nb_ndim(a), &ia);
+        broadcast_index(nb_shape(y), nb_ndim(y), i, nb_shape(b), nb_ndim(b), &ib);
+        ref[i] = bc->ref(av[ia], bv[ib]);
+      }
+      char name[128];
+      snprintf(name, sizeof name, "%s case %zu f64", bc->name, s);
+      nbt_check_close(name, y, ref, 1e-12, 1e-12);
+      nb_tensor *y32 = bc->fn(nb_cast(a, NB_F32), nb_cast(b, NB_F32));
+      snprintf(name, sizeof name, "%s case %zu f32", bc->name, s);
+      nbt_check_close(name, y32, ref, 1e-5, 1e-5);
+      nb_tensor *ybf = bc->fn(nb_cast(a, NB_BF16), nb_cast(b, NB_BF16));
+      snprintf(name, sizeof name, "%s case %zu bf16", bc->name, s);
+      nbt_check_close(name, ybf, ref, 3e-2, 3e-2);
+      free(av); free(bv); free(ref);
+      snprintf(name, sizeof name, "grad %s case %zu", bc->name, s);
+      nbt_gradcheck(name, binary_apply, &ctx, 2, ins, 1e-6, 1e-5, 1e-7);
+      nb_release(la);
+      nb_release(lb);
+      nb_scope_end();
+    }
+  }
+}
+
+static void test_compare_where_clamp(void) {
+  nb_scope_begin();
+  nb_tensor *a = nb_arange(0, 6, 1, NB_F32, NB_DEVICE_CPU);
+  nb_tensor *b = nb_full(1, (int64_t[]){6}, 3, NB_I64, NB_DEVICE_CPU);
+  double lt[] = {1, 1, 1, 0, 0, 0}, eq[] = {0, 0, 0, 1, 0, 0}, ge[] = {0, 0, 0, 1, 1, 1};
+  nbt_check_close("lt", nb_lt(a, b), lt, 0, 0);
+  nbt_check_close("eq", nb_eq(a, b), eq, 0, 0);
+  nbt_check_close("ge", nb_ge(a, b), ge, 0, 0);
+  nbt_check_close("ne", nb_ne(a, b), (double[]){1, 1, 1, 0, 1, 1}, 0, 0);
+  nbt_check_close("le", nb_le(a, b), (double[]){1, 1, 1, 1, 0, 0}, 0, 0);
+  nbt_check_close("gt", nb_gt(a, b), (double[]){0, 0, 0, 0, 1, 1}, 0, 0);
+  NBT_CHECK(nb_dtype_of(nb_lt(a, b)) == NB_BOOL, "comparison gives bool");
+  nb_tensor *w = nb_where(nb_lt(a, b), a, nb_neg(a));
+  nbt_check_close("where", w, (double[]){0, 1, 2, -3, -4, -5}, 0, 0);
+  nbt_check_close("clamp", nb_clamp(a, 1, 3.5), (double[]){1, 1, 2, 3, 3.5, 3.5}, 0, 0);
+  nb_tensor *c = nb_cast(nb_arange(-2, 2, 0.75, NB_F64, NB_DEVICE_CPU), NB_I32);
+  nbt_check_close("cast truncates", c, (double[]){-2, -1, 0, 0, 1, 1}, 0, 0);
+  nbt_check_close("int add", nb_add(b, b), (double[]){6, 6, 6, 6, 6, 6}, 0, 0);
+  NBT_CHECK(nb_dtype_of(nb_add(b, b)) == NB_I64, "int add keeps i64");
+  nb_scope_end();
+}
+
+/* where: gradient flows to the chosen branch; clamp passes inside [lo, hi] */
+static nb_tensor *where_apply(nb_tensor *const *in, void *ctx) {
+  return nb_where(nb_gt(in[0], in[1]), nb_mul(in[0], in[1]), nb_sin(nb_transpose(in[2], 0, 1)));
+}
+static nb_tensor *clamp_apply(nb_tensor *const *in, void *ctx) { return nb_clamp(in[0], -0.5, 0.7); }
+static nb_tensor *cast_apply(nb_tensor *const *in, void *ctx) {
+  return nb_cast(nb_mul(nb_cast(in[0], NB_F32), nb_cast(in[0], NB_F32)), NB_F64);
+}
+
+static void test_where_clamp_grads(void) {
+  nb_scope_begin();
+  nb_tensor *ins[3] = {nbt_leaf(1, 2, (int64_t[]){4, 5}), nbt_leaf(2, 1, (int64_t[]){5}),
+                       nbt_leaf(3, 2, (int64_t[]){5, 4})};
+  nbt_gradcheck("grad where", where_apply, NULL, 3, ins, 1e-6, 1e-5, 1e-7);
+  nbt_gradcheck("grad clamp", clamp_apply, NULL, 1, ins, 1e-6, 1e-5, 1e-7);
+  nbt_gradcheck("grad cast", cast_apply, NULL, 1, ins, 1e-4, 1e-3, 1e-4);
+  for (int i = 0; i < 3; i++) nb_release(ins[i]);
+  nb_scope_end();
+}
+
+/* ---- reductions ------------------------------------------------------------ */
+typedef struct { int n; int axes[3]; int keep; int transposed; } rcase;
+static const rcase rcases[] = {
+  {0, {0}, 0, 0}, {1, {0}, 0, 0}, {1, {-1}, 1, 0}, {2, {0, 2}, 0, 0}, {2, {2, 0}, 1, 1}, {1, {1}, 0, 1},
+};
+
+/* Reference: reduce a (3,4,5) float64 array over the axes. */
+static void ref_reduce(const char *op, const double *x, const int64_t *shape, const rcase *rc,
+                       double corr, double *out, int64_t *nout) {
+  int mask[3] = {rc->n == 0, rc->n == 0, rc->n == 0};
+  for (int i = 0; i < rc->n; i++) mask[(rc->axes[i] + 3) % 3] = 1;
+  int64_t osz[3];
+  for (int i = 0; i < 3; i++) osz[i] = mask[i] ? 1 : shape[i];
+  *nout = osz[0] * osz[1] * osz[2];
+  for (int64_t o = 0; o < *nout; o++) {
+    int64_t oi[3] = {o / (osz[1] * osz[2]), (o / osz[2]) % osz[1], o % osz[2]};
+    double acc = 0, sq = 0, mx = -INFINITY, mn = INFINITY;
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < shape[0]; i++)
+      for (int64_t j = 0; j < shape[1]; j++)
+        for (int64_t k = 0; k < shape[2]; k++) {
+          int64_t id[3] = {i, j, k};
+          int in = 1;
+          for (int d = 0; d < 3; d++) in &= mask[d] || id[d] == oi[d];
+          if (!in) continue;
+          double v = x[(i * shape[1] + j) * shape[2] + k];
+          acc += v; sq += v * v; cnt++;
+          mx = v > mx ? v : mx; mn = v < mn ? v : mn;
+        }
+    double mean = acc / cnt, var = 0;
+    for (int64_t i = 0; i < shape[0]; i++)
+      for (int64_t j = 0; j < shape[1]; j++)
+        for (int64_t k = 0; k < shape[2]; k++) {
+          int64_t id[3] = {i, j, k};
+          int in = 1;
+          for (int d = 0; d < 3; d++) in &= mask[d] || id[d] == oi[d];
+          if (in) { double v = x[(i * shape[1] + j) * shape[2] + k] - mean; var += v * v; }
+        }
+    double lse = 0;
+    for (int64_t i = 0; i < shape[0]; i++)
+      for (int64_t j = 0; j < shape[1]; j++)
+        for (int64_t k = 0; k < shape[2]; k++) {
+          int64_t id[3] = {i, j, k};
+          int in = 1;
+          for (int d = 0; d < 3; d++) in &= mask[d] || id[d] == oi[d];
+          if (in) lse += exp(x[(i * shape[1] + j) * shape[2] + k] - mx);
+        }
+    if (!strcmp(op, "sum")) out[o] = acc;
+    else if (!strcmp(op, "mean")) out[o] = mean;
+    else if (!strcmp(op, "max")) out[o] = mx;
+    else if (!strcmp(op, "min")) out[o] = mn;
+    else if (!strcmp(op, "var")) out[o] = var / (cnt - corr);
+    else if (!strcmp(op, "std")) out[o] = sqrt(var / (cnt - corr));
+    else if (!strcmp(op, "logsumexp")) out[o] = mx + log(lse);
+    else if (!strcmp(op, "norm")) out[o] = sqrt(sq);
+  }
+}
+
+static const char *rops[] = {"sum", "mean", "max", "min", "var", "std", "logsumexp", "norm"};
+
+static nb_tensor *run_rop(const char *op, const nb_tensor *x, const rcase *rc) {
+  if (!strcmp(op, "sum")) return nb_sum(x, rc->n, rc->axes, rc->keep);
+  if (!strcmp(op, "mean")) return nb_mean(x, rc->n, rc->axes, rc->keep);
+  if (!strcmp(op, "max")) return nb_max(x, rc->n, rc->axes, rc->keep);
+  if (!strcmp(op, "min")) return nb_min(x, rc->n, rc->axes, rc->keep);
+  if (!strcmp(op, "var")) return nb_var(x, rc->n, rc->axes, 1.0, rc->keep);
+  if (!strcmp(op, "std")) return nb_std(x, rc->n, rc->axes, 1.0, rc->keep);
+  if (!strcmp(op, "logsumexp")) return nb_logsumexp(x, rc->n, rc->axes, rc->keep);
+  return nb_norm(x, 2.0, rc->n, rc->axes, rc->keep);
+}
+
+typedef struct { const char *op; const rcase *rc; } rctx;
+
+/* transposed cases reduce a permuted view of a (5,4,3) leaf */
+static nb_tensor *rview(nb_tensor *leaf, const rcase *rc) {
+  return rc->transposed ? nb_permute(leaf, (int[]){2, 1, 0}) : leaf;
+}
+static nb_tensor *reduce_apply(nb_tensor *const *in, void *vctx) {
+  rctx *c = vctx;
+  return run_rop(c->op, rview(in[0], c->rc), c->rc);
+}
+
+static void test_reductions(void) {
+  for (size_t k = 0; k < sizeof rops / sizeof rops[0]; k++) {
+    for (size_t r = 0; r < sizeof rcases / sizeof rcases[0]; r++) {
+      nb_scope_begin();
+      const rcase *rc = &rcases[r];
+      int64_t shape[3] = {3, 4, 5}, tshape[3] = {5, 4, 3};
+      nb_tensor *leaf = nbt_leaf(700 + k * 10 + r, 3, rc->transposed ? tshape : shape);
+      nb_tensor *x = rview(leaf, rc);
+      double *xv = nbt_f64(x), ref[60];
+      int64_t nref;
+      ref_reduce(rops[k], xv, shape, rc, 1.0, ref, &nref);
+      char name[128];
+      snprintf(name, sizeof name, "%s case %zu", rops[k], r);
+      nb_tensor *y = run_rop(rops[k], x, rc);
+      NBT_CHECK(y && nb_numel(y) == nref, "%s: %lld elements (expected %lld)", name, (long long)nb_numel(y), (long long)nref);
+      nbt_check_close(name, y, ref, 1e-12, 1e-12);
+      nb_tensor *y32 = run_rop(rops[k], nb_cast(x, NB_F32), rc);
+      snprintf(name, sizeof name, "%s case %zu f32", rops[k], r);
+      nbt_check_close(name, y32, ref, 1e-5, 1e-5);
+      nb_tensor *ybf = run_rop(rops[k], nb_cast(x, NB_BF16), rc);
+      snprintf(name, sizeof name, "%s case %zu bf16", rops[k], r);
+      nbt_check_close(name, ybf, ref, 4e-2, 4e-2);
+      free(xv);
+      rctx ctx = {rops[k], rc};
+      snprintf(name, sizeof name, "grad %s case %zu", rops[k], r);
+      nbt_gradcheck(name, reduce_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
+      nb_release(leaf);
+      nb_scope_end();
+    }
+  }
+  nb_scope_begin();
+  /* argmax/argmin: first index of the extreme, ties included */
+  double v[] = {1, 5, 5, 0, -2, 7, 7, -2};
+  nb_tensor *t = nb_from_buffer(v, 2, (int64_t[]){2, 4}, NB_F64, NB_DEVICE_CPU);
+  nbt_check_close("argmax rows", nb_argmax(t, 1, 0), (double[]){1, 1}, 0, 0);
+  nbt_check_close("argmin rows", nb_argmin(t, -1, 0), (double[]){3, 0}, 0, 0);
+  nbt_check_close("argmax cols", nb_argmax(t, 0, 1), (double[]){0, 0, 1, 0}, 0, 0);
+  NBT_CHECK(nb_dtype_of(nb_argmax(t, 1, 0)) == NB_I64, "argmax gives i64");
+  nbt_check_close("int sum to i64", nb_sum(nb_cast(t, NB_I32), 0, NULL, 0), (double[]){21}, 0, 0);
+  nbt_check_close("norm p=1", nb_norm(t, 1, 0, NULL, 0), (double[]){29}, 1e-12, 0);
+  nbt_check_close("norm p=inf", nb_norm(t, INFINITY, 0, NULL, 0), (double[]){7}, 0, 0);
+  nbt_check_close("norm p=3", nb_norm(t, 3, 0, NULL, 0), (double[]){cbrt(1 + 125 + 125 + 8 + 343 + 343 + 8)}, 1e-12, 0);
+  nb_tensor *ninf = nb_full(2, (int64_t[]){2, 3}, -INFINITY, NB_F32, NB_DEVICE_CPU);
+  NBT_CHECK(nb_get(nb_logsumexp(ninf, 1, (int[]){1}, 0), (int64_t[]){0}) == -INFINITY, "logsumexp of -inf row");
+  nb_tensor *big = nb_full(1, (int64_t[]){3}, 1000, NB_F32, NB_DEVICE_CPU);
+  NBT_CHECK(fabs(nb_item(nb_logsumexp(big, 0, NULL, 0)) - (1000 + log(3.0))) < 1e-3, "logsumexp stable");
+  nb_tensor *e = nb_zeros(2, (int64_t[]){3, 0}, NB_F32, NB_DEVICE_CPU);
+  nbt_check_close("empty sum", nb_sum(e, 1, (int[]){1}, 0), (double[]){0, 0, 0}, 0, 0);
+  nb_scope_end();
+}
+
+/* ---- matmul ------------------------------------------------------------------- */
+typedef struct { int na, nb; int64_t a[4], b[4]; int ta, tb; } mcase;
+static const mcase mcases[] = {
+  {2, 2, {5, 7}, {7, 3}, 0, 0},          /* plain, odd */
+  {2, 2, {7, 5}, {3, 7}, 1, 1},          /* both transposed views */
+  {4, 3, {2, 1, 5, 7}, {3, 7, 4}, 0, 0}, /* batch broadcast */
+  {1, 2, {7}, {7, 3}, 0, 0},             /* vector @ matrix */
+  {3, 1, {2, 5, 7}, {7}, 0, 0},          /* batch @ vector */
+  {1, 1, {6}, {6}, 0, 0},                /* dot */
+  {2, 2, {1, 1}, {1, 1}, 0, 0},          /* size 1 */
+  {3, 3, {3, 9, 4}, {1, 4, 6}, 0, 0},
+};
+
+static nb_tensor *mview(nb_tensor *t, int tr) { return tr ? nb_transpose(t, -1, -2) : t; }
+static nb_tensor *matmul_apply(nb_tensor *const *in, void *vctx) {
+  const mcase *mc = vctx;
+  return nb_matmul(mview(in[0], mc->ta), mview(in[1], mc->tb));
+}
+
+static void test_matmul(void) {
+  for (size_t c = 0; c < sizeof mcases / sizeof mcases[0]; c++) {
+    nb_scope_begin();
+    const mcase *mc = &mcases[c];
+    nb_tensor *ins[2] = {nbt_leaf(900 + c, mc->na, mc->a), nbt_leaf(950 + c, mc->nb, mc->b)};
+    nb_tensor *a = nb_contiguous(mview(ins[0], mc->ta)), *b = nb_contiguous(mview(ins[1], mc->tb));
+    /* reference: promote to >= 2-D, broadcast batches, naive triple loop */
+    int na = nb_ndim(a), nbd = nb_ndim(b);
+    int64_t as[4], bs[4];
+    int an = 0, bn = 0;
+    if (na == 1) { as[0] = 1; as[1] = nb_shape(a)[0]; an = 2; }
+    else { memcpy(as, nb_shape(a), (size_t)na * 8); an = na; }
+    if (nbd == 1) { bs[0] = nb_shape(b)[0]; bs[1] = 1; bn = 2; }
+    else { memcpy(bs, nb_shape(b), (size_t)nbd * 8); bn = nbd; }
+    int64_t M = as[an - 2], K = as[an - 1], N = bs[bn - 1], batch[4];
+    int nbat = nb_broadcast_shapes(an - 2, as, bn - 2, bs, batch);
+    int64_t nb_ = 1;
+    for (int i = 0; i < nbat; i++) nb_ *= batch[i];
+    double *av = nbt_f64(a), *bv = nbt_f64(b), *ref = calloc((size_t)(nb_ * M * N), sizeof(double));
+    for (int64_t bi = 0; bi < nb_; bi++) {
+      int64_t ia, ib;
+      broadcast_index(batch, nbat, bi, as, an - 2, &ia);
+      broadcast_index(batch, nbat, bi, bs, bn - 2, &ib);
+      if (an == 2) ia = 0;
+      if (bn == 2) ib = 0;
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+          double s = 0;
+          for (int64_t k = 0; k < K; k++) s += av[ia * M * K + i * K + k] * bv[ib * K * N + k * N + j];
+          ref[(bi * M + i) * N + j] = s;
+        }
+    }
+    char name[64];
+    snprintf(name, sizeof name, "matmul case %zu", c);
+    nb_tensor *y = matmul_apply(ins, (void *)mc);
+    nbt_check_close(name, y, ref, 1e-12, 1e-12);
+    snprintf(name, sizeof name, "matmul case %zu f32", c);
+    nbt_check_close(name, nb_matmul(mview(nb_cast(ins[0], NB_F32), mc->ta), mview(nb_cast(ins[1], NB_F32), mc->tb)), ref, 1e-5, 1e-5);
+    snprintf(name, sizeof name, "matmul case %zu bf16", c);
+    nbt_check_close(name, nb_matmul(mview(nb_cast(ins[0], NB_BF16), mc->ta), mview(nb_cast(ins[1], NB_BF16), mc->tb)), ref, 5e-2, 5e-2);
+    snprintf(name, sizeof name, "grad matmul case %zu", c);
+    nbt_gradcheck(name, matmul_apply, (void *)mc, 2, ins, 1e-6, 1e-5, 1e-7);
+    free(av); free(bv); free(ref);
+    nb_release(ins[0]);
+    nb_release(ins[1]);
+    nb_scope_end();
+  }
+}
+
+/* ---- joining and view gradients ------------------------------------------------- */
+static nb_tensor *cat_apply(nb_tensor *const *in, void *ctx) {
+  nb_tensor *parts[3] = {in[0], nb_transpose(in[1], 0, 1), nb_mul_scalar(in[2], 3)};
+  return nb_mul(nb_cat(3, parts, 1), nb_cat(3, parts, 1));
+}
+static nb_tensor *stack_apply(nb_tensor *const *in, void *ctx) {
+  nb_tensor *parts[2] = {in[0], nb_sin(in[0])};
+  return nb_stack(2, parts, 1);
+}
+static nb_tensor *split_apply(nb_tensor *const *in, void *ctx) {
+  nb_tensor *p[4];
+  int n = nb_split(in[0], 2, 1, p, 4);
+  return n == 3 ? nb_add(nb_mul(p[0], p[1]), nb_exp(p[2])) : NULL; /* widths 2, 2, 1 */
+}
+static nb_tensor *chunk_apply(nb_tensor *const *in, void *ctx) {
+  nb_tensor *p[4];
+  return nb_chunk(in[0], 2, 0, p, 4) == 2 ? nb_mul(p[0], nb_sub(p[1], p[0])) : NULL;
+}
+/* a transposed, strided slice of an expanded tensor, then a reshape */
+static nb_tensor *views_apply(nb_tensor *const *in, void *ctx) {
+  nb_tensor *e = nb_expand(nb_unsqueeze(in[0], 0), 3, (int64_t[]){4, 3, 5});
+  nb_tensor *s = nb_slice(nb_transpose(e, 0, 2), 0, 1, 5, 2); /* (2, 3, 4) */
+  nb_tensor *r = nb_reshape(s, 2, (int64_t[]){6, 4});
+  return nb_mul(r, nb_select(nb_permute(in[1], (int[]){1, 0}), 1, 2));
+}
+
+static void test_join_and_view_grads(void) {
+  nb_scope_begin();
+  nb_tensor *a = nbt_leaf(11, 2, (int64_t[]){3, 2}), *b = nbt_leaf(12, 2, (int64_t[]){4, 3}),
+            *c = nbt_leaf(13, 2, (int64_t[]){3, 1});
+  nb_tensor *ins[3] = {a, b, c};
+  nbt_gradcheck("grad cat", cat_apply, NULL, 3, ins, 1e-6, 1e-5, 1e-7);
+  nbt_gradcheck("grad stack", stack_apply, NULL, 1, ins, 1e-6, 1e-5, 1e-7);
+  nb_tensor *d = nbt_leaf(14, 2, (int64_t[]){3, 5});
+  nbt_gradcheck("grad split", split_apply, NULL, 1, &d, 1e-6, 1e-5, 1e-7);
+  nb_tensor *e = nbt_leaf(15, 2, (int64_t[]){4, 3});
+  nbt_gradcheck("grad chunk", chunk_apply, NULL, 1, &e, 1e-6, 1e-5, 1e-7);
+  nb_tensor *v[2] = {nbt_leaf(16, 2, (int64_t[]){3, 5}), nbt_leaf(17, 3, (int64_t[]){4, 6, 3})};
+  nbt_gradcheck("grad through expand/transpose/slice/reshape/select", views_apply, NULL, 2, v, 1e-6, 1e-5, 1e-7);
+  /* forward of cat and stack */
+  nb_tensor *p[2] = {nb_arange(0, 4, 1, NB_F32, NB_DEVICE_CPU), nb_arange(4, 6, 1, NB_I64, NB_DEVICE_CPU)};
+  nbt_check_close("cat promotes", nb_cat(2, p, 0), (double[]){0, 1, 2, 3, 4, 5}, 0, 0);
+  nb_tensor *q[2] = {nb_arange(0, 2, 1, NB_F32, NB_DEVICE_CPU), nb_arange(2, 4, 1, NB_F32, NB_DEVICE_CPU)};
+  nbt_check_close("stack axis 1", nb_stack(2, q, 1), (double[]){0, 2, 1, 3}, 0, 0);
+  nb_release(a); nb_release(b); nb_release(c); nb_release(d); nb_release(e);
+  nb_release(v[0]); nb_release(v[1]);
+  nb_scope_end();
+}
+
+int main(void) {
+  test_unary();
+  test_binary();
+  test_compare_where_clamp();
+  test_where_clamp_grads();
+  test_reductions();
+  test_matmul();
+  test_join_and_view_grads();
+  return nbt_finish();
+}
