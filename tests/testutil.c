@@ -77,6 +77,7 @@ nb_tensor *nbt_leaf(uint64_t seed, int ndim, const int64_t *shape) {
   nb_rng rng = nb_rng_new(seed);
   nb_tensor *t = nb_randn(&rng, ndim, shape, 0.0, 1.0, NB_F64, NB_DEVICE_CPU);
   nb_set_requires_grad(t, 1);
+  if (nb_scope_depth()) nb_keep(t); /* the caller owns it either way */
   return t;
 }
 

@@ -42,6 +42,7 @@ int nbt_check_error(const char *name, int failed, nb_status st, ...);
 typedef nb_tensor *(*nbt_fn)(nb_tensor *const *inputs, void *ctx);
 int nbt_gradcheck(const char *name, nbt_fn f, void *ctx, int n, nb_tensor *const *inputs,
                   double eps, double rtol, double atol);
-/* A new f64 leaf with requires_grad, filled from a normal(seed). */
+/* A new f64 leaf with requires_grad, filled from a normal(seed); owned by
+ * the caller (nb_release) even inside a scope. */
 nb_tensor *nbt_leaf(uint64_t seed, int ndim, const int64_t *shape);
 #endif

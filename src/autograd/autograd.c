@@ -119,6 +119,7 @@ static nb_status collect(nb_node *root, int64_t pass, node_vec *all) {
   root->pending = 0;
   vec_push(&stack, root);
   vec_push(all, root);
+  __atomic_add_fetch(&root->refcount, 1, __ATOMIC_RELAXED); /* held until the pass ends */
   while (stack.len) {
     nb_node *n = stack.v[--stack.len];
     if (n->freed) {
@@ -137,6 +138,7 @@ static nb_status collect(nb_node *root, int64_t pass, node_vec *all) {
         m->gacc = NULL;
         vec_push(&stack, m);
         vec_push(all, m);
+        __atomic_add_fetch(&m->refcount, 1, __ATOMIC_RELAXED);
       }
       m->pending++;
     }
@@ -260,6 +262,7 @@ static nb_status run_backward(nb_tensor *t, const nb_tensor *grad, int retain, i
     all.v[i]->gacc = NULL;
     if (!retain && !st) { node_drop_refs(all.v[i]); all.v[i]->freed = 1; }
   }
+  for (int i = 0; i < all.len; i++) nb_node_release(all.v[i]);
   free(all.v);
   nb_scope_end();
   if (!create) nb_no_grad_end();
