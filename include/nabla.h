@@ -76,6 +76,12 @@ nb_status nb_device_parse(const char *s, nb_device *out);
 typedef struct { int64_t allocated, reserved, peak, n_cuda_malloc, n_cache_hits; } nb_memory_stats;
 nb_status nb_cuda_memory_stats(int device, nb_memory_stats *out);
 nb_status nb_cuda_empty_cache(int device);
+/* Device-side timing: an event is recorded in the device's stream (a host
+ * timestamp on the CPU); elapsed waits for the end event. For benchmarks. */
+typedef struct nb_event nb_event;
+nb_event *nb_event_record(nb_device dev);
+double nb_event_elapsed_ms(nb_event *start, nb_event *end); /* < 0 on error */
+void nb_event_free(nb_event *e);
 /* Waits for all queued work on the device. */
 nb_status nb_device_synchronize(nb_device dev);
 
