@@ -1,0 +1,455 @@
+/* `nabla train`: trains the GPT of gpt.c on the built-in addition task or
+ * on a text file, with AdamW, gradient clipping and a cosine schedule; each
+ * step runs inside a scope so its intermediates are freed at the end. */
+#define _POSIX_C_SOURCE 200809L /* fileno */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tool.h"
+#include "train.h"
+
+#define TRAIN_BETA1 0.9
+#define TRAIN_BETA2 0.99
+#define TRAIN_EPS 1e-8
+#define TRAIN_WEIGHT_DECAY 0.1
+#define TRAIN_CLIP 1.0
+#define TRAIN_EVAL_SEED 0x5eedULL   /* held-out draws: the same every evaluation */
+#define TRAIN_DATA_SEED 0xda7aULL   /* mixed into the seed for training draws */
+#define TRAIN_ADD_EVAL_N 500        /* held-out problems per intermediate evaluation */
+#define TRAIN_ADD_FINAL_N 2000      /* held-out problems at the end */
+#define TRAIN_SAMPLE_LEN 300        /* bytes of sample text */
+
+static int train_fail(const char *what) {
+  fprintf(stderr, "nabla train: %s: %s\n", what, *nb_last_error() ? nb_last_error() : "failed");
+  return NB_TOOL_EXIT_RUNTIME;
+}
+
+/* ---- data ------------------------------------------------------------------ */
+
+static int text_read(const char *path, unsigned char **bytes, int64_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "nabla train: cannot open --data '%s': %s\n", path, strerror(errno));
+    return NB_TOOL_EXIT_USAGE;
+  }
+  size_t cap = 1 << 16, len = 0, got;
+  unsigned char *buf = malloc(cap);
+  while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+    len += got;
+    if (len == cap) {
+      unsigned char *nb = realloc(buf, cap *= 2);
+      if (!nb) free(buf);
+      buf = nb;
+    }
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (!buf || err) {
+    fprintf(stderr, "nabla train: cannot read --data '%s': %s\n", path,
+            buf ? "read error" : "out of memory");
+    free(buf);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  *bytes = buf;
+  *n = (int64_t)len;
+  return 0;
+}
+
+/* Loads --data: vocabulary of the distinct bytes, tokens, train/held-out split. */
+static int text_load(trainer *tr) {
+  text_data *t = &tr->text;
+  unsigned char *bytes;
+  int rc = text_read(tr->o.data, &bytes, &t->n);
+  if (rc) return rc;
+  int present[256] = {0};
+  for (int64_t i = 0; i < t->n; i++) present[bytes[i]] = 1;
+  for (int b = 0; b < 256; b++) {
+    t->byte_to_id[b] = present[b] ? t->vocab : -1;
+    if (present[b]) t->id_to_byte[t->vocab++] = (unsigned char)b;
+  }
+  t->tokens = malloc(sizeof *t->tokens * (size_t)(t->n ? t->n : 1));
+  for (int64_t i = 0; t->tokens && i < t->n; i++) t->tokens[i] = t->byte_to_id[bytes[i]];
+  free(bytes);
+  if (!t->tokens) return fprintf(stderr, "nabla train: out of memory\n"), NB_TOOL_EXIT_RUNTIME;
+  if (t->vocab < 2) {
+    fprintf(stderr, "nabla train: --data '%s' has %d distinct bytes; need at least 2\n",
+            tr->o.data, t->vocab);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  return 0;
+}
+
+/* The split depends on the context, so it runs once the options are final. */
+static int text_split(trainer *tr) {
+  text_data *t = &tr->text;
+  int64_t need = (int64_t)tr->o.context + 1, held = t->n / 10 > need ? t->n / 10 : need;
+  if (t->n - held < need) {
+    fprintf(stderr,
+            "nabla train: --data '%s' has %lld bytes; --context %d needs at least %lld "
+            "(one context for training and one held out)\n",
+            tr->o.data, (long long)t->n, tr->o.context, (long long)(2 * need));
+    return NB_TOOL_EXIT_USAGE;
+  }
+  t->n_train = t->n - held;
+  return 0;
+}
+
+static void text_batch(const text_data *t, nb_rng *rng, int B, int T, int held_out, int64_t *x,
+                       int64_t *y) {
+  int64_t lo = held_out ? t->n_train : 0, hi = held_out ? t->n : t->n_train;
+  for (int r = 0; r < B; r++) {
+    int64_t s = lo + (int64_t)tool_rand_below(rng, (uint64_t)(hi - lo - T));
+    memcpy(x + (int64_t)r * T, t->tokens + s, sizeof *x * (size_t)T);
+    memcpy(y + (int64_t)r * T, t->tokens + s + 1, sizeof *y * (size_t)T);
+  }
+}
+
+/* The sequence length of every batch. */
+static int train_seq_len(const trainer *tr) {
+  return tr->is_text ? tr->o.context : tr->add.context;
+}
+
+static void train_batch(const trainer *tr, nb_rng *rng, int B, int held_out, int64_t *x,
+                        int64_t *y) {
+  if (tr->is_text) text_batch(&tr->text, rng, B, tr->o.context, held_out, x, y);
+  else task_add_batch(&tr->add, rng, B, held_out, x, y);
+}
+
+/* ---- steps and evaluation ----------------------------------------------------- */
+
+/* Mean loss of the model on (x, y) of shape (B, T); inside the caller's scope. */
+static nb_tensor *train_loss_of(const trainer *tr, int B, const int64_t *x, const int64_t *y) {
+  int64_t shape[2] = {B, train_seq_len(tr)};
+  nb_tensor *xt = nb_from_buffer(x, 2, shape, NB_I64, tr->device);
+  nb_tensor *yt = nb_from_buffer(y, 2, shape, NB_I64, tr->device);
+  return gpt_loss(tr->model, xt, yt);
+}
+
+/* One optimizer step; stores the batch's loss. Returns 0, or -1 on a
+ * library error. */
+static int train_step(trainer *tr, int64_t *x, int64_t *y, double *value) {
+  const train_opts *o = &tr->o;
+  train_batch(tr, &tr->data_rng, o->batch, 0, x, y);
+  double lr = nb_lr_cosine(tr->step, o->warmup, o->steps, o->lr, o->lr / 10);
+  int ok = 0;
+  nb_scope_begin();
+  nb_tensor *loss = train_loss_of(tr, o->batch, x, y);
+  if (loss && nb_backward(loss, NULL) == NB_OK &&
+      nb_clip_grad_norm(tr->model->all, TRAIN_CLIP) >= 0) {
+    nb_optim_set_lr(tr->opt_decay, lr);
+    nb_optim_set_lr(tr->opt_plain, lr);
+    ok = nb_optim_step(tr->opt_decay) == NB_OK && nb_optim_step(tr->opt_plain) == NB_OK;
+    *value = nb_item(loss);
+  }
+  nb_params_zero_grad(tr->model->all);
+  nb_scope_end();
+  return ok ? 0 : -1;
+}
+
+/* Held-out loss over a fixed set of batches (the same at every evaluation). */
+static double train_eval_loss(const trainer *tr, int64_t *x, int64_t *y) {
+  nb_rng rng = nb_rng_new(tr->o.seed ^ TRAIN_EVAL_SEED);
+  int batches = tr->is_text ? 4 : 1;
+  double sum = 0;
+  nb_no_grad_begin();
+  for (int i = 0; i < batches && !isnan(sum); i++) {
+    train_batch(tr, &rng, tr->o.batch, 1, x, y);
+    nb_scope_begin();
+    nb_tensor *loss = train_loss_of(tr, tr->o.batch, x, y);
+    sum += loss ? nb_item(loss) : NAN;
+    nb_scope_end();
+  }
+  nb_no_grad_end();
+  return sum / batches;
+}
+
+static double train_accuracy(const trainer *tr, int n, int show) {
+  nb_rng rng = nb_rng_new(tr->o.seed ^ TRAIN_EVAL_SEED ^ 1);
+  return task_add_accuracy(&tr->add, tr->model, &rng, n, show);
+}
+
+/* Evaluates, records the point for the loss curve and prints it. */
+static int train_evaluate(trainer *tr, int64_t *x, int64_t *y, int final) {
+  double loss = train_eval_loss(tr, x, y), acc = 0;
+  if (isnan(loss)) return train_fail("evaluation");
+  if (!tr->is_text && (acc = train_accuracy(tr, final ? TRAIN_ADD_FINAL_N : TRAIN_ADD_EVAL_N,
+                                            final ? 5 : 0)) < 0)
+    return train_fail("evaluation (greedy decoding)");
+  if (tr->n_eval < tr->cap_eval && (!tr->n_eval || tr->eval_step[tr->n_eval - 1] != tr->step)) {
+    tr->eval_step[tr->n_eval] = tr->step;
+    tr->eval_loss[tr->n_eval++] = (float)loss;
+  }
+  if (final) {
+    printf("held-out loss: %.4f\n", loss);
+    if (!tr->is_text)
+      printf("held-out accuracy: %.2f%% (%d/%d exact answers, greedy decoding)\n", 100 * acc,
+             (int)lround(acc * TRAIN_ADD_FINAL_N), TRAIN_ADD_FINAL_N);
+  } else if (!tr->o.quiet) {
+    if (tr->is_text) fprintf(stderr, "eval step %lld: held-out loss %.4f\n", (long long)tr->step, loss);
+    else fprintf(stderr, "eval step %lld: held-out loss %.4f, accuracy %.1f%% (%d problems)\n",
+                 (long long)tr->step, loss, 100 * acc, TRAIN_ADD_EVAL_N);
+  }
+  return 0;
+}
+
+/* ---- progress ---------------------------------------------------------------- */
+
+typedef struct {
+  double t0, last_print;
+  int64_t first_step; /* step at the start of this run (after a resume) */
+  int tty;
+} train_clock;
+
+static void train_fmt_time(double s, char *buf, size_t n) {
+  if (s < 60) snprintf(buf, n, "%.0fs", s);
+  else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+  else snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+}
+
+static void train_progress(const trainer *tr, train_clock *c, double loss, int64_t last) {
+  double now = tool_now(), el = now - c->t0;
+  int64_t done = tr->step - c->first_step;
+  int end = tr->step == last;
+  if (tr->o.quiet) return;
+  if (c->tty ? (!end && now - c->last_print < 0.1) : (!end && tr->step % tr->o.log_every))
+    return;
+  c->last_print = now;
+  double tps = done * (double)tr->o.batch * train_seq_len(tr) / (el > 0 ? el : 1e-9);
+  char eta[32];
+  train_fmt_time(done ? el / done * (double)(last - tr->step) : 0, eta, sizeof eta);
+  fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  %.1fk tok/s  ETA %s%s",
+          c->tty ? "\r" : "", (long long)tr->step, (long long)last, loss,
+          nb_optim_lr(tr->opt_decay), tps / 1000, eta, c->tty ? (end ? "\033[K\n" : "\033[K") : "\n");
+  fflush(stderr);
+}
+
+/* ---- set-up ------------------------------------------------------------------ */
+
+static int train_pick_device(trainer *tr) {
+  int n = nb_cuda_available();
+  if (!tr->o.device) {
+    tr->device = n > 0 ? nb_device_cuda(0) : NB_DEVICE_CPU;
+    return 0;
+  }
+  if (nb_device_parse(tr->o.device, &tr->device) != NB_OK) {
+    fprintf(stderr, "nabla train: --device '%s': expected cpu, cuda or cuda:N\n", tr->o.device);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  if (tr->device.type == NB_CUDA && tr->device.index >= n) {
+    fprintf(stderr, "nabla train: --device '%s': %d CUDA device%s available\n", tr->o.device, n,
+            n == 1 ? "" : "s");
+    return NB_TOOL_EXIT_USAGE;
+  }
+  return 0;
+}
+
+static int train_check_options(trainer *tr) {
+  train_opts *o = &tr->o;
+  gpt_config cfg = {tr->is_text ? tr->text.vocab : TASK_ADD_VOCAB, o->context, o->layers,
+                    o->heads, o->dim};
+  const char *bad = gpt_config_check(&cfg);
+  if (bad) return fprintf(stderr, "nabla train: %s\n", bad), NB_TOOL_EXIT_USAGE;
+  if (!tr->is_text && o->context < tr->add.context) {
+    fprintf(stderr, "nabla train: --context %d is too short for %d-digit addition (need %d)\n",
+            o->context, o->digits, tr->add.context);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  if (tr->step >= o->steps) {
+    fprintf(stderr, "nabla train: the checkpoint is at step %lld of --steps %lld; pass a larger "
+            "--steps to train further\n", (long long)tr->step, (long long)o->steps);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  if (o->stop_at && (o->stop_at > o->steps || o->stop_at <= tr->step)) {
+    fprintf(stderr, "nabla train: --stop-at %lld must be in (%lld, %lld]\n",
+            (long long)o->stop_at, (long long)tr->step, (long long)o->steps);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  return tr->is_text ? text_split(tr) : 0;
+}
+
+static int train_build(trainer *tr) {
+  train_opts *o = &tr->o;
+  gpt_config cfg = {tr->is_text ? tr->text.vocab : TASK_ADD_VOCAB, o->context, o->layers,
+                    o->heads, o->dim};
+  nb_rng init = nb_rng_new(o->seed);
+  tr->model = gpt_new(cfg, tr->device, &init);
+  if (!tr->model) return train_fail("creating the model");
+  tr->opt_decay = nb_adamw_new(tr->model->decay, o->lr, TRAIN_BETA1, TRAIN_BETA2, TRAIN_EPS,
+                               TRAIN_WEIGHT_DECAY);
+  tr->opt_plain = nb_adamw_new(tr->model->no_decay, o->lr, TRAIN_BETA1, TRAIN_BETA2, TRAIN_EPS, 0.0);
+  if (!tr->opt_decay || !tr->opt_plain) return train_fail("creating the optimizer");
+  tr->loss = calloc((size_t)o->steps, sizeof *tr->loss);
+  tr->cap_eval = 1024 + (o->eval_every ? (int)(o->steps / o->eval_every) + 2 : 2);
+  tr->eval_step = calloc((size_t)tr->cap_eval, sizeof *tr->eval_step);
+  tr->eval_loss = calloc((size_t)tr->cap_eval, sizeof *tr->eval_loss);
+  if (!tr->loss || !tr->eval_step || !tr->eval_loss)
+    return fprintf(stderr, "nabla train: out of memory\n"), NB_TOOL_EXIT_RUNTIME;
+  return 0;
+}
+
+static int train_setup(trainer *tr) {
+  int rc = train_pick_device(tr);
+  if (!rc && tr->o.resume) rc = train_ckpt_open(tr);
+  if (rc) return rc;
+  tr->is_text = tr->o.data != NULL;
+  if (tr->is_text && (rc = text_load(tr))) return rc;
+  if (tr->is_text && tr->resume && (rc = train_ckpt_check_vocab(tr))) return rc;
+  task_add_init(&tr->add, tr->o.digits);
+  train_resolve_defaults(&tr->o, tr->is_text, tr->device.type == NB_CUDA);
+  if (!tr->resume) tr->data_rng = nb_rng_new(tr->o.seed ^ TRAIN_DATA_SEED);
+  if ((rc = train_check_options(tr)) || (rc = train_build(tr))) return rc;
+  return tr->resume ? train_ckpt_restore(tr) : 0;
+}
+
+/* ---- the run ----------------------------------------------------------------- */
+
+static void train_describe(const trainer *tr) {
+  const train_opts *o = &tr->o;
+  char dev[32];
+  snprintf(dev, sizeof dev, tr->device.type == NB_CUDA ? "cuda:%d" : "cpu", tr->device.index);
+  if (tr->is_text)
+    printf("task: character-level text, %s (%lld bytes, %d distinct)\n", o->data,
+           (long long)tr->text.n, tr->text.vocab);
+  else
+    printf("task: %d-digit addition, answer written least significant digit first\n", o->digits);
+  printf("model: %d layers, %d heads, dim %d, context %d, vocab %d: %lld parameters on %s\n",
+         o->layers, o->heads, o->dim, o->context, tr->model->cfg.vocab,
+         (long long)nb_params_numel(tr->model->all), dev);
+  printf("training: %lld steps of %d x %d tokens, AdamW lr %g (warm-up %lld, cosine)%s\n",
+         (long long)o->steps, o->batch, train_seq_len(tr), o->lr, (long long)o->warmup,
+         tr->step ? ", resumed" : "");
+  if (tr->step) printf("resumed at step %lld from %s\n", (long long)tr->step, o->resume);
+  fflush(stdout);
+}
+
+static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
+  int64_t last = tr->o.stop_at ? tr->o.stop_at : tr->o.steps;
+  train_clock c = {tool_now(), 0, tr->step, isatty(fileno(stderr))};
+  while (tr->step < last) {
+    double loss = NAN;
+    if (train_step(tr, x, y, &loss)) return train_fail("training step");
+    tr->loss[tr->step++] = (float)loss;
+    train_progress(tr, &c, loss, last);
+    if (tr->o.eval_every && tr->step % tr->o.eval_every == 0 && tr->step < last &&
+        train_evaluate(tr, x, y, 0))
+      return NB_TOOL_EXIT_RUNTIME;
+  }
+  *seconds = tool_now() - c.t0;
+  return 0;
+}
+
+/* Mean of the recorded loss over steps [a, b). */
+static double train_mean_loss(const trainer *tr, int64_t a, int64_t b) {
+  double s = 0;
+  for (int64_t i = a; i < b; i++) s += tr->loss[i];
+  return b > a ? s / (double)(b - a) : NAN;
+}
+
+/* Samples text from the model, starting from the start of the held-out part. */
+static int train_sample(const trainer *tr) {
+  const text_data *t = &tr->text;
+  int V = t->vocab, T = tr->o.context, prompt = T / 2 < 32 ? (T / 2 ? T / 2 : 1) : 32;
+  int64_t total = prompt + TRAIN_SAMPLE_LEN, *seq = malloc(sizeof *seq * (size_t)total);
+  float *logits = malloc(sizeof *logits * (size_t)V);
+  nb_rng rng = nb_rng_new(tr->o.seed ^ TRAIN_EVAL_SEED ^ 2);
+  int rc = !seq || !logits;
+  if (!rc) memcpy(seq, t->tokens + t->n_train, sizeof *seq * (size_t)prompt);
+  nb_no_grad_begin();
+  for (int64_t len = prompt; len < total && !rc; len++) {
+    int64_t ctx = len < T ? len : T;
+    nb_scope_begin();
+    nb_tensor *idx = nb_from_buffer(seq + len - ctx, 2, (int64_t[]){1, ctx}, NB_I64, tr->device);
+    nb_tensor *last = nb_select(nb_select(gpt_forward(tr->model, idx), 0, 0), 0, ctx - 1);
+    rc = !last || nb_to_host(nb_cast(last, NB_F32), logits, sizeof *logits * (size_t)V) != NB_OK;
+    nb_scope_end();
+    if (rc) break;
+    /* Temperature 0.8: p_i ~ exp((l_i - max) / 0.8). */
+    double mx = -INFINITY, sum = 0, u;
+    for (int i = 0; i < V; i++) mx = fmax(mx, logits[i]);
+    for (int i = 0; i < V; i++) sum += exp((logits[i] - mx) / 0.8);
+    u = tool_rand_unit(&rng) * sum;
+    int pick = V - 1;
+    for (int i = 0; i < V; i++)
+      if ((u -= exp((logits[i] - mx) / 0.8)) < 0) { pick = i; break; }
+    seq[len] = pick;
+  }
+  nb_no_grad_end();
+  if (!rc) {
+    printf("sample (temperature 0.8, after a %d-byte prompt from the held-out text):\n", prompt);
+    for (int64_t i = 0; i < total; i++) putchar(t->id_to_byte[seq[i]]);
+    printf("\n");
+  }
+  free(seq);
+  free(logits);
+  return rc ? train_fail("sampling") : 0;
+}
+
+static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int64_t first) {
+  int64_t n = tr->step - first, k = n < 10 ? n : 10;
+  printf("loss %.4f -> %.4f (mean of the first and last %lld steps of this run)\n",
+         train_mean_loss(tr, first, first + k), train_mean_loss(tr, tr->step - k, tr->step),
+         (long long)k);
+  printf("throughput: %.0f tokens/s (%lld steps in %.1f s)\n",
+         n * (double)tr->o.batch * train_seq_len(tr) / (seconds > 0 ? seconds : 1e-9),
+         (long long)n, seconds);
+  fflush(stdout);
+  int rc = train_evaluate(tr, x, y, 1);
+  if (!rc && tr->is_text) rc = train_sample(tr);
+  if (!rc && !tr->o.no_svg) {
+    char title[128];
+    snprintf(title, sizeof title, "nabla train: %s, %d layers, dim %d",
+             tr->is_text ? "text" : "addition", tr->o.layers, tr->o.dim);
+    if (tool_svg_loss(tr->o.svg, title, tr->loss, tr->step, tr->eval_step, tr->eval_loss,
+                      tr->n_eval))
+      fprintf(stderr, "nabla train: cannot write --svg '%s': %s\n", tr->o.svg, strerror(errno));
+    else printf("loss curve: %s\n", tr->o.svg);
+  }
+  if (!rc && tr->o.save && !(rc = train_ckpt_save(tr, tr->o.save)))
+    printf("checkpoint: %s (step %lld)\n", tr->o.save, (long long)tr->step);
+  return rc;
+}
+
+static int train_run(trainer *tr) {
+  int T = train_seq_len(tr);
+  int B = tr->o.batch;
+  int64_t *x = malloc(sizeof *x * (size_t)B * T), *y = malloc(sizeof *y * (size_t)B * T);
+  int64_t first = tr->step;
+  double seconds = 0;
+  int rc = !x || !y ? (fprintf(stderr, "nabla train: out of memory\n"), NB_TOOL_EXIT_RUNTIME) : 0;
+  if (!rc) train_describe(tr);
+  if (!rc) rc = train_loop(tr, x, y, &seconds);
+  if (!rc) rc = train_report(tr, x, y, seconds, first);
+  free(x);
+  free(y);
+  return rc;
+}
+
+static void train_cleanup(trainer *tr) {
+  nb_optim_free(tr->opt_decay);
+  nb_optim_free(tr->opt_plain);
+  gpt_free(tr->model);
+  if (tr->resume) nb_st_close(tr->resume);
+  free(tr->text.tokens);
+  free(tr->loss);
+  free(tr->eval_step);
+  free(tr->eval_loss);
+}
+
+int nb_tool_train(int argc, char **argv) {
+  trainer tr;
+  memset(&tr, 0, sizeof tr);
+  int rc = train_parse(argc, argv, &tr.o);
+  if (rc) return rc;
+  if (tr.o.help) {
+    train_usage(stdout);
+    return 0;
+  }
+  rc = train_setup(&tr);
+  if (!rc) rc = train_run(&tr);
+  train_cleanup(&tr);
+  return rc;
+}

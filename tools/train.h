@@ -1,0 +1,80 @@
+/* `nabla train`: options, the trainer's state, and the pieces split across
+ * train.c (the loop), train_opts.c (command line) and train_ckpt.c
+ * (safetensors checkpoints). */
+#ifndef NB_TOOL_TRAIN_H
+#define NB_TOOL_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gpt.h"
+#include "task.h"
+
+/* Bits of train_opts.set: which options the command line gave explicitly. */
+enum {
+  OPT_LAYERS = 1 << 0, OPT_HEADS = 1 << 1, OPT_DIM = 1 << 2, OPT_CONTEXT = 1 << 3,
+  OPT_BATCH = 1 << 4, OPT_STEPS = 1 << 5, OPT_LR = 1 << 6, OPT_WARMUP = 1 << 7,
+  OPT_DIGITS = 1 << 8, OPT_SEED = 1 << 9, OPT_LOG_EVERY = 1 << 10, OPT_EVAL_EVERY = 1 << 11
+};
+
+typedef struct {
+  const char *data, *save, *resume, *svg, *device;
+  int digits, layers, heads, dim, context, batch;
+  int64_t steps, stop_at, warmup, eval_every, log_every;
+  double lr;
+  uint64_t seed;
+  int quiet, no_svg, help;
+  unsigned set;
+} train_opts;
+
+/* Character-level text: the file's distinct bytes are the vocabulary; the
+ * last tenth (at least one context) is held out. */
+typedef struct {
+  int64_t *tokens;
+  int64_t n, n_train;
+  int vocab;
+  unsigned char id_to_byte[256];
+  int byte_to_id[256];
+} text_data;
+
+typedef struct {
+  train_opts o;
+  nb_device device;
+  int is_text;
+  task_add add;
+  text_data text;
+  gpt_model *model;
+  nb_optim *opt_decay, *opt_plain; /* AdamW with and without weight decay */
+  nb_rng data_rng;                 /* draws training batches; checkpointed */
+  int64_t step;                    /* optimizer steps done */
+  float *loss;                     /* per-step training loss, o.steps entries */
+  int64_t *eval_step;
+  float *eval_loss;
+  int n_eval, cap_eval;
+  nb_st_file *resume; /* the checkpoint being resumed, until restored */
+} trainer;
+
+/* Parses argv into o (defaults for what is not given are filled in later by
+ * train_resolve_defaults). Returns 0, or 2 after printing a message. */
+int train_parse(int argc, char **argv, train_opts *o);
+void train_usage(FILE *f);
+/* Fills unset model and schedule options with defaults for the task and
+ * device. */
+void train_resolve_defaults(train_opts *o, int is_text, int on_gpu);
+
+/* Checkpoints: parameters, both optimizers' state, the loss history, and in
+ * __metadata__ the configuration, step and data RNG state. */
+int train_ckpt_save(const trainer *tr, const char *path);
+/* Opens tr->o.resume and reads its configuration into tr->o (model options
+ * given on the command line must agree with it; schedule options given
+ * override it), its step and data RNG state. Keeps the file in tr->resume.
+ * Returns 0, or 2 after printing a message. */
+int train_ckpt_open(trainer *tr);
+/* Checks a text task's vocabulary against the checkpoint's. */
+int train_ckpt_check_vocab(const trainer *tr);
+/* Copies the checkpoint's tensors into the model and optimizers (created
+ * from the configuration read above) and closes it. Returns 0, or 2 after a
+ * message. */
+int train_ckpt_restore(trainer *tr);
+
+#endif

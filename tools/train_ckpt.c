@@ -1,0 +1,288 @@
+/* Checkpoints of `nabla train` as safetensors: every parameter under its
+ * own name, the AdamW moments as "opt.decay.*" and "opt.plain.*", the loss
+ * history as "trainer.*", and in __metadata__ the model configuration, the
+ * schedule, the step and the data RNG state. Restoring all of it makes a
+ * resumed run continue bit for bit. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tool.h"
+#include "train.h"
+
+#define CKPT_FORMAT "nabla-gpt-1"
+#define CKPT_MAX_META 24
+
+typedef struct {
+  const char *keys[CKPT_MAX_META];
+  const char *vals[CKPT_MAX_META];
+  char buf[CKPT_MAX_META][80];
+  int n;
+} ckpt_meta;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void meta_put(ckpt_meta *m, const char *key, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m->buf[m->n], sizeof m->buf[m->n], fmt, ap);
+  va_end(ap);
+  m->keys[m->n] = key;
+  m->vals[m->n] = m->buf[m->n];
+  m->n++;
+}
+
+static void ckpt_fill_meta(const trainer *tr, ckpt_meta *m, char *vocab_hex) {
+  const train_opts *o = &tr->o;
+  m->n = 0;
+  meta_put(m, "format", "%s", CKPT_FORMAT);
+  meta_put(m, "task", "%s", tr->is_text ? "text" : "addition");
+  meta_put(m, "digits", "%d", o->digits);
+  meta_put(m, "vocab", "%d", tr->model->cfg.vocab);
+  meta_put(m, "context", "%d", o->context);
+  meta_put(m, "layers", "%d", o->layers);
+  meta_put(m, "heads", "%d", o->heads);
+  meta_put(m, "dim", "%d", o->dim);
+  meta_put(m, "batch", "%d", o->batch);
+  meta_put(m, "steps", "%lld", (long long)o->steps);
+  meta_put(m, "warmup", "%lld", (long long)o->warmup);
+  meta_put(m, "lr", "%.17g", o->lr);
+  meta_put(m, "seed", "%llu", (unsigned long long)o->seed);
+  meta_put(m, "step", "%lld", (long long)tr->step);
+  meta_put(m, "data_rng_seed", "%llu", (unsigned long long)tr->data_rng.seed);
+  meta_put(m, "data_rng_offset", "%llu", (unsigned long long)tr->data_rng.offset);
+  if (tr->is_text) {
+    for (int i = 0; i < tr->text.vocab; i++) sprintf(vocab_hex + 2 * i, "%02x", tr->text.id_to_byte[i]);
+    m->keys[m->n] = "vocab_bytes";
+    m->vals[m->n++] = vocab_hex;
+    m->keys[m->n] = "data";
+    m->vals[m->n++] = o->data;
+  }
+}
+
+/* Appends the optimizer's state tensors as prefix + state name. */
+static int ckpt_add_optim(const nb_optim *opt, const char *prefix, int n, char **names,
+                          nb_tensor **ts) {
+  for (int i = 0; i < nb_optim_state_count(opt); i++) {
+    const char *sn = NULL;
+    ts[n] = nb_optim_state_get(opt, i, &sn);
+    size_t len = strlen(prefix) + strlen(sn ? sn : "?") + 1;
+    names[n] = malloc(len);
+    if (names[n]) snprintf(names[n], len, "%s%s", prefix, sn ? sn : "?");
+    n++;
+  }
+  return n;
+}
+
+static int ckpt_add_history(const trainer *tr, int n, char **names, nb_tensor **ts) {
+  if (tr->step > 0) {
+    names[n] = strdup("trainer.loss");
+    ts[n++] = nb_from_buffer(tr->loss, 1, (int64_t[]){tr->step}, NB_F32, NB_DEVICE_CPU);
+  }
+  if (tr->n_eval > 0) {
+    names[n] = strdup("trainer.eval_step");
+    ts[n++] = nb_from_buffer(tr->eval_step, 1, (int64_t[]){tr->n_eval}, NB_I64, NB_DEVICE_CPU);
+    names[n] = strdup("trainer.eval_loss");
+    ts[n++] = nb_from_buffer(tr->eval_loss, 1, (int64_t[]){tr->n_eval}, NB_F32, NB_DEVICE_CPU);
+  }
+  return n;
+}
+
+int train_ckpt_save(const trainer *tr, const char *path) {
+  const nb_params *all = tr->model->all;
+  int cap = nb_params_count(all) + nb_optim_state_count(tr->opt_decay) +
+            nb_optim_state_count(tr->opt_plain) + 3;
+  char **names = calloc((size_t)cap, sizeof *names);
+  nb_tensor **ts = calloc((size_t)cap, sizeof *ts);
+  char *vocab_hex = malloc(2 * 256 + 1);
+  ckpt_meta meta;
+  int n = 0, rc = NB_TOOL_EXIT_RUNTIME;
+  nb_scope_begin();
+  if (names && ts && vocab_hex) {
+    for (; n < nb_params_count(all); n++) {
+      names[n] = strdup(nb_params_name(all, n));
+      ts[n] = nb_params_get(all, n);
+    }
+    n = ckpt_add_optim(tr->opt_decay, "opt.decay.", n, names, ts);
+    n = ckpt_add_optim(tr->opt_plain, "opt.plain.", n, names, ts);
+    n = ckpt_add_history(tr, n, names, ts);
+    ckpt_fill_meta(tr, &meta, vocab_hex);
+    int ok = 1;
+    for (int i = 0; i < n; i++) ok = ok && names[i] && ts[i];
+    if (ok && nb_safetensors_save(path, n, (const char *const *)names, ts, meta.n, meta.keys,
+                                  meta.vals) == NB_OK)
+      rc = 0;
+  }
+  if (rc) fprintf(stderr, "nabla train: cannot save checkpoint '%s': %s\n", path,
+                  *nb_last_error() ? nb_last_error() : strerror(ENOMEM));
+  nb_scope_end();
+  for (int i = 0; i < n; i++) free(names[i]);
+  free(names);
+  free(ts);
+  free(vocab_hex);
+  return rc;
+}
+
+/* ---- resume --------------------------------------------------------------- */
+
+static int ckpt_fail(const trainer *tr, const char *what, const char *detail) {
+  fprintf(stderr, "nabla train: --resume %s: %s%s\n", tr->o.resume, what, detail);
+  return NB_TOOL_EXIT_USAGE;
+}
+
+static int ckpt_meta_u64(const trainer *tr, const char *key, uint64_t *out) {
+  const char *s = nb_st_metadata(tr->resume, key);
+  char *end;
+  if (!s) return ckpt_fail(tr, "missing metadata entry ", key);
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (!*s || *end || errno) return ckpt_fail(tr, "bad number in metadata entry ", key);
+  *out = v;
+  return 0;
+}
+
+/* A model option: the checkpoint's value, which an explicit option must match. */
+static int ckpt_model_int(trainer *tr, const char *key, unsigned bit, int *field) {
+  uint64_t v;
+  if (ckpt_meta_u64(tr, key, &v)) return NB_TOOL_EXIT_USAGE;
+  if ((tr->o.set & bit) && (uint64_t)*field != v) {
+    fprintf(stderr, "nabla train: --%s %d disagrees with the checkpoint '%s' (%s %llu)\n", key,
+            *field, tr->o.resume, key, (unsigned long long)v);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  *field = (int)v;
+  tr->o.set |= bit;
+  return 0;
+}
+
+/* A schedule option: the checkpoint's value unless given explicitly. */
+static int ckpt_sched_i64(trainer *tr, const char *key, unsigned bit, int64_t *field) {
+  uint64_t v;
+  if (ckpt_meta_u64(tr, key, &v)) return NB_TOOL_EXIT_USAGE;
+  if (!(tr->o.set & bit)) *field = (int64_t)v, tr->o.set |= bit;
+  return 0;
+}
+
+static int ckpt_read_task(trainer *tr) {
+  const char *task = nb_st_metadata(tr->resume, "task");
+  if (!task || (strcmp(task, "text") && strcmp(task, "addition")))
+    return ckpt_fail(tr, "missing or unknown task in the metadata", "");
+  int text = !strcmp(task, "text");
+  if (!text && tr->o.data)
+    return ckpt_fail(tr, "the checkpoint is of the addition task, but --data was given", "");
+  if (text && !tr->o.data) tr->o.data = nb_st_metadata(tr->resume, "data");
+  if (text && !tr->o.data) return ckpt_fail(tr, "text checkpoint without a data path", "");
+  return 0;
+}
+
+static int ckpt_read_schedule(trainer *tr) {
+  int64_t batch = tr->o.batch;
+  uint64_t seed;
+  const char *lr = nb_st_metadata(tr->resume, "lr");
+  if (ckpt_sched_i64(tr, "steps", OPT_STEPS, &tr->o.steps) ||
+      ckpt_sched_i64(tr, "warmup", OPT_WARMUP, &tr->o.warmup) ||
+      ckpt_sched_i64(tr, "batch", OPT_BATCH, &batch) || ckpt_meta_u64(tr, "seed", &seed))
+    return NB_TOOL_EXIT_USAGE;
+  tr->o.batch = (int)batch;
+  if (!(tr->o.set & OPT_SEED)) tr->o.seed = seed;
+  if (!lr) return ckpt_fail(tr, "missing metadata entry ", "lr");
+  if (!(tr->o.set & OPT_LR)) tr->o.lr = strtod(lr, NULL), tr->o.set |= OPT_LR;
+  if (tr->o.lr <= 0) return ckpt_fail(tr, "bad learning rate in the metadata", "");
+  return 0;
+}
+
+int train_ckpt_open(trainer *tr) {
+  tr->resume = nb_safetensors_load(tr->o.resume);
+  if (!tr->resume) return ckpt_fail(tr, "", nb_last_error());
+  const char *fmt = nb_st_metadata(tr->resume, "format");
+  if (!fmt || strcmp(fmt, CKPT_FORMAT))
+    return ckpt_fail(tr, "not a nabla train checkpoint (format ", fmt ? fmt : "missing)");
+  uint64_t step, rs, ro;
+  if (ckpt_read_task(tr) || ckpt_model_int(tr, "digits", OPT_DIGITS, &tr->o.digits) ||
+      ckpt_model_int(tr, "context", OPT_CONTEXT, &tr->o.context) ||
+      ckpt_model_int(tr, "layers", OPT_LAYERS, &tr->o.layers) ||
+      ckpt_model_int(tr, "heads", OPT_HEADS, &tr->o.heads) ||
+      ckpt_model_int(tr, "dim", OPT_DIM, &tr->o.dim) || ckpt_read_schedule(tr) ||
+      ckpt_meta_u64(tr, "step", &step) || ckpt_meta_u64(tr, "data_rng_seed", &rs) ||
+      ckpt_meta_u64(tr, "data_rng_offset", &ro))
+    return NB_TOOL_EXIT_USAGE;
+  tr->step = (int64_t)step;
+  tr->data_rng.seed = rs;
+  tr->data_rng.offset = ro;
+  return 0;
+}
+
+int train_ckpt_check_vocab(const trainer *tr) {
+  const char *hex = nb_st_metadata(tr->resume, "vocab_bytes");
+  char mine[2 * 256 + 1] = {0};
+  for (int i = 0; i < tr->text.vocab; i++) sprintf(mine + 2 * i, "%02x", tr->text.id_to_byte[i]);
+  if (!hex || strcmp(hex, mine))
+    return ckpt_fail(tr, "the vocabulary (distinct bytes) of --data differs from the checkpoint's",
+                     "");
+  return 0;
+}
+
+/* Copies the checkpoint entry name into dst (same shape). */
+static int ckpt_copy_into(trainer *tr, const char *name, nb_tensor *dst) {
+  nb_tensor *src = nb_st_tensor(tr->resume, name);
+  if (!src) return ckpt_fail(tr, "missing tensor ", name);
+  char a[128], b[128];
+  int same = nb_ndim(src) == nb_ndim(dst) &&
+             !memcmp(nb_shape(src), nb_shape(dst), sizeof(int64_t) * (size_t)nb_ndim(dst));
+  if (!same) {
+    fprintf(stderr, "nabla train: --resume %s: tensor %s is %s, the model needs %s\n",
+            tr->o.resume, name, nb_describe(src, a, sizeof a), nb_describe(dst, b, sizeof b));
+    return NB_TOOL_EXIT_USAGE;
+  }
+  if (nb_copy_(dst, src) != NB_OK) return ckpt_fail(tr, "", nb_last_error());
+  return 0;
+}
+
+static int ckpt_restore_optim(trainer *tr, const nb_optim *opt, const char *prefix) {
+  for (int i = 0; i < nb_optim_state_count(opt); i++) {
+    const char *sn = NULL;
+    nb_tensor *t = nb_optim_state_get(opt, i, &sn);
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", prefix, sn ? sn : "?");
+    if (ckpt_copy_into(tr, name, t)) return NB_TOOL_EXIT_USAGE;
+  }
+  return 0;
+}
+
+/* The loss history, so that the curve of a resumed run covers all steps. */
+static void ckpt_restore_history(trainer *tr) {
+  nb_tensor *loss = nb_st_tensor(tr->resume, "trainer.loss");
+  if (loss && nb_numel(loss) == tr->step && tr->step <= tr->o.steps)
+    nb_to_host(nb_cast(loss, NB_F32), tr->loss, sizeof(float) * (size_t)tr->step);
+  nb_tensor *es = nb_st_tensor(tr->resume, "trainer.eval_step");
+  nb_tensor *el = nb_st_tensor(tr->resume, "trainer.eval_loss");
+  int64_t n = nb_numel(es);
+  if (es && el && n == nb_numel(el) && n <= 1024 && tr->eval_step && tr->eval_loss &&
+      nb_to_host(nb_cast(es, NB_I64), tr->eval_step, sizeof(int64_t) * (size_t)n) == NB_OK &&
+      nb_to_host(nb_cast(el, NB_F32), tr->eval_loss, sizeof(float) * (size_t)n) == NB_OK)
+    tr->n_eval = (int)n;
+  nb_clear_error();
+}
+
+int train_ckpt_restore(trainer *tr) {
+  int rc = 0;
+  nb_params *all = tr->model->all;
+  nb_scope_begin();
+  nb_no_grad_begin();
+  for (int i = 0; i < nb_params_count(all) && !rc; i++)
+    rc = ckpt_copy_into(tr, nb_params_name(all, i), nb_params_get(all, i));
+  if (!rc) rc = ckpt_restore_optim(tr, tr->opt_decay, "opt.decay.");
+  if (!rc) rc = ckpt_restore_optim(tr, tr->opt_plain, "opt.plain.");
+  if (!rc) ckpt_restore_history(tr);
+  nb_no_grad_end();
+  nb_scope_end();
+  nb_optim_set_steps(tr->opt_decay, tr->step);
+  nb_optim_set_steps(tr->opt_plain, tr->step);
+  nb_st_close(tr->resume);
+  tr->resume = NULL;
+  return rc;
+}
