@@ -3,15 +3,16 @@
  * On the CPU an event is a host timestamp from the monotonic clock: CPU
  * kernels run synchronously, so the time between two records is the time of
  * the work issued between them. On a CUDA device an event is recorded in
- * nabla's stream (cuda_timing.cu), so elapsed time is device time and the
- * host can queue many timed iterations before waiting for any of them. */
+ * the device's stream by the CUDA runtime (cuda_runtime.cu), so elapsed
+ * time is device time and the host can queue many timed iterations before
+ * waiting for any of them. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <time.h>
 
 #include "core/core.h"
 #ifdef NABLA_HAVE_CUDA
-#include "backend/cuda/cuda_timing.h"
+#include "backend/cuda/cuda_api.h"
 #endif
 
 struct nb_event {
@@ -33,7 +34,8 @@ static nb_status timing_record_device(nb_event *e) {
   if (e->dev.index < 0 || e->dev.index >= n)
     return nb_error_set(NB_ERR_DEVICE, "nb_event_record: device cuda:%d is not available "
                         "(%d CUDA device%s found)", e->dev.index, n, n == 1 ? "" : "s");
-  return nb_cuda_event_record(e->dev.index, &e->cuda);
+  e->cuda = nb_cuda_event_record(e->dev.index);
+  return e->cuda ? NB_OK : nb_last_status();
 #else
   return nb_error_set(NB_ERR_DEVICE, "nb_event_record: device cuda:%d is not available: nabla "
                       "was built without CUDA", e->dev.index);
@@ -74,9 +76,7 @@ double nb_event_elapsed_ms(nb_event *start, nb_event *end) {
   }
   if (start->dev.type == NB_CPU) return end->host_ms - start->host_ms;
 #ifdef NABLA_HAVE_CUDA
-  double ms = -1.0;
-  if (nb_cuda_event_elapsed_ms(start->cuda, end->cuda, &ms) != NB_OK) return -1.0;
-  return ms;
+  return nb_cuda_event_elapsed_ms(start->cuda, end->cuda);
 #else
   nb_error_set(NB_ERR_DEVICE, "nb_event_elapsed_ms: nabla was built without CUDA");
   return -1.0;
@@ -86,7 +86,7 @@ double nb_event_elapsed_ms(nb_event *start, nb_event *end) {
 void nb_event_free(nb_event *e) {
   if (!e) return;
 #ifdef NABLA_HAVE_CUDA
-  if (e->cuda) nb_cuda_event_destroy(e->cuda);
+  if (e->cuda) nb_cuda_event_free(e->cuda);
 #endif
   free(e);
 }
