@@ -1,0 +1,88 @@
+/* CPU optimizer steps: AdamW and SGD, in place on contiguous tensors.
+ *
+ * Elements are independent, so the tensors are cut into tiles; a tile of
+ * every operand is converted to double on the stack, updated and converted
+ * back. Parameters may be any float dtype; the moment buffers are whatever
+ * dtype they were allocated with (f32 by contract). The update arithmetic is
+ * in double on the CPU, the reference backend. */
+#include <math.h>
+
+#include "backend/cpu/cpu_iter.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "core/core.h"
+
+static int64_t op_numel(const nb_kview *v) {
+  int64_t n = 1;
+  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+  return n;
+}
+
+/* Tile t of a contiguous view: its first element's address. */
+static char *op_tile(const nb_kview *v, int64_t t) {
+  return (char *)v->data + (size_t)(t * NB_CPU_TILE) * nb_dtype_size(v->dtype);
+}
+
+static void op_load(const nb_kview *v, int64_t t, int64_t n, double *buf) {
+  nb_cpu_load_f64(v->dtype, n, op_tile(v, t), (int64_t)nb_dtype_size(v->dtype), buf);
+}
+
+static void op_store(const nb_kview *v, int64_t t, int64_t n, const double *buf) {
+  nb_cpu_store_f64(v->dtype, n, buf, op_tile(v, t), (int64_t)nb_dtype_size(v->dtype));
+}
+
+/* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2; p -= lr*wd*p (decoupled);
+ * p -= lr * (m/c1) / (sqrt(v/c2) + eps), c1, c2 the bias corrections. */
+nb_status nb_cpu_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                            const nb_kview *v, double lr, double beta1, double beta2,
+                            double eps, double weight_decay, int64_t step) {
+  const int64_t n = op_numel(p), ntile = (n + NB_CPU_TILE - 1) / NB_CPU_TILE;
+  const double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
+  const double decay = 1.0 - lr * weight_decay;
+#pragma omp parallel for schedule(static) if (n >= NB_CPU_PAR_MIN)
+  for (int64_t t = 0; t < ntile; t++) {
+    double tp[NB_CPU_TILE], tg[NB_CPU_TILE], tm[NB_CPU_TILE], tv[NB_CPU_TILE];
+    const int64_t k = n - t * NB_CPU_TILE < NB_CPU_TILE ? n - t * NB_CPU_TILE : NB_CPU_TILE;
+    op_load(p, t, k, tp);
+    op_load(g, t, k, tg);
+    op_load(m, t, k, tm);
+    op_load(v, t, k, tv);
+    for (int64_t j = 0; j < k; j++) {
+      tm[j] = beta1 * tm[j] + (1.0 - beta1) * tg[j];
+      tv[j] = beta2 * tv[j] + (1.0 - beta2) * tg[j] * tg[j];
+      tp[j] = tp[j] * decay - lr * (tm[j] / c1) / (sqrt(tv[j] / c2) + eps);
+    }
+    op_store(p, t, k, tp);
+    op_store(m, t, k, tm);
+    op_store(v, t, k, tv);
+  }
+  return NB_OK;
+}
+
+/* d = g + wd*p; with momentum: buf = momentum*buf + (1-dampening)*d and
+ * d = nesterov ? d + momentum*buf : buf; p -= lr*d. buf may be NULL when
+ * momentum is 0. (First-step initialisation of buf is the caller's.) */
+nb_status nb_cpu_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *buf, double lr,
+                          double momentum, double dampening, int nesterov,
+                          double weight_decay) {
+  const int64_t n = op_numel(p), ntile = (n + NB_CPU_TILE - 1) / NB_CPU_TILE;
+  const int use_buf = momentum != 0.0 && buf;
+#pragma omp parallel for schedule(static) if (n >= NB_CPU_PAR_MIN)
+  for (int64_t t = 0; t < ntile; t++) {
+    double tp[NB_CPU_TILE], tg[NB_CPU_TILE], tb[NB_CPU_TILE];
+    const int64_t k = n - t * NB_CPU_TILE < NB_CPU_TILE ? n - t * NB_CPU_TILE : NB_CPU_TILE;
+    op_load(p, t, k, tp);
+    op_load(g, t, k, tg);
+    if (use_buf) op_load(buf, t, k, tb);
+    for (int64_t j = 0; j < k; j++) {
+      double d = tg[j] + weight_decay * tp[j];
+      if (use_buf) {
+        tb[j] = momentum * tb[j] + (1.0 - dampening) * d;
+        d = nesterov ? d + momentum * tb[j] : tb[j];
+      }
+      tp[j] -= lr * d;
+    }
+    op_store(p, t, k, tp);
+    if (use_buf) op_store(buf, t, k, tb);
+  }
+  return NB_OK;
+}
