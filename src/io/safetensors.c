@@ -465,13 +465,16 @@ typedef struct {
   uint64_t begin, end;
 } st_item;
 
-/* Largest elements first (so every tensor starts aligned to its element
- * size, the header being padded to 8), then by name: a deterministic
- * layout, like the Python library's. */
+/* The Python library's data order: by its dtype enum, descending (I64,
+ * F64, F32, I32, BF16, F16, U8, BOOL: element sizes never grow, so every
+ * tensor starts aligned to its element size, the header being padded to 8),
+ * then by name. Indexed by nb_dtype. */
+static const int st_dtype_rank[NB_DTYPE_COUNT] = {6, 5, 2, 3, 7, 4, 1, 0};
+
 static int st_cmp_items(const void *a, const void *b) {
   const st_item *x = a, *y = b;
-  size_t sx = nb_dtype_size(nb_dtype_of(x->t)), sy = nb_dtype_size(nb_dtype_of(y->t));
-  if (sx != sy) return sx > sy ? -1 : 1;
+  int rx = st_dtype_rank[nb_dtype_of(x->t)], ry = st_dtype_rank[nb_dtype_of(y->t)];
+  if (rx != ry) return rx > ry ? -1 : 1;
   return strcmp(x->name, y->name);
 }
 
