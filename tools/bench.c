@@ -85,7 +85,7 @@ static const bench_spec bench_specs[] = {
   {BK_COPY, NB_F32, NULL, "copy ceiling", {1 << 28}, {1 << 25}, {1 << 22}, BC_COPY},
   {BK_MATMUL, NB_BF16, "NN", "square; the GEMM ceiling on CUDA", {8192, 8192, 8192},
    {512, 512, 512}, {256, 256, 256}, BC_GEMM_CUDA},
-  {BK_MATMUL, NB_F32, "NN", "the GEMM ceiling on the CPU", {1024, 1024, 1024},
+  {BK_MATMUL, NB_F32, "NN", "f32 square; the GEMM ceiling on the CPU", {1024, 1024, 1024},
    {1024, 1024, 1024}, {512, 512, 512}, BC_GEMM_CPU},
   {BK_ADD, NB_F32, NULL, "a + b", {1 << 28}, {1 << 24}, {1 << 22}, BC_NONE},
   {BK_GELU_TANH, NB_F32, NULL, "gelu, tanh form", {1 << 28}, {1 << 24}, {1 << 22}, BC_NONE},
@@ -548,9 +548,9 @@ static void bench_row_cells(const bench_case *c, char cells[9][96]) {
   snprintf(cells[0], 96, "%s", c->name);
   snprintf(cells[1], 96, "%s", c->shape);
   snprintf(cells[2], 96, "%s", nb_dtype_name(c->spec->dt));
-  if (c->status) {
+  if (c->status || !c->ran) {
     for (int i = 3; i < 8; i++) snprintf(cells[i], 96, "-");
-    snprintf(cells[8], 96, "FAILED (see below)");
+    snprintf(cells[8], 96, "%s", c->ran ? "FAILED (see below)" : "not run");
     return;
   }
   bench_cell(cells[3], 96, c->ms_median, "%.4f");
@@ -630,11 +630,11 @@ static void bench_json_case(FILE *f, const bench_case *c) {
   bench_json_num(f, "flops", c->flops, ", ");
   bench_json_num(f, "set_bytes", c->set_bytes, ", ");
   fprintf(f, "\"sets\": %d, \"reps\": %d,\n     \"status\": \"%s\", \"error\": ", c->n_sets,
-          c->reps, c->status ? "failed" : "ok");
+          c->reps, !c->ran ? "not_run" : c->status ? "failed" : "ok");
   if (c->status) bench_json_str(f, c->error);
   else fputs("null", f);
   fputs(", ", f);
-  int ok = !c->status;
+  int ok = c->ran && !c->status;
   bench_json_num(f, "ms_median", ok ? c->ms_median : NAN, ", ");
   bench_json_num(f, "ms_min", ok ? c->ms_min : NAN, ", ");
   bench_json_num(f, "ms_mean", ok ? c->ms_mean : NAN, ", ");
@@ -748,6 +748,8 @@ static void bench_meta_init(bench_meta *m, const bench_opts *o) {
     snprintf(m->device_name, sizeof m->device_name, "%s", m->device);
 #endif
   if (o->dev.type == NB_CPU) bench_cpu_name(m->device_name, sizeof m->device_name);
+  if (!m->device_name[0]) snprintf(m->device_name, sizeof m->device_name, "%s", m->device);
+  nb_clear_error();
   time_t now = time(NULL);
   struct tm tm;
   gmtime_r(&now, &tm);
@@ -945,7 +947,15 @@ int nb_tool_bench(int argc, char **argv) {
   for (int i = 0; i < n; i++)
     if (sel[i]) run[n_run++] = &all[i];
   if (!rc && o.list) {
-    for (int i = 0; i < n_run; i++) printf("%-48s %s\n", run[i]->id, run[i]->spec->note);
+    /* With --json, the planned cases (status "not_run"): compare_torch.py
+     * can time PyTorch alone on them. */
+    for (int i = 0; i < n_run; i++) {
+      run[i]->n_sets = bench_n_sets(run[i], o.rotate_bytes);
+      printf("%-48s %s\n", run[i]->id, run[i]->spec->note);
+    }
+    bench_meta m;
+    bench_meta_init(&m, &o);
+    bench_report_files(&o, &m, run, n_run, &rc);
   } else if (!rc && !(rc = bench_check_device(o.dev))) {
     nb_set_deterministic(1); /* the embedding case asks for the deterministic path */
     bench_meta m;
