@@ -10,6 +10,8 @@
  *   uniform, f32/f16/bf16:  u = nb_philox_u01(w0)                (f32, 24 bits)
  *                           v = fma(hi - lo, (double)u, lo)      (f64)
  *                           then v rounded to f32, and from that f32 to f16/bf16
+ *                           (f32/f64 stay below hi; rounding to f16/bf16 can
+ *                           reach hi itself, e.g. 1 - 2^-24 -> 1.0 in bf16)
  *   uniform, f64:           u = nb_philox_u53(w0, w1)
  *                           v = fma(hi - lo, u, lo)              (f64)
  *   normal, f32/f16/bf16:   z = nb_philox_normal(w0, w1)         (f32 Box-Muller)
