@@ -23,7 +23,7 @@ void train_usage(FILE *f) {
     "  --layers N         transformer blocks\n"
     "  --heads N          attention heads (must divide --dim)\n"
     "  --dim N            model width\n"
-    "  --context N        longest input sequence (addition: at least 3*digits+1)\n"
+    "  --context N        longest input sequence (addition: at least 3*digits+2)\n"
     "  --batch N          sequences per step\n"
     "  --steps N          total optimizer steps (the LR schedule's length)\n"
     "  --stop-at N        stop after step N (the schedule still spans --steps)\n"
@@ -177,7 +177,7 @@ void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
     DEFAULT(OPT_BATCH, batch, on_gpu ? 256 : 64);
     DEFAULT(OPT_STEPS, steps, on_gpu ? 2000 : 1500);
     DEFAULT(OPT_LR, lr, on_gpu ? 1e-3 : 3e-3);
-    DEFAULT(OPT_CONTEXT, context, 3 * o->digits + 1);
+    DEFAULT(OPT_CONTEXT, context, 3 * o->digits + 2);
   } else {
     DEFAULT(OPT_LAYERS, layers, on_gpu ? 6 : 4);
     DEFAULT(OPT_HEADS, heads, on_gpu ? 6 : 4);

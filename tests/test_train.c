@@ -1,0 +1,181 @@
+/* `nabla train` end to end, through the built binary (NABLA_BIN, set by the
+ * test environment): a short run whose loss falls, bad options that exit
+ * with status 2 and a message naming the problem, a text run, and a resumed
+ * run that matches an uninterrupted one bit for bit. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static const char *bin;
+static char dir[256];
+static char out[64 * 1024]; /* output of the last command */
+
+/* Runs `nabla ARGS` with stdout and stderr captured in out; returns the exit
+ * status (-1 if it did not exit normally). */
+static int run(const char *args) {
+  char cmd[4096], log[300];
+  snprintf(log, sizeof log, "%s/out.txt", dir);
+  snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>&1", bin, args, log);
+  int st = system(cmd);
+  FILE *f = fopen(log, "rb");
+  size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+  out[n] = 0;
+  if (f) fclose(f);
+  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A tiny model that trains in well under a second per step. */
+#define TINY "train --device cpu --layers 1 --heads 2 --dim 32 --batch 32 --quiet --no-svg "
+
+static void test_loss_falls(void) {
+  char args[2048];
+  snprintf(args, sizeof args, "%s --steps 60 --lr 3e-3 --eval-every 30 --svg %s/loss.svg",
+           "train --device cpu --layers 1 --heads 2 --dim 32 --batch 32 --quiet", dir);
+  int st = run(args);
+  NBT_CHECK(st == 0, "short run exits 0, got %d:\n%s", st, out);
+  double first = 0, last = 0;
+  const char *p = strstr(out, "\nloss ");
+  NBT_CHECK(p && sscanf(p, "\nloss %lf -> %lf", &first, &last) == 2, "loss line in:\n%s", out);
+  NBT_CHECK(last < first - 0.3, "loss falls: %g -> %g", first, last);
+  NBT_CHECK(strstr(out, "held-out accuracy:") != NULL, "accuracy reported:\n%s", out);
+  NBT_CHECK(strstr(out, "tokens/s") != NULL, "throughput reported");
+  char path[300], head[256] = {0};
+  snprintf(path, sizeof path, "%s/loss.svg", dir);
+  FILE *f = fopen(path, "rb");
+  NBT_CHECK(f != NULL, "SVG written at %s", path);
+  if (f) {
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    head[n] = 0;
+    fclose(f);
+    NBT_CHECK(strstr(head, "<svg") != NULL, "SVG header: %s", head);
+  }
+}
+
+/* Each bad input: exit status 2 and a message containing expect. */
+static void bad(const char *args, const char *expect) {
+  int st = run(args);
+  NBT_CHECK(st == 2, "'%s' exits 2, got %d:\n%s", args, st, out);
+  NBT_CHECK(strstr(out, expect) != NULL, "'%s' names '%s' in:\n%s", args, expect, out);
+}
+
+static void test_bad_input(void) {
+  char args[600];
+  bad("train --bogus", "--bogus");
+  bad("train --steps abc", "--steps");
+  bad("train --steps -5", "--steps");
+  bad("train --steps", "needs a value");
+  bad("train --lr 0", "--lr");
+  bad("train --lr nan", "--lr");
+  bad("train --device tpu", "tpu");
+  bad("train --device cuda:99", "cuda:99");
+  bad("train --heads 3 --dim 32 --device cpu", "--heads 3");
+  bad("train --context 4 --device cpu", "--context 4");
+  bad("train extra", "extra");
+  bad("frobnicate", "frobnicate");
+  snprintf(args, sizeof args, "train --data %s/missing.txt", dir);
+  bad(args, "missing.txt");
+  snprintf(args, sizeof args, "train --data %s", dir); /* a directory */
+  bad(args, dir);
+  snprintf(args, sizeof args, "train --resume %s/missing.st", dir);
+  bad(args, "missing.st");
+}
+
+static void test_text(void) {
+  char path[300], args[1024];
+  snprintf(path, sizeof path, "%s/text.txt", dir);
+  FILE *f = fopen(path, "w");
+  for (int i = 0; f && i < 60; i++) fprintf(f, "the quick brown fox jumps over the lazy dog. ");
+  if (f) fclose(f);
+  snprintf(args, sizeof args, TINY "--data %s --steps 30 --context 16 --batch 8", path);
+  int st = run(args);
+  NBT_CHECK(st == 0, "text run exits 0, got %d:\n%s", st, out);
+  NBT_CHECK(strstr(out, "sample") != NULL, "a sample is printed:\n%s", out);
+  snprintf(args, sizeof args, TINY "--data %s --context 4000", path);
+  bad(args, "--context 4000");
+}
+
+/* Every tensor of a equals b's bit for bit (the eval history aside, which
+ * depends on --eval-every, not on the training). */
+static void compare_checkpoints(const char *pa, const char *pb) {
+  nb_st_file *a = nb_safetensors_load(pa), *b = nb_safetensors_load(pb);
+  NBT_CHECK(a && b, "checkpoints load: %s", nb_last_error());
+  if (!a || !b) {
+    nb_st_close(a), nb_st_close(b);
+    return;
+  }
+  int n = nb_st_count(a), compared = 0, params = 0, moments = 0;
+  for (int i = 0; i < n; i++) {
+    const char *name = nb_st_name(a, i);
+    if (!strncmp(name, "trainer.eval", 12)) continue;
+    nb_tensor *ta = nb_st_tensor(a, name), *tb = nb_st_tensor(b, name);
+    size_t bytes = (size_t)nb_numel(ta) * nb_dtype_size(nb_dtype_of(ta));
+    void *ba = malloc(bytes ? bytes : 1), *bb = malloc(bytes ? bytes : 1);
+    int same = ta && tb && nb_numel(ta) == nb_numel(tb) && nb_dtype_of(ta) == nb_dtype_of(tb) &&
+               nb_to_host(ta, ba, bytes) == NB_OK && nb_to_host(tb, bb, bytes) == NB_OK &&
+               !memcmp(ba, bb, bytes);
+    NBT_CHECK(same, "tensor %s identical after resume", name);
+    compared++;
+    params += !strchr(name, '.') || !strncmp(name, "h.", 2) || !strncmp(name, "ln_f", 4);
+    moments += !strncmp(name, "opt.", 4);
+    free(ba), free(bb);
+    nb_release(ta), nb_release(tb);
+  }
+  NBT_CHECK(params > 10 && moments > 10, "compared %d tensors (%d parameters, %d moments)",
+            compared, params, moments);
+  NBT_CHECK(!strcmp(nb_st_metadata(a, "step"), nb_st_metadata(b, "step")) &&
+            !strcmp(nb_st_metadata(a, "data_rng_offset"), nb_st_metadata(b, "data_rng_offset")),
+            "same step and data RNG state");
+  nb_st_close(a), nb_st_close(b);
+}
+
+static void test_resume(void) {
+  char args[2048], a[300], b1[300], b2[300];
+  snprintf(a, sizeof a, "%s/a.safetensors", dir);
+  snprintf(b1, sizeof b1, "%s/b1.safetensors", dir);
+  snprintf(b2, sizeof b2, "%s/b2.safetensors", dir);
+  snprintf(args, sizeof args, TINY "--steps 16 --eval-every 0 --save %s", a);
+  int st = run(args);
+  NBT_CHECK(st == 0, "uninterrupted run exits 0, got %d:\n%s", st, out);
+  /* Half, with evaluations on (they must not disturb the training draws)... */
+  snprintf(args, sizeof args, TINY "--steps 16 --stop-at 8 --eval-every 3 --save %s", b1);
+  st = run(args);
+  NBT_CHECK(st == 0, "first half exits 0, got %d:\n%s", st, out);
+  /* ...then the rest in a new process, configuration from the checkpoint. */
+  snprintf(args, sizeof args, "train --device cpu --quiet --no-svg --resume %s --save %s", b1, b2);
+  st = run(args);
+  NBT_CHECK(st == 0, "resumed half exits 0, got %d:\n%s", st, out);
+  NBT_CHECK(strstr(out, "resumed at step 8") != NULL, "resume reported:\n%s", out);
+  compare_checkpoints(a, b2);
+  /* The model's shape comes from the checkpoint: a different one is refused. */
+  snprintf(args, sizeof args, "train --device cpu --quiet --resume %s --layers 3", b1);
+  bad(args, "--layers 3");
+  snprintf(args, sizeof args, "train --device cpu --quiet --resume %s", b2);
+  bad(args, "--steps");
+}
+
+int main(void) {
+  bin = getenv("NABLA_BIN");
+  if (!bin || !*bin || access(bin, X_OK) != 0) {
+    printf("SKIP: NABLA_BIN does not name the nabla binary (got '%s')\n", bin ? bin : "");
+    return nbt_finish();
+  }
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/nabla-train-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    printf("FAIL: cannot create a temporary directory\n");
+    return 1;
+  }
+  test_bad_input();
+  test_loss_falls();
+  test_text();
+  test_resume();
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+  return nbt_finish();
+}
