@@ -283,7 +283,7 @@ def main():
     if device.type == "cuda":
         torch.cuda.set_device(device)
         name = torch.cuda.get_device_name(device)
-        if nab.get("device_name") and nab["device_name"] != name:
+        if nab.get("device_name") not in (None, "", name, str(device), nab.get("device")):
             print("compare_torch: warning: nabla ran on '%s', torch runs on '%s'"
                   % (nab["device_name"], name), file=sys.stderr)
     else:
