@@ -38,6 +38,7 @@ nb_status nb_cpu_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview
   const int64_t n = op_numel(p), ntile = (n + NB_CPU_TILE - 1) / NB_CPU_TILE;
   const double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
   const double decay = 1.0 - lr * weight_decay;
+  const double step_size = lr / c1, inv_sqrt_c2 = 1.0 / sqrt(c2); /* one division per element */
 #pragma omp parallel for schedule(static) if (n >= NB_CPU_PAR_MIN)
   for (int64_t t = 0; t < ntile; t++) {
     double tp[NB_CPU_TILE], tg[NB_CPU_TILE], tm[NB_CPU_TILE], tv[NB_CPU_TILE];
@@ -49,7 +50,7 @@ nb_status nb_cpu_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview
     for (int64_t j = 0; j < k; j++) {
       tm[j] = beta1 * tm[j] + (1.0 - beta1) * tg[j];
       tv[j] = beta2 * tv[j] + (1.0 - beta2) * tg[j] * tg[j];
-      tp[j] = tp[j] * decay - lr * (tm[j] / c1) / (sqrt(tv[j] / c2) + eps);
+      tp[j] = tp[j] * decay - step_size * tm[j] / (sqrt(tv[j]) * inv_sqrt_c2 + eps);
     }
     op_store(p, t, k, tp);
     op_store(m, t, k, tm);
