@@ -15,6 +15,7 @@
 
 #include "nabla.h"
 
+#ifndef NB_FUZZ_SEEDGEN
 static void fuzz_touch_tensor(const nb_st_file *f, int i) {
   const char *name = nb_st_name(f, i);
   if (!name) abort();
@@ -33,7 +34,6 @@ static void fuzz_touch_tensor(const nb_st_file *f, int i) {
   __asm__ volatile("" : : "r"(acc));
 }
 
-#ifndef NB_FUZZ_SEEDGEN
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   nb_clear_error();
