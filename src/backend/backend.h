@@ -128,7 +128,9 @@ typedef struct nb_backend {
   /* x NCHW contiguous -> cols (N, C*kh*kw, oh*ow); col2im adds back. */
   nb_status (*im2col)(const nb_kview *cols, const nb_kview *x, const nb_im2col_params *p);
   nb_status (*col2im)(const nb_kview *x, const nb_kview *cols, const nb_im2col_params *p);
-  /* pooling on NCHW contiguous; max writes the argmax (i64 flat h*w index). */
+  /* pooling on NCHW contiguous; max writes the argmax (i64 flat h*w index,
+   * -1 for a window entirely in padding). Both backwards ADD into dx, which
+   * the caller has zeroed. */
   nb_status (*maxpool2d_fwd)(const nb_kview *y, const nb_kview *argmax, const nb_kview *x,
                              const nb_im2col_params *p);
   nb_status (*maxpool2d_bwd)(const nb_kview *dx, const nb_kview *dy, const nb_kview *argmax,
