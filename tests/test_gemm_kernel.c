@@ -59,8 +59,9 @@ static void st(void *base, nb_dtype dt, int64_t i, double v) {
 }
 
 /* ---- views -------------------------------------------------------------- */
-enum { L_CONTIG, L_TRANS, L_STRIDED, L_COUNT };
-static const char *lname[] = {"contig", "trans", "strided"};
+/* padded: unit column stride, rows further apart than their length. */
+enum { L_CONTIG, L_TRANS, L_STRIDED, L_PADDED, L_COUNT };
+static const char *lname[] = {"contig", "trans", "strided", "padded"};
 
 /* A view of shape (batch.., r, c) with layout lay for the matrix axes;
  * batch axis d is broadcast (stride 0) when bit d of bmask is set. Storage
@@ -77,7 +78,8 @@ static nb_kview mkview(int nbd, const int64_t *batch, int64_t r, int64_t c, int 
   int64_t span;
   if (lay == L_CONTIG) { v.strides[nbd] = c; v.strides[nbd + 1] = 1; span = r * c; }
   else if (lay == L_TRANS) { v.strides[nbd] = 1; v.strides[nbd + 1] = r; span = r * c; }
-  else { v.strides[nbd] = 2 * c + 3; v.strides[nbd + 1] = 2; span = r * (2 * c + 3); }
+  else if (lay == L_STRIDED) { v.strides[nbd] = 2 * c + 3; v.strides[nbd + 1] = 2; span = r * (2 * c + 3); }
+  else { v.strides[nbd] = c + 5; v.strides[nbd + 1] = 1; span = r * (c + 5); }
   for (int d = nbd - 1; d >= 0; d--) {
     if (bmask >> d & 1) { v.strides[d] = 0; continue; }
     v.strides[d] = span + 1;
@@ -165,7 +167,8 @@ static void test_shapes(void) {
       {1, 1, 1},     {7, 13, 5},    {13, 7, 5},    {129, 67, 255}, {129, 255, 67},
       {300, 1, 300}, {1, 300, 300}, {300, 300, 1}, {12, 32, 384},  {13, 33, 385},
       {25, 530, 3},  {37, 41, 777}, {2, 3, 4},     {64, 64, 16},   {100, 16, 64},
-      {1601, 20, 7}, {23, 1030, 9}, {5, 29, 2}};
+      {1601, 20, 7}, {23, 1030, 9}, {5, 29, 2},    {29, 45, 31},   {12, 32, 16},
+      {100, 70, 100}, {511, 31, 256}, {4, 8, 300}, {600, 500, 17}};
   int n = (int)(sizeof sh / sizeof sh[0]);
   for (int d = 0; d < 4; d++)
     for (int s = 0; s < n; s++) {
@@ -189,7 +192,7 @@ static void test_random(void) {
   for (int t = 0; t < 60; t++) {
     int64_t M = 1 + (int64_t)((rnd() + 1) * 45), N = 1 + (int64_t)((rnd() + 1) * 45);
     int64_t K = 1 + (int64_t)((rnd() + 1) * 45);
-    run_case(dts[t % 4], 0, NULL, M, N, K, t % 3, (t / 3) % 3, (t / 9) % 3, 0, 0);
+    run_case(dts[t % 4], 0, NULL, M, N, K, t % 4, (t / 4) % 4, (t / 16) % 4, 0, 0);
   }
 }
 
@@ -205,6 +208,8 @@ static void test_batch(void) {
     run_case(dts[d], 1, b64, 64, 64, 16, L_CONTIG, L_TRANS, L_CONTIG, 0, 0);
     run_case(dts[d], 1, b2s, 130, 70, 50, L_CONTIG, L_CONTIG, L_CONTIG, 0, 1);
     run_case(dts[d], 1, b1s, 150, 90, 40, L_TRANS, L_TRANS, L_TRANS, 0, 0);
+    run_case(dts[d], 1, b64, 64, 64, 16, L_PADDED, L_PADDED, L_PADDED, 0, 1);
+    run_case(dts[d], 2, b2, 33, 47, 24, L_PADDED, L_CONTIG, L_CONTIG, 1, 0);
   }
 }
 

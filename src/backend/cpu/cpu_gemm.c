@@ -35,12 +35,20 @@ typedef void (*nbg_ukr_fn)(int64_t kc, const void *a, const void *b, void *c, in
                            int acc);
 
 #define NBG_PRAGMA(x) _Pragma(#x)
+/* The C tile is read (acc) and written after the k loop; fetching its rows
+ * now hides that latency behind the FMAs. */
+#if defined(__GNUC__)
+#define NBG_PREFETCH_ROW(p) (__builtin_prefetch((p), 1, 3), __builtin_prefetch((char *)(p) + 64, 1, 3))
+#else
+#define NBG_PREFETCH_ROW(p) ((void)(p))
+#endif
 #define NBG_UKR_SIMD(name, T, V, MR, NV, VL, SET1, LOAD, STORE, FMA, ADD, ZERO)               \
   static void name(int64_t kc, const void *ap, const void *bp, void *cp, int64_t ldc,        \
                    int acc) {                                                                \
     const T *a = ap, *b = bp;                                                                \
     T *c = cp;                                                                               \
     V r[MR][NV];                                                                             \
+    NBG_PRAGMA(GCC unroll 16) for (int i = 0; i < MR; i++) NBG_PREFETCH_ROW(c + i * ldc);   \
     NBG_PRAGMA(GCC unroll 16) for (int i = 0; i < MR; i++)                                  \
     NBG_PRAGMA(GCC unroll 4) for (int v = 0; v < NV; v++) r[i][v] = ZERO();                 \
     for (int64_t k = 0; k < kc; k++, a += MR, b += NV * VL) {                                \
@@ -139,7 +147,9 @@ static inline float nbg_bf16(uint16_t h) {
 /* n elements, source stride ss, into f32 with destination stride ds. */
 static void nbg_cvt_f32(float *d, int64_t ds, const void *src, int64_t ss, int64_t n,
                         nb_dtype dt) {
-  if (dt == NB_F32) {
+  if (dt == NB_F32 && ds == 1 && ss == 1) {
+    memcpy(d, src, (size_t)n * 4);
+  } else if (dt == NB_F32) {
     const float *s = src;
     for (int64_t i = 0; i < n; i++) d[i * ds] = s[i * ss];
   } else if (dt == NB_F16) {
@@ -153,7 +163,8 @@ static void nbg_cvt_f32(float *d, int64_t ds, const void *src, int64_t ss, int64
 
 static void nbg_cvt_f64(double *d, int64_t ds, const void *src, int64_t ss, int64_t n) {
   const double *s = src;
-  for (int64_t i = 0; i < n; i++) d[i * ds] = s[i * ss];
+  if (ds == 1 && ss == 1) memcpy(d, s, (size_t)n * 8);
+  else for (int64_t i = 0; i < n; i++) d[i * ds] = s[i * ss];
 }
 
 /* Converts n source elements (stride ss) into the accumulator type. */
@@ -191,7 +202,11 @@ static void nbg_pack(const nbg_cfg *cf, char *dst, const char *src, nb_dtype dt,
   for (int64_t p0 = 0; p0 < n; p0 += r) {
     int64_t rows = n - p0 < r ? n - p0 : r;
     const char *s = src + (size_t)(p0 * s_in) * isz;
-    if (s_in == 1 && s_k != 1) {
+    if (s_in == 1 && rows == r && isz == cf->esz && r * cf->esz == 128) {
+      /* The common row-major B panel: one fixed-size (inlined) copy per k. */
+      for (int64_t k = 0; k < kc; k++)
+        memcpy(dst + (size_t)(k * 128), s + (size_t)(k * s_k) * isz, 128);
+    } else if (s_in == 1 && s_k != 1) {
       for (int64_t k = 0; k < kc; k++)
         nbg_cvt(cf, dst + (size_t)(k * r) * cf->esz, 1, s + (size_t)(k * s_k) * isz, 1, rows, dt);
     } else {
@@ -312,6 +327,57 @@ static int nbg_direct(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc
   return 0;
 }
 
+#if defined(__AVX512F__)
+/* The in-place path for small f32 products with unit-stride rows of A and
+ * B (the batched matmuls of attention): no packing, the micro-kernel reads
+ * 12 rows of A and 32 columns of B where they lie. Rows past M repeat the
+ * last row (results discarded); columns past N are masked off, so nothing
+ * outside the operands is read or written. */
+static void nbg_small_tile(int64_t kc, const float *a, int64_t lda, int64_t mr, const float *b,
+                           int64_t ldb, int64_t nr, float *c, int64_t ldc) {
+  __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
+  __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+  int64_t off[12];
+  for (int i = 0; i < 12; i++) off[i] = (i < mr ? i : mr - 1) * lda;
+  __m512 r[12][2];
+  NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; k++, a++, b += ldb) {
+    __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);
+    NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < 12; i++) {
+      __m512 av = _mm512_set1_ps(a[off[i]]);
+      r[i][0] = _mm512_fmadd_ps(av, b0, r[i][0]);
+      r[i][1] = _mm512_fmadd_ps(av, b1, r[i][1]);
+    }
+  }
+  NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < 12; i++) {
+    if (i >= mr) break;
+    _mm512_mask_storeu_ps(c + i * ldc, m0, r[i][0]);
+    _mm512_mask_storeu_ps(c + i * ldc + 16, m1, r[i][1]);
+  }
+}
+
+static int nbg_small(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc) {
+  const float *a = (const float *)p->a, *b = (const float *)p->b;
+  float *cf32 = (float *)c;
+  (void)cf;
+  for (int64_t i = 0; i < p->M; i += 12)
+    for (int64_t j = 0; j < p->N; j += 32)
+      nbg_small_tile(p->K, a + i * p->sam, p->sam, p->M - i < 12 ? p->M - i : 12, b + j,
+                     p->sbk, p->N - j < 32 ? p->N - j : 32, cf32 + i * ldc + j, ldc);
+  return 0;
+}
+
+/* Small enough that packing would cost a noticeable share of the time,
+ * with B small enough to be read from L1/L2 in place. */
+static int nbg_use_small(const nbg_cfg *cf, const nbg_prob *p) {
+  return !cf->f64 && p->dt == NB_F32 && p->sak == 1 && p->sbn == 1 && p->K <= 256 &&
+         p->K * p->N <= 16384 && p->M <= 512;
+}
+#else
+static int nbg_use_small(const nbg_cfg *cf, const nbg_prob *p) { (void)cf; (void)p; return 0; }
+#define nbg_small nbg_packed
+#endif
+
 /* Packing costs O(MK + KN) against O(MNK) work, and a tile wider than the
  * matrix wastes lanes; below these sizes the direct loop wins. */
 static int nbg_use_direct(const nbg_cfg *cf, const nbg_prob *p) {
@@ -326,7 +392,9 @@ static int nbg_solve(const nbg_cfg *cf, const nbg_prob *p) {
   char *c = direct_out ? p->c : nbg_buf(2, (size_t)(p->M * p->N) * cf->esz);
   int64_t ldc = direct_out ? p->scm : p->N;
   if (!c) return -1;
-  if ((nbg_use_direct(cf, p) ? nbg_direct : nbg_packed)(cf, p, c, ldc)) return -1;
+  int (*path)(const nbg_cfg *, const nbg_prob *, char *, int64_t) =
+      nbg_use_direct(cf, p) ? nbg_direct : nbg_use_small(cf, p) ? nbg_small : nbg_packed;
+  if (path(cf, p, c, ldc)) return -1;
   if (direct_out) return 0;
   for (int64_t i = 0; i < p->M; i++)
     for (int64_t j = 0; j < p->N; j++) {
