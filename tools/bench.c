@@ -516,7 +516,7 @@ static void bench_run_case(bench_case *c, const bench_opts *o) {
   if (st) {
     const char *msg = nb_last_error();
     snprintf(c->error, sizeof c->error, "%s%s", msg[0] ? msg : nb_status_name(st),
-             bench_is_oom(st, msg) ? " (allocation failed: try a smaller case or --quick)"
+             bench_is_oom(st, msg) ? " (allocation failed; --only can leave this case out)"
                                    : "");
   } else {
     double sec = c->ms_median * 1e-3;
