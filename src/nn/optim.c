@@ -266,14 +266,31 @@ void nb_optim_free(nb_optim *o) {
 
 /* ---- gradient clipping ------------------------------------------------------- */
 
-/* sum(g*g) of one gradient, accumulated on its device (f64 grads in f64,
- * the rest in f32) and summed across gradients on the host in f64. */
-static nb_status clip_sum_squares(const nb_tensor *g, double *out) {
+/* sum(g*g) of one gradient as an f64 scalar on its device (accumulated
+ * there in f64 for f64 gradients, f32 for the rest). */
+static nb_tensor *clip_sum_squares(const nb_tensor *g) {
   nb_dtype acc = nb_dtype_of(g) == NB_F64 ? NB_F64 : NB_F32;
   const nb_tensor *c = nb_dtype_of(g) == acc ? g : nb_cast(g, acc);
-  nb_tensor *s = nb_sum(nb_square(c), 0, NULL, 0);
-  if (!s) return nb_last_status();
-  *out = nb_item(s);
+  return nb_cast(nb_sum(nb_square(c), 0, NULL, 0), NB_F64);
+}
+
+/* Sum of squares over all gradients in f64. Sums on the first gradient's
+ * device stay there, so the common single-device case reads one value back
+ * (one synchronisation); gradients elsewhere are read back one by one. */
+static nb_status clip_total(nb_params *params, double *total) {
+  nb_tensor *dev_total = NULL;
+  double host_total = 0;
+  for (int i = 0; i < nb_params_count(params); i++) {
+    nb_tensor *g = nb_grad(nb_params_get(params, i));
+    if (!g || !nb_numel(g)) continue;
+    nb_tensor *s = clip_sum_squares(g);
+    if (!s) return nb_last_status();
+    if (!dev_total) dev_total = s;
+    else if (nb_same_device(nb_device_of(s), nb_device_of(dev_total))) dev_total = nb_add(dev_total, s);
+    else host_total += nb_item(s);
+    if (!dev_total) return nb_last_status();
+  }
+  *total = host_total + (dev_total ? nb_item(dev_total) : 0.0);
   return NB_OK;
 }
 
@@ -286,18 +303,11 @@ double nb_clip_grad_norm(nb_params *params, double max_norm) {
     nb_error_set(NB_ERR_VALUE, "nb_clip_grad_norm: max_norm %g (expected >= 0)", max_norm);
     return -1;
   }
-  nb_status st = NB_OK;
   double total = 0;
   nb_scope_begin();
   nb_no_grad_begin();
   int n = nb_params_count(params);
-  for (int i = 0; i < n && !st; i++) {
-    nb_tensor *g = nb_grad(nb_params_get(params, i));
-    if (!g || !nb_numel(g)) continue;
-    double s = 0;
-    st = clip_sum_squares(g, &s);
-    total += s;
-  }
+  nb_status st = clip_total(params, &total);
   double norm = sqrt(total);
   /* torch's rule: scale by max_norm/(norm+1e-6) when that is below 1. A
    * non-finite norm propagates into the gradients, as in torch. */
