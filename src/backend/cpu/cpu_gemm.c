@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include <omp.h>
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#if defined(__SSE2__) || defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -194,6 +194,32 @@ typedef struct {
   size_t isz;                        /* its size */
 } nbg_prob;
 
+#if defined(__SSE2__)
+/* Packs r rows (r a multiple of 4) of kc contiguous f32 values, rows s_in
+ * apart, k-major: 4x4 blocks transposed in registers, so that the k-major
+ * stores are whole vectors (row-major A, transposed B). */
+static void nbg_pack_t4(float *dst, const float *s, int64_t r, int64_t kc, int64_t s_in) {
+  int64_t k = 0;
+  for (; k + 4 <= kc; k += 4)
+    for (int64_t i = 0; i < r; i += 4) {
+      const float *q = s + i * s_in + k;
+      __m128 r0 = _mm_loadu_ps(q), r1 = _mm_loadu_ps(q + s_in);
+      __m128 r2 = _mm_loadu_ps(q + 2 * s_in), r3 = _mm_loadu_ps(q + 3 * s_in);
+      _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+      float *d = dst + k * r + i;
+      _mm_storeu_ps(d, r0);
+      _mm_storeu_ps(d + r, r1);
+      _mm_storeu_ps(d + 2 * r, r2);
+      _mm_storeu_ps(d + 3 * r, r3);
+    }
+  for (; k < kc; k++)
+    for (int64_t i = 0; i < r; i++) dst[k * r + i] = s[i * s_in + k];
+}
+#define NBG_HAVE_T4 1
+#else
+#define NBG_HAVE_T4 0
+#endif
+
 /* Packs an n x kc block (element (i, k) at src + (i*s_in + k*s_k)*isz) into
  * ceil(n/r) micro-panels of r x kc, k-major, zero-padded to r rows. The loop
  * order follows the unit-stride direction of the source. */
@@ -206,6 +232,10 @@ static void nbg_pack(const nbg_cfg *cf, char *dst, const char *src, nb_dtype dt,
       /* The common row-major B panel: one fixed-size (inlined) copy per k. */
       for (int64_t k = 0; k < kc; k++)
         memcpy(dst + (size_t)(k * 128), s + (size_t)(k * s_k) * isz, 128);
+    } else if (NBG_HAVE_T4 && dt == NB_F32 && !cf->f64 && s_k == 1 && rows == r && r % 4 == 0) {
+#if NBG_HAVE_T4
+      nbg_pack_t4((float *)dst, (const float *)s, r, kc, s_in);
+#endif
     } else if (s_in == 1 && s_k != 1) {
       for (int64_t k = 0; k < kc; k++)
         nbg_cvt(cf, dst + (size_t)(k * r) * cf->esz, 1, s + (size_t)(k * s_k) * isz, 1, rows, dt);
