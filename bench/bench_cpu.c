@@ -166,6 +166,8 @@ int main(int argc, char **argv) {
   nb_cpu_gemm_tile(NB_F32, &mr, &nr);
   printf("nabla CPU benchmark: nabla's own GEMM kernel (packed, %s micro-kernel %dx%d f32), "
          "%d OpenMP threads\n", nb_cpu_gemm_isa(), mr, nr, threads);
+  printf("nb_matmul on the CPU dispatches to %s\n",
+         nb_cpu_backend.matmul == nb_cpu_matmul ? "nb_cpu_matmul (this kernel)" : "another kernel");
   printf("api = nb_matmul/nb_add (result allocated per call); kernel = nb_cpu_matmul/"
          "nb_cpu_binary into a preallocated output\n");
   nb_rng rng = nb_rng_new(1);

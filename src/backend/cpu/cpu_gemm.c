@@ -302,6 +302,14 @@ static void *nbg_buf(int slot, size_t n) {
   return nbg_bufs[slot].p;
 }
 
+/* Gives back a buffer too large to keep for the next call. */
+static void nbg_trim(int slot) {
+  if (nbg_bufs[slot].cap <= ((size_t)16 << 20)) return;
+  free(nbg_bufs[slot].p);
+  nbg_bufs[slot].p = NULL;
+  nbg_bufs[slot].cap = 0;
+}
+
 /* The packed path into C (accumulator type, row stride ldc, unit columns). */
 static int nbg_packed(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc) {
   int64_t mcb = p->M < cf->mc ? p->M : cf->mc, kcb = p->K < cf->kc ? p->K : cf->kc;
@@ -432,6 +440,7 @@ static int nbg_solve(const nbg_cfg *cf, const nbg_prob *p) {
       double v = cf->f64 ? *(const double *)s : (double)*(const float *)s;
       nbg_put(p->c + (size_t)(i * p->scm + j * p->scn) * p->isz, p->dt, v);
     }
+  nbg_trim(2);
   return 0;
 }
 
