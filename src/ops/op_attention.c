@@ -1,0 +1,191 @@
+/* linear, dropout, scaled dot-product attention and triu/tril.
+ * dropout is a kernel op whose mask is a function of (seed, offset), so its
+ * backward recomputes the mask instead of storing it; the others are
+ * compositions of differentiable ops. */
+#include <math.h>
+#include <string.h>
+
+#include "ops/ops.h"
+
+static int float_ok(const char *op, const char *what, const nb_tensor *t) {
+  if (nb_dtype_is_float(t->dtype)) return 1;
+  char b[200];
+  nb_error_set(NB_ERR_DTYPE, "%s: %s %s (expected a float tensor)", op, what, nb_describe(t, b, sizeof b));
+  return 0;
+}
+
+/* ---- linear ------------------------------------------------------------------ */
+nb_tensor *nb_linear(const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias) {
+  if (!x) { nb_error_null("linear", "x"); return NULL; }
+  if (!weight) { nb_error_null("linear", "weight"); return NULL; }
+  if (!float_ok("linear", "input", x) || !float_ok("linear", "weight", weight) ||
+      (bias && !float_ok("linear", "bias", bias)))
+    return NULL;
+  if (nb_op_same_device("linear", 3, (const nb_tensor *const[]){x, weight, bias})) return NULL;
+  char b1[200], b2[200], b3[200];
+  if (x->ndim < 1 || weight->ndim != 2 || x->shape[x->ndim - 1] != weight->shape[1]) {
+    nb_error_set(NB_ERR_SHAPE, "linear: input %s and weight %s do not match (expected input "
+                 "(..., in) and weight (out, in))", nb_describe(x, b1, sizeof b1),
+                 nb_describe(weight, b2, sizeof b2));
+    return NULL;
+  }
+  if (bias && (bias->ndim != 1 || bias->shape[0] != weight->shape[0])) {
+    nb_error_set(NB_ERR_SHAPE, "linear: bias %s for weight %s (expected shape [%lld])",
+                 nb_describe(bias, b3, sizeof b3), nb_describe(weight, b2, sizeof b2),
+                 (long long)weight->shape[0]);
+    return NULL;
+  }
+  nb_scope_begin();
+  nb_tensor *y = nb_matmul(x, nb_transpose(weight, 0, 1)); /* reads W transposed in place */
+  if (bias) y = nb_add(y, bias);
+  y = nb_keep(y);
+  nb_scope_end();
+  return nb_autorelease(y);
+}
+
+/* ---- dropout --------------------------------------------------------------------- */
+enum { DROP_IP_SEED, DROP_IP_OFFSET };
+
+static nb_tensor *dropout_apply(const nb_tensor *x, double p, uint64_t seed, uint64_t offset);
+
+/* The same mask (same seed and offset) applied to g: d(x*m/(1-p))/dx. */
+static nb_status dropout_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  gin[0] = nb_retain(dropout_apply(g, n->dp[0], (uint64_t)n->ip[DROP_IP_SEED],
+                                   (uint64_t)n->ip[DROP_IP_OFFSET]));
+  return gin[0] ? NB_OK : nb_last_status();
+}
+
+static nb_tensor *dropout_apply(const nb_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, x->dtype, nb_device_of(x));
+  if (!out) return NULL;
+  nb_kview ko, kx;
+  nb_kview_of(out, &ko);
+  nb_kview_of(x, &kx);
+  if (nb_numel(out) && nb_backend_for(nb_device_of(x))->dropout(&ko, &kx, p, seed, offset)) {
+    nb_release(out);
+    return NULL;
+  }
+  nb_node *n = nb_record("dropout", dropout_bw, 1, (const nb_tensor *const[]){x}, out);
+  if (n) {
+    n->ip[DROP_IP_SEED] = (int64_t)seed;
+    n->ip[DROP_IP_OFFSET] = (int64_t)offset;
+    n->dp[0] = p;
+  }
+  return nb_autorelease(out);
+}
+
+nb_tensor *nb_dropout(const nb_tensor *x, double p, nb_rng *rng) {
+  if (!x) { nb_error_null("dropout", "x"); return NULL; }
+  if (!float_ok("dropout", "input", x)) return NULL;
+  if (!(p >= 0 && p <= 1)) {
+    nb_error_set(NB_ERR_VALUE, "dropout: p = %g (expected a probability in [0, 1])", p);
+    return NULL;
+  }
+  if (p == 0) return nb_autorelease(nb_retain((nb_tensor *)x));
+  if (!rng) { nb_error_null("dropout", "rng"); return NULL; }
+  nb_tensor *out = dropout_apply(x, p, rng->seed, rng->offset);
+  if (out) rng->offset += (uint64_t)nb_numel(x);
+  return out;
+}
+
+/* ---- triu / tril ---------------------------------------------------------------- */
+/* Keeps x[..., i, j] where j - i >= k (upper) or j - i <= k (lower); the
+ * mask broadcasts over the leading axes. */
+static nb_tensor *band_op(const char *op, const nb_tensor *x, int64_t k, int upper) {
+  if (!x) { nb_error_null(op, "x"); return NULL; }
+  if (x->ndim < 2) {
+    char b[200];
+    nb_error_set(NB_ERR_SHAPE, "%s: input %s (expected at least 2 dimensions)", op, nb_describe(x, b, sizeof b));
+    return NULL;
+  }
+  int64_t R = x->shape[x->ndim - 2], C = x->shape[x->ndim - 1];
+  nb_device dev = nb_device_of(x);
+  nb_scope_begin();
+  nb_tensor *i = nb_reshape(nb_arange(0, (double)R, 1, NB_I64, dev), 2, (int64_t[]){R, 1});
+  nb_tensor *j = nb_reshape(nb_arange(0, (double)C, 1, NB_I64, dev), 2, (int64_t[]){1, C});
+  nb_tensor *d = nb_sub(j, i), *kk = nb_scalar((double)k, NB_I64, dev);
+  nb_tensor *keep = upper ? nb_ge(d, kk) : nb_le(d, kk);
+  nb_tensor *y = nb_keep(nb_where(keep, x, nb_scalar(0.0, x->dtype, dev)));
+  nb_scope_end();
+  return nb_autorelease(y);
+}
+
+nb_tensor *nb_triu(const nb_tensor *x, int64_t k) { return band_op("triu", x, k, 1); }
+nb_tensor *nb_tril(const nb_tensor *x, int64_t k) { return band_op("tril", x, k, 0); }
+
+/* ---- scaled dot-product attention --------------------------------------------- */
+static int sdpa_shapes_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
+                          const nb_tensor *mask) {
+  char b1[200], b2[200], b3[200], b4[200];
+  int64_t batch[NB_MAX_DIMS], scores[NB_MAX_DIMS], tmp[NB_MAX_DIMS];
+  int ok = q->ndim >= 2 && k->ndim >= 2 && v->ndim >= 2 &&
+           q->shape[q->ndim - 1] == k->shape[k->ndim - 1] &&
+           k->shape[k->ndim - 2] == v->shape[v->ndim - 2];
+  int nb = ok ? nb_broadcast_shapes(q->ndim - 2, q->shape, k->ndim - 2, k->shape, batch) : -1;
+  nb = nb < 0 ? -1 : nb_broadcast_shapes(nb, batch, v->ndim - 2, v->shape, batch);
+  if (nb < 0 || nb + 2 > NB_MAX_DIMS) {
+    nb_error_set(NB_ERR_SHAPE, "scaled_dot_product_attention: q %s, k %s, v %s do not match "
+                 "(expected q (..., Lq, D), k (..., Lk, D), v (..., Lk, Dv) with broadcastable "
+                 "batch axes)", nb_describe(q, b1, sizeof b1), nb_describe(k, b2, sizeof b2),
+                 nb_describe(v, b3, sizeof b3));
+    return 0;
+  }
+  memcpy(scores, batch, (size_t)nb * sizeof batch[0]);
+  scores[nb] = q->shape[q->ndim - 2];
+  scores[nb + 1] = k->shape[k->ndim - 2];
+  int nm = mask ? nb_broadcast_shapes(mask->ndim, mask->shape, nb + 2, scores, tmp) : 0;
+  if (mask && (nm != nb + 2 || memcmp(tmp, scores, (size_t)nm * sizeof tmp[0]))) {
+    nb_error_set(NB_ERR_SHAPE, "scaled_dot_product_attention: mask %s does not broadcast to the "
+                 "scores' shape %s", nb_describe(mask, b4, sizeof b4),
+                 nb_shape_str(nb + 2, scores, b1, sizeof b1));
+    return 0;
+  }
+  return 1;
+}
+
+static int sdpa_args_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
+                        const nb_tensor *mask, double p, const nb_rng *rng) {
+  const char *op = "scaled_dot_product_attention";
+  if (!float_ok(op, "q", q) || !float_ok(op, "k", k) || !float_ok(op, "v", v)) return 0;
+  if (mask && mask->dtype != NB_BOOL && !float_ok(op, "mask (additive float or bool)", mask)) return 0;
+  if (nb_op_same_device(op, 4, (const nb_tensor *const[]){q, k, v, mask})) return 0;
+  if (!(p >= 0 && p <= 1)) {
+    nb_error_set(NB_ERR_VALUE, "%s: dropout_p = %g (expected a probability in [0, 1])", op, p);
+    return 0;
+  }
+  if (p > 0 && !rng) { nb_error_null(op, "rng"); return 0; }
+  return sdpa_shapes_ok(q, k, v, mask);
+}
+
+/* True above the diagonal of (Lq, Lk), aligned top-left (torch's is_causal). */
+static nb_tensor *causal_block(int64_t Lq, int64_t Lk, nb_device dev) {
+  nb_tensor *i = nb_reshape(nb_arange(0, (double)Lq, 1, NB_I64, dev), 2, (int64_t[]){Lq, 1});
+  nb_tensor *j = nb_reshape(nb_arange(0, (double)Lk, 1, NB_I64, dev), 2, (int64_t[]){1, Lk});
+  return nb_gt(j, i);
+}
+
+/* softmax(q k^T * scale + mask) @ v; a bool mask keeps where true. */
+nb_tensor *nb_scaled_dot_product_attention(const nb_tensor *q, const nb_tensor *k,
+                                           const nb_tensor *v, const nb_tensor *mask,
+                                           int causal, double dropout_p, nb_rng *rng,
+                                           double scale) {
+  const char *op = "scaled_dot_product_attention";
+  if (!q) { nb_error_null(op, "q"); return NULL; }
+  if (!k) { nb_error_null(op, "k"); return NULL; }
+  if (!v) { nb_error_null(op, "v"); return NULL; }
+  if (!sdpa_args_ok(q, k, v, mask, dropout_p, rng)) return NULL;
+  int64_t D = q->shape[q->ndim - 1], Lq = q->shape[q->ndim - 2], Lk = k->shape[k->ndim - 2];
+  if (!(scale > 0)) scale = 1.0 / sqrt((double)(D ? D : 1));
+  nb_device dev = nb_device_of(q);
+  nb_scope_begin();
+  nb_tensor *s = nb_mul_scalar(nb_matmul(q, nb_transpose(k, -1, -2)), scale);
+  nb_tensor *ninf = s ? nb_scalar(-INFINITY, s->dtype, dev) : NULL;
+  if (causal) s = nb_where(causal_block(Lq, Lk, dev), ninf, s);
+  if (mask && mask->dtype == NB_BOOL) s = nb_where(mask, s, ninf);
+  else if (mask && s) s = nb_add(s, nb_cast(mask, s->dtype));
+  nb_tensor *a = nb_softmax(s, -1);
+  if (dropout_p > 0) a = nb_dropout(a, dropout_p, rng);
+  nb_tensor *y = nb_keep(nb_matmul(a, v));
+  nb_scope_end();
+  return nb_autorelease(y);
+}
