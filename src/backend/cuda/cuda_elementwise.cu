@@ -1,0 +1,496 @@
+/* Elementwise kernels: fill, arange, copy (with dtype conversion), unary,
+ * binary, where. Each has a contiguous fast path (16-byte vector loads and
+ * stores when every operand is aligned) and a general strided path over a
+ * coalesced iteration space (nb_iter). The op is a runtime switch inside the
+ * kernel: it is uniform across the grid, so it costs a few instructions and
+ * keeps the number of template instantiations small. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+/* 16 bytes of T, for vector loads and stores. */
+template <typename T> struct alignas(16) nb_pack {
+  T v[16 / sizeof(T)];
+};
+
+#define NB_GRID_LOOP(i, n)                                                          \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);         \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+/* ---- fill ------------------------------------------------------------------ */
+/* E is an unsigned type of the element's size: fill needs only the bits. */
+template <typename E>
+__global__ void nb_fill_vec_kernel(E *out, int64_t n, E v) {
+  const int per = 16 / sizeof(E);
+  nb_pack<E> pk;
+#pragma unroll
+  for (int k = 0; k < per; k++) pk.v[k] = v;
+  int64_t nv = n / per;
+  NB_GRID_LOOP(i, nv) ((nb_pack<E> *)out)[i] = pk;
+  NB_GRID_LOOP(i, n - nv * per) out[nv * per + i] = v;
+}
+
+template <typename E>
+__global__ void nb_fill_strided_kernel(E *out, nb_iter it, int64_t n, E v) {
+  NB_GRID_LOOP(i, n) {
+    int64_t off[1];
+    nb_iter_offsets<1>(it, i, off);
+    out[off[0]] = v;
+  }
+}
+
+template <typename E>
+static nb_status fill_run(const nb_cuda_ctx *ctx, const nb_kview *out, const void *bits) {
+  E v;
+  memcpy(&v, bits, sizeof v);
+  nb_iter it;
+  nb_iter_views(&it, 1, &out);
+  int64_t n = nb_kview_numel(out);
+  unsigned g = nb_cuda_blocks(ctx, n, NB_CUDA_THREADS);
+  if (nb_iter_contiguous(&it, 1) && nb_cuda_aligned16(out->data))
+    nb_fill_vec_kernel<E><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>((E *)out->data, n, v);
+  else
+    nb_fill_strided_kernel<E><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>((E *)out->data, it, n, v);
+  return nb_cuda_launch_check("fill");
+}
+
+/* Runs body with E bound to the unsigned type of size sz. */
+#define NB_CUDA_SIZE_SWITCH(sz, E, ...)                       \
+  switch (sz) {                                               \
+  case 1: { typedef uint8_t E; __VA_ARGS__; } break;          \
+  case 2: { typedef uint16_t E; __VA_ARGS__; } break;         \
+  case 4: { typedef uint32_t E; __VA_ARGS__; } break;         \
+  default: { typedef uint64_t E; __VA_ARGS__; } break;        \
+  }
+
+extern "C" nb_status nb_cuda_fill(const nb_kview *out, double value) {
+  int64_t n = nb_kview_numel(out);
+  if (n == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "fill", &ctx);
+  if (st) return st;
+  unsigned char bits[8] = {0};
+  nb_store_f64(bits, out->dtype, value); /* the CPU's conversion, once */
+  NB_CUDA_SIZE_SWITCH(nb_dtype_size(out->dtype), E, return fill_run<E>(&ctx, out, bits));
+  return NB_OK;
+}
+
+/* ---- arange ----------------------------------------------------------------- */
+__global__ void nb_arange_kernel(char *out, int dt, int64_t es, int64_t stride, int64_t n,
+                                 double start, double step) {
+  NB_GRID_LOOP(i, n) {
+    double v = __dadd_rn(start, __dmul_rn((double)i, step)); /* no FMA: match the CPU */
+    nb_store_any(out + i * stride * es, dt, v);
+  }
+}
+
+extern "C" nb_status nb_cuda_arange(const nb_kview *out, double start, double step) {
+  int64_t n = nb_kview_numel(out);
+  if (n == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "arange", &ctx);
+  if (st) return st;
+  int64_t stride = out->ndim ? out->strides[0] : 1;
+  nb_arange_kernel<<<nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS), NB_CUDA_THREADS, 0, ctx.stream>>>(
+      (char *)out->data, out->dtype, (int64_t)nb_dtype_size(out->dtype), stride, n, start, step);
+  return nb_cuda_launch_check("arange");
+}
+
+/* ---- copy ----------------------------------------------------------------------- */
+template <typename E>
+__global__ void nb_copy_strided_kernel(E *out, const E *in, nb_iter it, int64_t n) {
+  NB_GRID_LOOP(i, n) {
+    int64_t off[2];
+    nb_iter_offsets<2>(it, i, off);
+    out[off[0]] = in[off[1]];
+  }
+}
+
+template <typename TO, typename TI>
+__global__ void nb_convert_contig_kernel(TO *out, const TI *in, int64_t n) {
+  NB_GRID_LOOP(i, n) out[i] = nb_from_d<TO>((double)nb_to_f(in[i]));
+}
+
+/* Any dtype pair, any strides: integers convert exactly (saturating), floats
+ * through double with the CPU's rounding. */
+__global__ void nb_convert_any_kernel(char *out, int dto, int64_t eso, const char *in, int dti,
+                                      int64_t esi, nb_iter it, int64_t n, int ints) {
+  NB_GRID_LOOP(i, n) {
+    int64_t off[2];
+    nb_iter_offsets<2>(it, i, off);
+    if (ints) nb_store_int(out + off[0] * eso, dto, nb_load_int(in + off[1] * esi, dti));
+    else nb_store_any(out + off[0] * eso, dto, nb_load_any(in + off[1] * esi, dti));
+  }
+}
+
+static int is_int_dtype(nb_dtype d) { return d == NB_I64 || d == NB_I32 || d == NB_U8 || d == NB_BOOL; }
+
+template <typename TO>
+static nb_status convert_contig_from(const nb_cuda_ctx *ctx, const nb_kview *out,
+                                     const nb_kview *in, int64_t n) {
+  unsigned g = nb_cuda_blocks(ctx, n, NB_CUDA_THREADS);
+  NB_CUDA_FLOAT_SWITCH(in->dtype, TI,
+    nb_convert_contig_kernel<TO, TI><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+        (TO *)out->data, (const TI *)in->data, n));
+  return nb_cuda_launch_check("copy (convert)");
+}
+
+extern "C" nb_status nb_cuda_copy(const nb_kview *out, const nb_kview *in) {
+  int64_t n = nb_kview_numel(out);
+  if (n == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "copy", &ctx);
+  if (st) return st;
+  const nb_kview *vs[2] = {out, in};
+  nb_iter it;
+  nb_iter_views(&it, 2, vs);
+  int contig = nb_iter_contiguous(&it, 2) && it.stride[1][0] == 1;
+  unsigned g = nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS);
+  size_t es = nb_dtype_size(out->dtype);
+  if (out->dtype == in->dtype) {
+    if (contig) {
+      NB_CUDA_TRY(cudaMemcpyAsync(out->data, in->data, (size_t)n * es, cudaMemcpyDeviceToDevice,
+                                  ctx.stream), "copy (cudaMemcpyAsync)");
+      return NB_OK;
+    }
+    NB_CUDA_SIZE_SWITCH(es, E,
+      nb_copy_strided_kernel<E><<<g, NB_CUDA_THREADS, 0, ctx.stream>>>((E *)out->data,
+                                                                      (const E *)in->data, it, n));
+    return nb_cuda_launch_check("copy (strided)");
+  }
+  if (contig && nb_dtype_is_float(out->dtype) && nb_dtype_is_float(in->dtype)) {
+    NB_CUDA_FLOAT_SWITCH(out->dtype, TO, return convert_contig_from<TO>(&ctx, out, in, n));
+  }
+  nb_convert_any_kernel<<<g, NB_CUDA_THREADS, 0, ctx.stream>>>(
+      (char *)out->data, out->dtype, (int64_t)es, (const char *)in->data, in->dtype,
+      (int64_t)nb_dtype_size(in->dtype), it, n, is_int_dtype(out->dtype) && is_int_dtype(in->dtype));
+  return nb_cuda_launch_check("copy (convert strided)");
+}
+
+/* ---- unary ------------------------------------------------------------------------ */
+__device__ __forceinline__ float nb_rsqrt_(float x) { return rsqrtf(x); }
+__device__ __forceinline__ double nb_rsqrt_(double x) { return rsqrt(x); }
+
+/* C is float or double. Formulas follow the CPU kernels' definitions. */
+template <typename C> __device__ __forceinline__ C nb_uop_apply(int op, C x) {
+  const C one = (C)1, half = (C)0.5;
+  switch (op) {
+  case NB_UOP_NEG: return -x;
+  case NB_UOP_ABS: return fabs(x);
+  case NB_UOP_EXP: return exp(x);
+  case NB_UOP_LOG: return log(x);
+  case NB_UOP_LOG1P: return log1p(x);
+  case NB_UOP_EXPM1: return expm1(x);
+  case NB_UOP_SQRT: return sqrt(x);
+  case NB_UOP_RSQRT: return nb_rsqrt_(x);
+  case NB_UOP_SQUARE: return x * x;
+  case NB_UOP_RECIPROCAL: return one / x;
+  case NB_UOP_SIN: return sin(x);
+  case NB_UOP_COS: return cos(x);
+  case NB_UOP_TANH: return tanh(x);
+  case NB_UOP_SIGMOID: return one / (one + exp(-x));
+  case NB_UOP_RELU: return x < (C)0 ? (C)0 : x; /* NaN passes through */
+  case NB_UOP_GELU_ERF: return half * x * (one + erf(x * (C)0.70710678118654752440));
+  case NB_UOP_GELU_TANH: {
+    C u = (C)0.79788456080286535588 * (x + (C)0.044715 * x * x * x);
+    return half * x * (one + tanh(u));
+  }
+  case NB_UOP_SILU: return x / (one + exp(-x));
+  case NB_UOP_SOFTPLUS: /* log(1 + e^x) without overflow */
+    return (x > (C)0 ? x : (C)0) + log1p(exp(-fabs(x)));
+  case NB_UOP_SIGN: return x > (C)0 ? one : x < (C)0 ? -one : x; /* 0 and NaN kept */
+  case NB_UOP_FLOOR: return floor(x);
+  case NB_UOP_CEIL: return ceil(x);
+  case NB_UOP_ROUND: return rint(x); /* half to even */
+  case NB_UOP_GELU_ERF_D: {
+    C cdf = half * (one + erf(x * (C)0.70710678118654752440));
+    C pdf = (C)0.39894228040143267794 * exp(-half * x * x);
+    return cdf + x * pdf;
+  }
+  case NB_UOP_GELU_TANH_D: {
+    C k = (C)0.79788456080286535588, x2 = x * x;
+    C t = tanh(k * (x + (C)0.044715 * x2 * x));
+    return half * (one + t) + half * x * (one - t * t) * k * (one + (C)0.134145 * x2);
+  }
+  case NB_UOP_SILU_D: {
+    C s = one / (one + exp(-x));
+    return s * (one + x * (one - s));
+  }
+  default: return x;
+  }
+}
+
+/* Integers: NEG, ABS, SIGN, SQUARE (the others are float-only). */
+__device__ __forceinline__ int64_t nb_uop_int(int op, int64_t x) {
+  switch (op) {
+  case NB_UOP_NEG: return -x;
+  case NB_UOP_ABS: return x < 0 ? -x : x;
+  case NB_UOP_SIGN: return (x > 0) - (x < 0);
+  case NB_UOP_SQUARE: return x * x;
+  default: return x;
+  }
+}
+
+template <typename T> __device__ __forceinline__ T nb_uop_elem(int op, T x) {
+  return nb_from_d<T>((double)nb_uop_apply(op, nb_to_f(x)));
+}
+template <> __device__ __forceinline__ float nb_uop_elem<float>(int op, float x) {
+  return nb_uop_apply(op, x);
+}
+template <> __device__ __forceinline__ __half nb_uop_elem<__half>(int op, __half x) {
+  return __float2half_rn(nb_uop_apply(op, __half2float(x)));
+}
+template <> __device__ __forceinline__ __nv_bfloat16 nb_uop_elem<__nv_bfloat16>(int op, __nv_bfloat16 x) {
+  return __float2bfloat16_rn(nb_uop_apply(op, __bfloat162float(x)));
+}
+template <> __device__ __forceinline__ int64_t nb_uop_elem<int64_t>(int op, int64_t x) {
+  return nb_uop_int(op, x);
+}
+template <> __device__ __forceinline__ int32_t nb_uop_elem<int32_t>(int op, int32_t x) {
+  return (int32_t)nb_uop_int(op, x);
+}
+template <> __device__ __forceinline__ uint8_t nb_uop_elem<uint8_t>(int op, uint8_t x) {
+  return (uint8_t)nb_uop_int(op, x);
+}
+
+template <typename T>
+__global__ void nb_unary_vec_kernel(int op, T *out, const T *in, int64_t n) {
+  const int per = 16 / sizeof(T);
+  int64_t nv = n / per;
+  NB_GRID_LOOP(i, nv) {
+    nb_pack<T> p = ((const nb_pack<T> *)in)[i];
+#pragma unroll
+    for (int k = 0; k < per; k++) p.v[k] = nb_uop_elem<T>(op, p.v[k]);
+    ((nb_pack<T> *)out)[i] = p;
+  }
+  NB_GRID_LOOP(i, n - nv * per) out[nv * per + i] = nb_uop_elem<T>(op, in[nv * per + i]);
+}
+
+template <typename T>
+__global__ void nb_unary_strided_kernel(int op, T *out, const T *in, nb_iter it, int64_t n) {
+  NB_GRID_LOOP(i, n) {
+    int64_t off[2];
+    nb_iter_offsets<2>(it, i, off);
+    out[off[0]] = nb_uop_elem<T>(op, in[off[1]]);
+  }
+}
+
+template <typename T>
+static nb_status unary_run(const nb_cuda_ctx *ctx, nb_uop op, const nb_kview *out,
+                           const nb_kview *in) {
+  const nb_kview *vs[2] = {out, in};
+  nb_iter it;
+  nb_iter_views(&it, 2, vs);
+  int64_t n = nb_kview_numel(out);
+  unsigned g = nb_cuda_blocks(ctx, n, NB_CUDA_THREADS);
+  if (nb_iter_contiguous(&it, 2) && it.stride[1][0] == 1 && nb_cuda_aligned16(out->data) &&
+      nb_cuda_aligned16(in->data))
+    nb_unary_vec_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>((int)op, (T *)out->data,
+                                                                  (const T *)in->data, n);
+  else
+    nb_unary_strided_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+        (int)op, (T *)out->data, (const T *)in->data, it, n);
+  return nb_cuda_launch_check("unary");
+}
+
+extern "C" nb_status nb_cuda_unary(nb_uop op, const nb_kview *out, const nb_kview *in) {
+  if (nb_kview_numel(out) == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "unary", &ctx);
+  if (st) return st;
+  switch (in->dtype) {
+  case NB_F64: return unary_run<double>(&ctx, op, out, in);
+  case NB_F32: return unary_run<float>(&ctx, op, out, in);
+  case NB_F16: return unary_run<__half>(&ctx, op, out, in);
+  case NB_BF16: return unary_run<__nv_bfloat16>(&ctx, op, out, in);
+  case NB_I64: return unary_run<int64_t>(&ctx, op, out, in);
+  case NB_I32: return unary_run<int32_t>(&ctx, op, out, in);
+  case NB_U8: case NB_BOOL: return unary_run<uint8_t>(&ctx, op, out, in);
+  default: return nb_error_set(NB_ERR_DTYPE, "cuda unary: dtype %s", nb_dtype_name(in->dtype));
+  }
+}
+
+/* ---- binary --------------------------------------------------------------------------- */
+template <typename C> __device__ __forceinline__ C nb_bop_apply(int op, C a, C b) {
+  switch (op) {
+  case NB_BOP_ADD: return a + b;
+  case NB_BOP_SUB: return a - b;
+  case NB_BOP_MUL: return a * b;
+  case NB_BOP_DIV: return a / b;
+  case NB_BOP_POW: return pow(a, b);
+  case NB_BOP_MAX: return (a > b || a != a) ? a : b; /* NaN propagates */
+  case NB_BOP_MIN: return (a < b || a != a) ? a : b;
+  case NB_BOP_EQ: return a == b;
+  case NB_BOP_NE: return a != b;
+  case NB_BOP_LT: return a < b;
+  case NB_BOP_LE: return a <= b;
+  case NB_BOP_GT: return a > b;
+  default: return a >= b;
+  }
+}
+
+/* Integer binary ops in int64 (wrapping like the C operators); POW and DIV
+ * go through double with the CPU's saturating store. */
+__device__ __forceinline__ int64_t nb_bop_int(int op, int64_t a, int64_t b) {
+  switch (op) {
+  case NB_BOP_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
+  case NB_BOP_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
+  case NB_BOP_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
+  case NB_BOP_DIV: return nb_sat_i64((double)a / (double)b, -9223372036854775808.0, 9223372036854774784.0);
+  case NB_BOP_POW: return nb_sat_i64(pow((double)a, (double)b), -9223372036854775808.0, 9223372036854774784.0);
+  case NB_BOP_MAX: return a > b ? a : b;
+  case NB_BOP_MIN: return a < b ? a : b;
+  case NB_BOP_EQ: return a == b;
+  case NB_BOP_NE: return a != b;
+  case NB_BOP_LT: return a < b;
+  case NB_BOP_LE: return a <= b;
+  case NB_BOP_GT: return a > b;
+  default: return a >= b;
+  }
+}
+
+template <typename T> struct nb_bop_elem {
+  /* floats: compute in float (double for f64), store rounded */
+  __device__ static __forceinline__ T run(int op, T a, T b) {
+    return nb_from_d<T>((double)nb_bop_apply(op, nb_to_f(a), nb_to_f(b)));
+  }
+  __device__ static __forceinline__ uint8_t cmp(int op, T a, T b) {
+    return nb_bop_apply(op, nb_to_f(a), nb_to_f(b)) != 0;
+  }
+};
+template <> struct nb_bop_elem<float> {
+  __device__ static __forceinline__ float run(int op, float a, float b) { return nb_bop_apply(op, a, b); }
+  __device__ static __forceinline__ uint8_t cmp(int op, float a, float b) { return nb_bop_apply(op, a, b) != 0; }
+};
+#define NB_INT_BOP(T)                                                                       \
+  template <> struct nb_bop_elem<T> {                                                       \
+    __device__ static __forceinline__ T run(int op, T a, T b) { return (T)nb_bop_int(op, a, b); } \
+    __device__ static __forceinline__ uint8_t cmp(int op, T a, T b) { return nb_bop_int(op, a, b) != 0; } \
+  };
+NB_INT_BOP(int64_t)
+NB_INT_BOP(int32_t)
+NB_INT_BOP(uint8_t)
+
+/* A bool result of an integer op (bool * bool, max) stays 0 or 1. */
+template <typename T> __device__ __forceinline__ T nb_boolify(T r) { return r; }
+__device__ __forceinline__ uint8_t nb_boolify(uint8_t r) { return r != 0; }
+
+/* a_step/b_step are 1 for a contiguous operand, 0 for a broadcast scalar. */
+template <typename T>
+__global__ void nb_binary_vec_kernel(int op, T *out, const T *a, const T *b, int a_step,
+                                     int b_step, int64_t n, int is_bool) {
+  const int per = 16 / sizeof(T);
+  int64_t nv = n / per;
+  T as = a[0], bs = b[0];
+  NB_GRID_LOOP(i, nv) {
+    nb_pack<T> pa, pb, po;
+    if (a_step) pa = ((const nb_pack<T> *)a)[i];
+    if (b_step) pb = ((const nb_pack<T> *)b)[i];
+#pragma unroll
+    for (int k = 0; k < per; k++) {
+      T r = nb_bop_elem<T>::run(op, a_step ? pa.v[k] : as, b_step ? pb.v[k] : bs);
+      po.v[k] = r;
+    }
+    if (is_bool) {
+#pragma unroll
+      for (int k = 0; k < per; k++) po.v[k] = nb_boolify(po.v[k]);
+    }
+    ((nb_pack<T> *)out)[i] = po;
+  }
+  NB_GRID_LOOP(i, n - nv * per) {
+    int64_t j = nv * per + i;
+    T r = nb_bop_elem<T>::run(op, a[j * a_step], b[j * b_step]);
+    out[j] = is_bool ? nb_boolify(r) : r;
+  }
+}
+
+template <typename T>
+__global__ void nb_binary_strided_kernel(int op, char *out, const T *a, const T *b, nb_iter it,
+                                         int64_t n, int cmp, int is_bool) {
+  NB_GRID_LOOP(i, n) {
+    int64_t off[3];
+    nb_iter_offsets<3>(it, i, off);
+    if (cmp) {
+      out[off[0]] = nb_bop_elem<T>::cmp(op, a[off[1]], b[off[2]]);
+    } else {
+      T r = nb_bop_elem<T>::run(op, a[off[1]], b[off[2]]);
+      ((T *)out)[off[0]] = is_bool ? nb_boolify(r) : r;
+    }
+  }
+}
+
+/* Stride of an operand in a one-axis iteration: 1 contiguous, 0 scalar, -1 other. */
+static int lin_step(const nb_iter *it, int k) {
+  if (it->ndim != 1) return -1;
+  int64_t s = it->stride[k][0];
+  return s == 0 ? 0 : s == 1 || it->size[0] == 1 ? 1 : -1;
+}
+
+template <typename T>
+static nb_status binary_run(const nb_cuda_ctx *ctx, nb_bop op, const nb_kview *out,
+                            const nb_kview *a, const nb_kview *b) {
+  const nb_kview *vs[3] = {out, a, b};
+  nb_iter it;
+  nb_iter_views(&it, 3, vs);
+  int64_t n = nb_kview_numel(out);
+  unsigned g = nb_cuda_blocks(ctx, n, NB_CUDA_THREADS);
+  int cmp = op >= NB_BOP_EQ, is_bool = out->dtype == NB_BOOL;
+  int so = lin_step(&it, 0), sa = lin_step(&it, 1), sb = lin_step(&it, 2);
+  int aligned = nb_cuda_aligned16(out->data) && (sa == 0 || nb_cuda_aligned16(a->data)) &&
+                (sb == 0 || nb_cuda_aligned16(b->data));
+  if (!cmp && so == 1 && sa >= 0 && sb >= 0 && aligned)
+    nb_binary_vec_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+        (int)op, (T *)out->data, (const T *)a->data, (const T *)b->data, sa, sb, n, is_bool);
+  else
+    nb_binary_strided_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+        (int)op, (char *)out->data, (const T *)a->data, (const T *)b->data, it, n, cmp, is_bool);
+  return nb_cuda_launch_check("binary");
+}
+
+extern "C" nb_status nb_cuda_binary(nb_bop op, const nb_kview *out, const nb_kview *a,
+                                    const nb_kview *b) {
+  if (nb_kview_numel(out) == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "binary", &ctx);
+  if (st) return st;
+  switch (a->dtype) {
+  case NB_F64: return binary_run<double>(&ctx, op, out, a, b);
+  case NB_F32: return binary_run<float>(&ctx, op, out, a, b);
+  case NB_F16: return binary_run<__half>(&ctx, op, out, a, b);
+  case NB_BF16: return binary_run<__nv_bfloat16>(&ctx, op, out, a, b);
+  case NB_I64: return binary_run<int64_t>(&ctx, op, out, a, b);
+  case NB_I32: return binary_run<int32_t>(&ctx, op, out, a, b);
+  case NB_U8: case NB_BOOL: return binary_run<uint8_t>(&ctx, op, out, a, b);
+  default: return nb_error_set(NB_ERR_DTYPE, "cuda binary: dtype %s", nb_dtype_name(a->dtype));
+  }
+}
+
+/* ---- where ------------------------------------------------------------------------------ */
+template <typename E>
+__global__ void nb_where_kernel(E *out, const uint8_t *cond, const E *a, const E *b, nb_iter it,
+                                int64_t n) {
+  NB_GRID_LOOP(i, n) {
+    int64_t off[4];
+    nb_iter_offsets<4>(it, i, off);
+    out[off[0]] = cond[off[1]] ? a[off[2]] : b[off[3]];
+  }
+}
+
+extern "C" nb_status nb_cuda_where(const nb_kview *out, const nb_kview *cond, const nb_kview *a,
+                                   const nb_kview *b) {
+  int64_t n = nb_kview_numel(out);
+  if (n == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "where", &ctx);
+  if (st) return st;
+  const nb_kview *vs[4] = {out, cond, a, b};
+  nb_iter it;
+  nb_iter_views(&it, 4, vs);
+  unsigned g = nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS);
+  NB_CUDA_SIZE_SWITCH(nb_dtype_size(out->dtype), E,
+    nb_where_kernel<E><<<g, NB_CUDA_THREADS, 0, ctx.stream>>>(
+        (E *)out->data, (const uint8_t *)cond->data, (const E *)a->data, (const E *)b->data, it, n));
+  return nb_cuda_launch_check("where");
+}

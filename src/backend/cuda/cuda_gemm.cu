@@ -1,0 +1,285 @@
+/* Matmul through cuBLASLt: out (B.., M, N) = a (B.., M, K) @ b (B.., K, N).
+ *
+ * f32 uses CUBLAS_COMPUTE_32F (exact f32, no TF32), f16/bf16 f32 compute with
+ * f32 scaling, f64 CUBLAS_COMPUTE_64F. cuBLASLt is column-major; a row-major
+ * view is the transpose of a column-major one, so each operand is described
+ * as op(S) with S column-major and a leading dimension taken from its
+ * strides: a transposed or sliced view costs no copy. Two formulations are
+ * tried for the output (out^T = b^T a^T when out's rows are contiguous,
+ * out = a b when its columns are); an operand whose strides fit neither
+ * layout is copied to a contiguous buffer first. Batch axes are coalesced;
+ * one uniform batch stride (0 for a broadcast operand) becomes cuBLASLt's
+ * strided batch, further batch axes a loop of calls. */
+#include <cublasLt.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+/* A logical R x C matrix (element (r, c) at r*sr + c*sc) as op(S), S
+ * column-major rows x cols with leading dimension ld. */
+typedef struct {
+  int ok;
+  cublasOperation_t op;
+  int64_t rows, cols, ld;
+} nb_lt_mat;
+
+static nb_lt_mat lt_describe(int64_t R, int64_t C, int64_t sr, int64_t sc) {
+  nb_lt_mat m = {0, CUBLAS_OP_N, 0, 0, 0};
+  if ((sr == 1 || R == 1) && (C == 1 || sc >= (R > 1 ? R : 1))) {
+    m.ok = 1;
+    m.op = CUBLAS_OP_N;
+    m.rows = R;
+    m.cols = C;
+    m.ld = C == 1 ? (R > 1 ? R : 1) : sc;
+  } else if ((sc == 1 || C == 1) && (R == 1 || sr >= (C > 1 ? C : 1))) {
+    m.ok = 1;
+    m.op = CUBLAS_OP_T;
+    m.rows = C;
+    m.cols = R;
+    m.ld = R == 1 ? (C > 1 ? C : 1) : sr;
+  }
+  return m;
+}
+
+/* Largest power of two (<= 256) dividing every byte address used. */
+static uint32_t lt_align(const void *p, int64_t stride_bytes) {
+  uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)(stride_bytes < 0 ? -stride_bytes : stride_bytes) | 256u;
+  return (uint32_t)(v & (~v + 1));
+}
+
+typedef struct {
+  cudaDataType_t dt;
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  size_t es;
+} nb_lt_types;
+
+static int lt_types(nb_dtype dt, nb_lt_types *t) {
+  switch (dt) {
+  case NB_F32: *t = (nb_lt_types){CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, 4}; return 1;
+  case NB_F16: *t = (nb_lt_types){CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, 2}; return 1;
+  case NB_BF16: *t = (nb_lt_types){CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, 2}; return 1;
+  case NB_F64: *t = (nb_lt_types){CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, 8}; return 1;
+  default: return 0;
+  }
+}
+
+static nb_status lt_check(cublasStatus_t s, const char *what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return NB_OK;
+  return nb_error_set(NB_ERR_BACKEND, "cuda matmul: %s failed: %s (status %d)", what,
+                      cublasLtGetStatusString(s), (int)s);
+}
+
+/* One cuBLASLt call: D (m x n) = op(A) (m x k) op(B) (k x n), count batches. */
+typedef struct {
+  nb_lt_mat A, B, D;
+  const void *pa, *pb;
+  void *pd;
+  int64_t m, n, k, count, sA, sB, sD; /* batch strides in elements */
+} nb_lt_call;
+
+static nb_status lt_layout(cublasLtMatrixLayout_t *l, const nb_lt_types *t, const nb_lt_mat *mt,
+                           int64_t count, int64_t stride) {
+  nb_status st = lt_check(cublasLtMatrixLayoutCreate(l, t->dt, (uint64_t)mt->rows,
+                                                     (uint64_t)mt->cols, mt->ld), "layout");
+  if (st || count <= 1) return st;
+  int32_t c = (int32_t)count;
+  st = lt_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c),
+                "layout batch count");
+  if (!st)
+    st = lt_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                    &stride, sizeof stride), "layout batch stride");
+  return st;
+}
+
+static nb_status lt_run(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_lt_call *c) {
+  void *ws;
+  size_t ws_bytes;
+  cublasLtHandle_t h = (cublasLtHandle_t)nb_cuda_lt_handle(ctx, &ws, &ws_bytes);
+  if (!h) return nb_last_status();
+  cublasLtMatmulDesc_t op = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  nb_status st = lt_check(cublasLtMatmulDescCreate(&op, t->compute, t->scale), "desc");
+  if (!st) st = lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &c->A.op, sizeof c->A.op), "transa");
+  if (!st) st = lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &c->B.op, sizeof c->B.op), "transb");
+  if (!st) st = lt_layout(&la, t, &c->A, c->count, c->sA);
+  if (!st) st = lt_layout(&lb, t, &c->B, c->count, c->sB);
+  if (!st) st = lt_layout(&ld, t, &c->D, c->count, c->sD);
+  if (!st) st = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  uint32_t al[3] = {lt_align(c->pa, c->count > 1 ? c->sA * (int64_t)t->es : 0),
+                    lt_align(c->pb, c->count > 1 ? c->sB * (int64_t)t->es : 0),
+                    lt_align(c->pd, c->count > 1 ? c->sD * (int64_t)t->es : 0)};
+  const cublasLtMatmulPreferenceAttributes_t keys[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && !st; i++)
+    st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, keys[i], &al[i < 3 ? i : 2], sizeof(uint32_t)), "alignment");
+  if (!st)
+    st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ws_bytes, sizeof ws_bytes), "workspace");
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  if (!st) st = lt_check(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found), "heuristic");
+  if (!st && !found)
+    st = nb_error_set(NB_ERR_UNSUPPORTED, "cuda matmul: cuBLASLt has no algorithm for (%lld x %lld) "
+                      "@ (%lld x %lld), batch %lld", (long long)c->m, (long long)c->k,
+                      (long long)c->k, (long long)c->n, (long long)c->count);
+  if (!st) {
+    float f1 = 1.0f, f0 = 0.0f;
+    double d1 = 1.0, d0 = 0.0;
+    const void *alpha = t->scale == CUDA_R_64F ? (const void *)&d1 : (const void *)&f1;
+    const void *beta = t->scale == CUDA_R_64F ? (const void *)&d0 : (const void *)&f0;
+    st = lt_check(cublasLtMatmul(h, op, alpha, c->pa, la, c->pb, lb, beta, c->pd, ld, c->pd, ld,
+                                 &heur.algo, ws, ws_bytes, ctx->stream), "cublasLtMatmul");
+  }
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (ld) cublasLtMatrixLayoutDestroy(ld);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (op) cublasLtMatmulDescDestroy(op);
+  return st;
+}
+
+/* A contiguous copy of v (batch shape bshape, nb batch axes) in scratch. */
+static nb_status lt_contig(const nb_cuda_ctx *ctx, const nb_kview *v, int nbd,
+                           const int64_t *bshape, nb_kview *out, void **mem, size_t *bytes) {
+  *out = *v;
+  out->ndim = nbd + 2;
+  for (int d = 0; d < nbd; d++) out->shape[d] = bshape[d];
+  out->shape[nbd] = v->shape[v->ndim - 2];
+  out->shape[nbd + 1] = v->shape[v->ndim - 1];
+  for (int d = 0; d < nbd; d++) out->strides[d] = v->strides[v->ndim - 2 - nbd + d];
+  out->strides[nbd] = v->strides[v->ndim - 2];
+  out->strides[nbd + 1] = v->strides[v->ndim - 1];
+  nb_kview src = *out;
+  nb_contiguous_strides(out->ndim, out->shape, out->strides);
+  *bytes = (size_t)nb_shape_numel(out->ndim, out->shape) * nb_dtype_size(v->dtype);
+  *mem = nb_cuda_scratch(ctx, *bytes ? *bytes : 1);
+  if (!*mem) return nb_last_status();
+  out->data = *mem;
+  return nb_cuda_copy(out, &src);
+}
+
+typedef struct {
+  const nb_kview *out, *a, *b;
+  int64_t M, N, K;
+} nb_mm;
+
+/* Describes the call for both formulations; 0 if the output fits neither. */
+static int lt_plan(const nb_mm *p, nb_lt_call *c, int *need_a, int *need_b) {
+  const nb_kview *o = p->out, *a = p->a, *b = p->b;
+  int od = o->ndim;
+  int64_t som = o->strides[od - 2], son = o->strides[od - 1];
+  int64_t sam = a->strides[a->ndim - 2], sak = a->strides[a->ndim - 1];
+  int64_t sbk = b->strides[b->ndim - 2], sbn = b->strides[b->ndim - 1];
+  nb_lt_mat D = lt_describe(p->N, p->M, son, som);
+  if (D.ok && D.op == CUBLAS_OP_N) { /* out^T (N x M) = b^T (N x K) a^T (K x M) */
+    c->D = D;
+    c->A = lt_describe(p->N, p->K, sbn, sbk);
+    c->B = lt_describe(p->K, p->M, sak, sam);
+    c->m = p->N;
+    c->n = p->M;
+    *need_a = !c->B.ok;
+    *need_b = !c->A.ok;
+    return 1;
+  }
+  D = lt_describe(p->M, p->N, som, son);
+  if (D.ok && D.op == CUBLAS_OP_N) { /* out (M x N) = a (M x K) b (K x N) */
+    c->D = D;
+    c->A = lt_describe(p->M, p->K, sam, sak);
+    c->B = lt_describe(p->K, p->N, sbk, sbn);
+    c->m = p->M;
+    c->n = p->N;
+    *need_a = !c->A.ok;
+    *need_b = !c->B.ok;
+    return 2;
+  }
+  return 0;
+}
+
+/* Runs the batched product over coalesced batch axes. */
+static nb_status lt_batched(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_mm *p) {
+  nb_lt_call c;
+  int need_a, need_b;
+  int form = lt_plan(p, &c, &need_a, &need_b);
+  if (!form || need_a || need_b) return NB_ERR_UNSUPPORTED; /* caller copies */
+  c.k = p->K;
+  int nbd = p->out->ndim - 2;
+  const int64_t *st[3] = {p->out->strides, p->a->strides + (p->a->ndim - 2 - nbd),
+                          p->b->strides + (p->b->ndim - 2 - nbd)};
+  nb_iter it;
+  nb_iter_make(&it, nbd, p->out->shape, 3, st);
+  int inner = it.ndim - 1;
+  int64_t count = it.size[inner], outer = 1;
+  for (int d = 0; d < inner; d++) outer *= it.size[d];
+  /* formulation 1 puts b first (A' = b, B' = a); 2 keeps the order */
+  int ia = form == 1 ? 2 : 1, ib = form == 1 ? 1 : 2;
+  const char *base[3] = {(const char *)p->out->data, (const char *)p->a->data,
+                         (const char *)p->b->data};
+  c.count = count;
+  c.sD = it.stride[0][inner];
+  c.sA = it.stride[ia][inner];
+  c.sB = it.stride[ib][inner];
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t off[3] = {0, 0, 0}, r = o;
+    for (int d = inner - 1; d >= 0; d--) {
+      int64_t q = r / it.size[d], cc = r - q * it.size[d];
+      for (int k = 0; k < 3; k++) off[k] += cc * it.stride[k][d];
+      r = q;
+    }
+    c.pd = (void *)(base[0] + off[0] * (int64_t)t->es);
+    c.pa = base[ia] + off[ia] * (int64_t)t->es;
+    c.pb = base[ib] + off[ib] * (int64_t)t->es;
+    nb_status s = lt_run(ctx, t, &c);
+    if (s) return s;
+  }
+  return NB_OK;
+}
+
+extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *b) {
+  int od = out->ndim;
+  if (od < 2) return nb_error_set(NB_ERR_SHAPE, "cuda matmul: out must have 2 or more axes");
+  nb_mm p = {out, a, b, out->shape[od - 2], out->shape[od - 1], a->shape[a->ndim - 1]};
+  if (nb_kview_numel(out) == 0) return NB_OK;
+  if (p.K == 0) return nb_cuda_fill(out, 0.0);
+  nb_lt_types t;
+  if (!lt_types(out->dtype, &t))
+    return nb_error_set(NB_ERR_DTYPE, "cuda matmul: dtype %s (expected f64, f32, f16 or bf16)",
+                        nb_dtype_name(out->dtype));
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "matmul", &ctx);
+  if (st) return st;
+  nb_lt_call c;
+  int need_a = 0, need_b = 0, form = lt_plan(&p, &c, &need_a, &need_b);
+  if (form && !need_a && !need_b) {
+    st = lt_batched(&ctx, &t, &p);
+    return st;
+  }
+  /* Copy what does not fit: inputs to contiguous buffers; an output that
+   * fits neither layout is computed contiguous and copied back. */
+  int nbd = od - 2;
+  nb_kview ca, cb, co;
+  void *ma = NULL, *mb = NULL, *mo = NULL;
+  size_t ba = 0, bb = 0, bo = 0;
+  if (!form || need_a) st = lt_contig(&ctx, a, nbd, out->shape, &ca, &ma, &ba);
+  if (!st && (!form || need_b)) st = lt_contig(&ctx, b, nbd, out->shape, &cb, &mb, &bb);
+  if (!st && !form) {
+    co = *out;
+    nb_contiguous_strides(od, co.shape, co.strides);
+    bo = (size_t)nb_kview_numel(out) * t.es;
+    co.data = mo = nb_cuda_scratch(&ctx, bo);
+    if (!mo) st = nb_last_status();
+  }
+  if (!st) {
+    nb_mm q = {mo ? &co : out, ma ? &ca : a, mb ? &cb : b, p.M, p.N, p.K};
+    st = lt_batched(&ctx, &t, &q);
+    if (st == NB_ERR_UNSUPPORTED && !nb_error_pending())
+      st = nb_error_set(NB_ERR_BACKEND, "cuda matmul: no cuBLASLt layout for the operands");
+    if (!st && mo) st = nb_cuda_copy(out, &co);
+  }
+  nb_cuda_scratch_free(&ctx, ma, ba);
+  nb_cuda_scratch_free(&ctx, mb, bb);
+  nb_cuda_scratch_free(&ctx, mo, bo);
+  return st;
+}

@@ -1,0 +1,163 @@
+/* Random draws and dropout from Philox-4x32-10, mirroring src/core/philox.c
+ * and the mapping in src/core/philox.h: element i (row-major in out) uses
+ * the block at counter offset + i with key seed.
+ *
+ * Bit-exactness: the Philox words, uniform draws (integer to float
+ * conversions and multiplications by powers of two are exact, and the
+ * affine map is the same explicit fma in double as the CPU's), randint and
+ * the dropout mask equal the CPU's bit for bit, also under --use_fast_math.
+ * Normal draws use the GPU's logf/cosf/sqrtf, which may differ from the
+ * CPU's libm in the last bits. */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+__device__ __forceinline__ void nb_philox_dev(uint64_t seed, uint64_t counter, uint32_t out[4]) {
+  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; r++) {
+    uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+/* nb_philox_u01 and friends, with explicitly rounded operations. */
+__device__ __forceinline__ float nb_u01_dev(uint32_t x) {
+  return __fmul_rn((float)(x >> 8), 1.0f / 16777216.0f);
+}
+__device__ __forceinline__ float nb_u01_open0_dev(uint32_t x) {
+  return __fmul_rn(__fadd_rn((float)(x >> 8), 1.0f), 1.0f / 16777216.0f);
+}
+__device__ __forceinline__ double nb_u53_dev(uint32_t x0, uint32_t x1) {
+  uint64_t u = ((uint64_t)x0 << 32 | x1) >> 11;
+  return __dmul_rn((double)u, 1.0 / 9007199254740992.0);
+}
+
+#define NB_GRID_LOOP(i, n)                                                          \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);         \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+/* kind: 0 uniform, 1 normal */
+__global__ void nb_rand_kernel(char *out, int dt, int64_t es, nb_iter it, int64_t n, uint64_t seed,
+                               uint64_t offset, double a, double b, int kind) {
+  NB_GRID_LOOP(i, n) {
+    uint32_t w[4];
+    nb_philox_dev(seed, offset + (uint64_t)i, w);
+    double v;
+    if (kind == 0) { /* v = fma(hi - lo, u, lo) in double, as the CPU */
+      double u = dt == NB_F64 ? nb_u53_dev(w[0], w[1]) : (double)nb_u01_dev(w[0]);
+      v = __fma_rn(b - a, u, a);
+    } else if (dt == NB_F64) {
+      /* u1 = 1 - u53(w0, w1) in (0, 1], u2 = u53(w2, w3) */
+      double u1 = __dadd_rn(1.0, -nb_u53_dev(w[0], w[1])), u2 = nb_u53_dev(w[2], w[3]);
+      v = __fma_rn(b, sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925286766559 * u2), a);
+    } else {
+      float u1 = nb_u01_open0_dev(w[0]), u2 = nb_u01_dev(w[1]);
+      float z = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
+      v = (double)__fmaf_rn((float)b, z, (float)a);
+    }
+    int64_t off[1];
+    nb_iter_offsets<1>(it, i, off);
+    nb_store_any(out + off[0] * es, dt, v);
+  }
+}
+
+static nb_status rand_launch(const nb_kview *out, uint64_t seed, uint64_t offset, double a,
+                             double b, int kind, const char *name) {
+  int64_t n = nb_kview_numel(out);
+  if (n == 0) return NB_OK;
+  if (!nb_dtype_is_float(out->dtype))
+    return nb_error_set(NB_ERR_DTYPE, "cuda %s: dtype %s is not a float dtype", name,
+                        nb_dtype_name(out->dtype));
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, name, &ctx);
+  if (st) return st;
+  nb_iter it;
+  nb_iter_views(&it, 1, &out);
+  nb_rand_kernel<<<nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS), NB_CUDA_THREADS, 0, ctx.stream>>>(
+      (char *)out->data, out->dtype, (int64_t)nb_dtype_size(out->dtype), it, n, seed, offset, a, b,
+      kind);
+  return nb_cuda_launch_check(name);
+}
+
+extern "C" nb_status nb_cuda_rand_uniform(const nb_kview *out, uint64_t seed, uint64_t offset,
+                                          double lo, double hi) {
+  return rand_launch(out, seed, offset, lo, hi, 0, "rand_uniform");
+}
+
+extern "C" nb_status nb_cuda_rand_normal(const nb_kview *out, uint64_t seed, uint64_t offset,
+                                         double mean, double std) {
+  return rand_launch(out, seed, offset, mean, std, 1, "rand_normal");
+}
+
+__global__ void nb_randint_kernel(char *out, int dt, int64_t es, nb_iter it, int64_t n,
+                                  uint64_t seed, uint64_t offset, int64_t lo, uint64_t range) {
+  NB_GRID_LOOP(i, n) {
+    uint32_t w[4];
+    nb_philox_dev(seed, offset + (uint64_t)i, w);
+    uint64_t r = ((uint64_t)w[0] | (uint64_t)w[1] << 32) % range;
+    int64_t v = (int64_t)((uint64_t)lo + r);
+    int64_t off[1];
+    nb_iter_offsets<1>(it, i, off);
+    nb_store_int(out + off[0] * es, dt, v);
+  }
+}
+
+extern "C" nb_status nb_cuda_randint(const nb_kview *out, uint64_t seed, uint64_t offset,
+                                     int64_t lo, int64_t hi) {
+  int64_t n = nb_kview_numel(out);
+  if (n == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "randint", &ctx);
+  if (st) return st;
+  nb_iter it;
+  nb_iter_views(&it, 1, &out);
+  uint64_t range = (uint64_t)hi - (uint64_t)lo;
+  if (range == 0) range = 1;
+  nb_randint_kernel<<<nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS), NB_CUDA_THREADS, 0, ctx.stream>>>(
+      (char *)out->data, out->dtype, (int64_t)nb_dtype_size(out->dtype), it, n, seed, offset, lo,
+      range);
+  return nb_cuda_launch_check("randint");
+}
+
+/* ---- dropout: out = keep ? x * scale : 0, keep = u01(w0) >= p ------------- */
+template <typename T>
+__global__ void nb_dropout_kernel(T *out, const T *x, nb_iter it, int64_t n, uint64_t seed,
+                                  uint64_t offset, double p, double scale) {
+  typedef typename nb_acc<T>::type C;
+  NB_GRID_LOOP(i, n) {
+    uint32_t w[4];
+    nb_philox_dev(seed, offset + (uint64_t)i, w);
+    int keep = (double)nb_u01_dev(w[0]) >= p;
+    int64_t off[2];
+    nb_iter_offsets<2>(it, i, off);
+    C v = keep ? nb_to_f(x[off[1]]) * (C)scale : (C)0;
+    out[off[0]] = nb_from_d<T>((double)v);
+  }
+}
+
+extern "C" nb_status nb_cuda_dropout(const nb_kview *out, const nb_kview *x, double p,
+                                     uint64_t seed, uint64_t offset) {
+  int64_t n = nb_kview_numel(out);
+  if (n == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "dropout", &ctx);
+  if (st) return st;
+  const nb_kview *vs[2] = {out, x};
+  nb_iter it;
+  nb_iter_views(&it, 2, vs);
+  double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+  unsigned g = nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS);
+  NB_CUDA_FLOAT_SWITCH(out->dtype, T,
+    nb_dropout_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx.stream>>>((T *)out->data,
+                                                               (const T *)x->data, it, n, seed,
+                                                               offset, p, scale));
+  return nb_cuda_launch_check("dropout");
+}

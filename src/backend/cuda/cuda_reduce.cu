@@ -1,0 +1,272 @@
+/* Reductions: SUM, MAX, MIN, ARGMAX, ARGMIN over the trailing nred axes.
+ *
+ * The kept axes and the reduced axes become two coalesced iteration spaces
+ * (O outputs, R reduced elements each). Two kernels cover the layouts:
+ *   row:    the reduced axis is innermost with stride 1: a block per output
+ *           reads its row coalesced (warp shuffles, then shared memory);
+ *   column: otherwise (e.g. summing over a batch axis): a thread per output
+ *           loops over R, neighbouring threads reading neighbouring columns.
+ * When there are few outputs for the device, R is split into S chunks;
+ * each (output, chunk) writes a partial and a second small kernel combines
+ * the S partials in a fixed order, so results are deterministic. With
+ * nb_deterministic() == 0, f32/f64 sums instead add the partials into the
+ * zeroed output with atomics (one kernel, no scratch).
+ *
+ * Accumulation: f32 for f32/f16/bf16, f64 for f64, int64 for integers.
+ * MAX/MIN/ARG* propagate NaN (a NaN is the extreme); ARG* return the first
+ * index of the extreme in row-major order of the reduced axes. */
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+template <typename A> struct nb_rv {
+  A v;
+  int64_t i;
+};
+
+template <typename A> __device__ __forceinline__ A nb_red_lowest();
+template <> __device__ __forceinline__ float nb_red_lowest<float>() { return -INFINITY; }
+template <> __device__ __forceinline__ double nb_red_lowest<double>() { return -INFINITY; }
+template <> __device__ __forceinline__ int64_t nb_red_lowest<int64_t>() { return INT64_MIN; }
+template <typename A> __device__ __forceinline__ A nb_red_highest();
+template <> __device__ __forceinline__ float nb_red_highest<float>() { return INFINITY; }
+template <> __device__ __forceinline__ double nb_red_highest<double>() { return INFINITY; }
+template <> __device__ __forceinline__ int64_t nb_red_highest<int64_t>() { return INT64_MAX; }
+
+template <typename A> __device__ __forceinline__ nb_rv<A> nb_red_init(int op) {
+  nb_rv<A> r;
+  r.i = INT64_MAX;
+  if (op == NB_ROP_SUM) r.v = (A)0;
+  else if (op == NB_ROP_MAX || op == NB_ROP_ARGMAX) r.v = nb_red_lowest<A>();
+  else r.v = nb_red_highest<A>();
+  return r;
+}
+
+/* Whether b replaces a as the running extreme (ties: the smaller index). */
+template <typename A> __device__ __forceinline__ bool nb_red_better(int op, nb_rv<A> b, nb_rv<A> a) {
+  bool bn = b.v != b.v, an = a.v != a.v;
+  if (bn || an) return bn && (!an || b.i < a.i);
+  bool mx = op == NB_ROP_MAX || op == NB_ROP_ARGMAX;
+  return (mx ? b.v > a.v : b.v < a.v) || (b.v == a.v && b.i < a.i);
+}
+
+template <typename A> __device__ __forceinline__ nb_rv<A> nb_red_combine(int op, nb_rv<A> a, nb_rv<A> b) {
+  if (op == NB_ROP_SUM) {
+    a.v += b.v;
+    return a;
+  }
+  return nb_red_better(op, b, a) ? b : a;
+}
+
+template <typename A> __device__ __forceinline__ nb_rv<A> nb_red_warp(int op, nb_rv<A> r) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    nb_rv<A> t;
+    t.v = __shfl_xor_sync(0xffffffffu, r.v, o);
+    t.i = __shfl_xor_sync(0xffffffffu, (long long)r.i, o);
+    r = nb_red_combine(op, r, t);
+  }
+  return r;
+}
+
+/* Block-wide combine; thread 0 gets the result. */
+template <typename A> __device__ nb_rv<A> nb_red_block(int op, nb_rv<A> r) {
+  __shared__ A sv[32];
+  __shared__ int64_t si[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  r = nb_red_warp(op, r);
+  if (nw == 1) return r;
+  if (lane == 0) { sv[warp] = r.v; si[warp] = r.i; }
+  __syncthreads();
+  if (warp == 0) {
+    r = nb_red_init<A>(op);
+    if (lane < nw) { r.v = sv[lane]; r.i = si[lane]; }
+    r = nb_red_warp(op, r);
+  }
+  return r;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ void nb_red_atomic(T *p, A v) {}
+__device__ __forceinline__ void nb_red_atomic(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void nb_red_atomic(double *p, double v) { atomicAdd(p, v); }
+
+/* Writes a final result for output o. */
+template <typename T, typename A>
+__device__ __forceinline__ void nb_red_store(int op, void *out, int64_t off, nb_rv<A> r) {
+  if (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN)
+    ((int64_t *)out)[off] = r.i == INT64_MAX ? 0 : r.i;
+  else
+    ((T *)out)[off] = nb_from_d<T>((double)r.v);
+}
+template <> __device__ __forceinline__ void nb_red_store<int64_t, int64_t>(int op, void *out, int64_t off, nb_rv<int64_t> r) {
+  ((int64_t *)out)[off] = (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN) ? (r.i == INT64_MAX ? 0 : r.i) : r.v;
+}
+template <> __device__ __forceinline__ void nb_red_store<int32_t, int64_t>(int op, void *out, int64_t off, nb_rv<int64_t> r) {
+  if (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN) ((int64_t *)out)[off] = r.i == INT64_MAX ? 0 : r.i;
+  else ((int32_t *)out)[off] = (int32_t)r.v;
+}
+template <> __device__ __forceinline__ void nb_red_store<uint8_t, int64_t>(int op, void *out, int64_t off, nb_rv<int64_t> r) {
+  if (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN) ((int64_t *)out)[off] = r.i == INT64_MAX ? 0 : r.i;
+  else ((uint8_t *)out)[off] = (uint8_t)r.v;
+}
+
+struct nb_red_args {
+  int op;
+  int64_t O, R, S, chunk; /* outputs, reduced length, splits, chunk length */
+  nb_iter keep;           /* ops: out, in (base of each output's row) */
+  nb_iter red;            /* op: in (offset of reduced element r) */
+  int atomic;             /* add block results into out with atomics */
+};
+
+template <typename T, typename A>
+__device__ __forceinline__ void nb_red_accum(const nb_red_args &a, const T *in, int64_t base,
+                                             int64_t r, nb_rv<A> &acc) {
+  int64_t off;
+  if (a.red.ndim == 1) off = r * a.red.stride[0][0];
+  else nb_iter_offsets<1>(a.red, r, &off);
+  nb_rv<A> e;
+  e.v = (A)nb_to_f(in[base + off]);
+  e.i = r;
+  acc = nb_red_combine(a.op, acc, e);
+}
+
+/* Writes one (output, split) result: final, atomic, or a partial. */
+template <typename T, typename A>
+__device__ __forceinline__ void nb_red_emit(const nb_red_args &a, void *out, nb_rv<A> *part,
+                                            int64_t o, int64_t s, int64_t out_off, nb_rv<A> r) {
+  if (a.S == 1) nb_red_store<T, A>(a.op, out, out_off, r);
+  else if (a.atomic) nb_red_atomic((T *)out + out_off, r.v);
+  else part[o * a.S + s] = r;
+}
+
+/* grid.x: outputs (strided), grid.y: splits; one block per (o, s). */
+template <typename T, typename A>
+__global__ void nb_reduce_row_kernel(nb_red_args a, void *out, const T *in, nb_rv<A> *part) {
+  int64_t s = blockIdx.y;
+  int64_t r0 = s * a.chunk, r1 = r0 + a.chunk < a.R ? r0 + a.chunk : a.R;
+  for (int64_t o = blockIdx.x; o < a.O; o += gridDim.x) {
+    int64_t off[2];
+    nb_iter_offsets<2>(a.keep, o, off);
+    nb_rv<A> acc = nb_red_init<A>(a.op);
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) nb_red_accum<T, A>(a, in, off[1], r, acc);
+    acc = nb_red_block(a.op, acc);
+    if (threadIdx.x == 0) nb_red_emit<T, A>(a, out, part, o, s, off[0], acc);
+    __syncthreads(); /* the block's shared memory is reused next output */
+  }
+}
+
+/* One thread per output (x), grid.y splits. */
+template <typename T, typename A>
+__global__ void nb_reduce_col_kernel(nb_red_args a, void *out, const T *in, nb_rv<A> *part) {
+  int64_t s = blockIdx.y;
+  int64_t r0 = s * a.chunk, r1 = r0 + a.chunk < a.R ? r0 + a.chunk : a.R;
+  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.O;
+       o += (int64_t)gridDim.x * blockDim.x) {
+    int64_t off[2];
+    nb_iter_offsets<2>(a.keep, o, off);
+    nb_rv<A> acc = nb_red_init<A>(a.op);
+    for (int64_t r = r0; r < r1; r++) nb_red_accum<T, A>(a, in, off[1], r, acc);
+    nb_red_emit<T, A>(a, out, part, o, s, off[0], acc);
+  }
+}
+
+/* Combines the S partials of each output in split order. */
+template <typename T, typename A>
+__global__ void nb_reduce_finish_kernel(nb_red_args a, void *out, const nb_rv<A> *part) {
+  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.O;
+       o += (int64_t)gridDim.x * blockDim.x) {
+    nb_rv<A> acc = part[o * a.S];
+    for (int64_t s = 1; s < a.S; s++) acc = nb_red_combine(a.op, acc, part[o * a.S + s]);
+    int64_t off[2];
+    nb_iter_offsets<2>(a.keep, o, off);
+    nb_red_store<T, A>(a.op, out, off[0], acc);
+  }
+}
+
+template <typename T>
+static nb_status reduce_run(const nb_cuda_ctx *ctx, nb_red_args *a, const nb_kview *out,
+                            const nb_kview *in) {
+  typedef typename nb_acc<T>::type A;
+  int row = a->R > 16 && a->red.stride[0][a->red.ndim - 1] == 1;
+  int64_t want = (int64_t)ctx->n_sm * 4; /* blocks (row) or warps (column) to fill the GPU */
+  int64_t units = row ? a->O : (a->O + 31) / 32;
+  int64_t S = 1;
+  if (units < want) {
+    S = (want + units - 1) / units;
+    int64_t min_chunk = row ? 2048 : 64; /* keep each split worth a launch slot */
+    int64_t maxS = (a->R + min_chunk - 1) / min_chunk;
+    if (S > maxS) S = maxS;
+    if (S > 65535) S = 65535;
+    if (S < 1) S = 1;
+  }
+  a->S = S;
+  a->chunk = (a->R + S - 1) / S;
+  int sum_f = a->op == NB_ROP_SUM && (out->dtype == NB_F32 || out->dtype == NB_F64);
+  a->atomic = S > 1 && sum_f && !nb_deterministic();
+  nb_rv<A> *part = NULL;
+  size_t part_bytes = 0;
+  if (S > 1 && !a->atomic) {
+    part_bytes = (size_t)(a->O * S) * sizeof(nb_rv<A>);
+    part = (nb_rv<A> *)nb_cuda_scratch(ctx, part_bytes);
+    if (!part) return nb_last_status();
+  }
+  if (a->atomic) { /* out is zeroed first: every split adds into it */
+    nb_status st = nb_cuda_fill(out, 0.0);
+    if (st) return st;
+  }
+  nb_status st;
+  if (row) {
+    int threads = nb_cuda_row_threads(a->chunk);
+    int64_t gx = a->O < (int64_t)1 << 30 ? a->O : (int64_t)1 << 30;
+    nb_reduce_row_kernel<T, A><<<dim3((unsigned)gx, (unsigned)S), threads, 0, ctx->stream>>>(
+        *a, out->data, (const T *)in->data, part);
+    st = nb_cuda_launch_check("reduce (row)");
+  } else {
+    int64_t gx = (a->O + 127) / 128;
+    if (gx > (int64_t)1 << 30) gx = (int64_t)1 << 30;
+    nb_reduce_col_kernel<T, A><<<dim3((unsigned)gx, (unsigned)S), 128, 0, ctx->stream>>>(
+        *a, out->data, (const T *)in->data, part);
+    st = nb_cuda_launch_check("reduce (column)");
+  }
+  if (st == NB_OK && part) {
+    nb_reduce_finish_kernel<T, A><<<nb_cuda_blocks(ctx, a->O, 128), 128, 0, ctx->stream>>>(
+        *a, out->data, part);
+    st = nb_cuda_launch_check("reduce (finish)");
+  }
+  nb_cuda_scratch_free(ctx, part, part_bytes);
+  return st;
+}
+
+extern "C" nb_status nb_cuda_reduce(nb_rop op, const nb_kview *out, const nb_kview *in, int nred) {
+  int64_t O = nb_kview_numel(out);
+  if (O == 0) return NB_OK;
+  int kd = out->ndim;
+  int64_t R = 1;
+  for (int d = kd; d < kd + nred; d++) R *= in->shape[d];
+  if (R == 0) { /* empty reductions: 0 for sums and indices, NaN otherwise */
+    return nb_cuda_fill(out, op == NB_ROP_SUM || op >= NB_ROP_ARGMAX ? 0.0 : NAN);
+  }
+  nb_cuda_ctx ctx;
+  nb_status st = nb_cuda_enter(out->data, "reduce", &ctx);
+  if (st) return st;
+  nb_red_args a;
+  a.op = (int)op;
+  a.O = O;
+  a.R = R;
+  const int64_t *ks[2] = {out->strides, in->strides};
+  nb_iter_make(&a.keep, kd, out->shape, 2, ks);
+  const int64_t *rs[1] = {in->strides + kd};
+  nb_iter_make(&a.red, nred, in->shape + kd, 1, rs);
+  switch (in->dtype) {
+  case NB_F64: return reduce_run<double>(&ctx, &a, out, in);
+  case NB_F32: return reduce_run<float>(&ctx, &a, out, in);
+  case NB_F16: return reduce_run<__half>(&ctx, &a, out, in);
+  case NB_BF16: return reduce_run<__nv_bfloat16>(&ctx, &a, out, in);
+  case NB_I64: return reduce_run<int64_t>(&ctx, &a, out, in);
+  case NB_I32: return reduce_run<int32_t>(&ctx, &a, out, in);
+  case NB_U8: case NB_BOOL: return reduce_run<uint8_t>(&ctx, &a, out, in);
+  default: return nb_error_set(NB_ERR_DTYPE, "cuda reduce: dtype %s", nb_dtype_name(in->dtype));
+  }
+}
