@@ -102,7 +102,8 @@ typedef struct nb_backend {
   nb_status (*norm_bwd)(const nb_kview *dx, const nb_kview *dw, const nb_kview *db,
                         const nb_kview *dy, const nb_kview *x, const nb_kview *mean,
                         const nb_kview *rstd, const nb_kview *w, int rms);
-  /* logits (N, C) any strides; targets i64 (N); loss f32 (N) per row (0 for
+  /* logits (N, C) any strides; targets i64 (N); loss f32 (N) per row (f64 for
+   * f64 logits; 0 for
    * ignored rows); lse f32 (N) saved for backward. Index out of range: error. */
   nb_status (*xent_fwd)(const nb_kview *loss, const nb_kview *lse, const nb_kview *logits,
                         const nb_kview *targets, int64_t ignore_index, double smoothing);
