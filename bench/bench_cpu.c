@@ -139,10 +139,12 @@ static int nbb_add(nb_rng *rng, int64_t n, int runs) {
 }
 
 static void nbb_json(const char *file, int threads, int mr, int nr) {
+  const char *wp = getenv("OMP_WAIT_POLICY");
   FILE *f = fopen(file, "w");
   if (!f) { fprintf(stderr, "bench_cpu: cannot write %s\n", file); return; }
   fprintf(f, "{\n  \"library\": \"nabla\",\n  \"isa\": \"%s\",\n  \"tile\": [%d, %d],\n"
-          "  \"threads\": %d,\n  \"results\": [\n", nb_cpu_gemm_isa(), mr, nr, threads);
+          "  \"threads\": %d,\n  \"omp_wait_policy\": \"%s\",\n  \"results\": [\n", nb_cpu_gemm_isa(),
+          mr, nr, threads, wp ? wp : "");
   for (int i = 0; i < nbb_nres; i++)
     fprintf(f, "    {\"name\": \"%s\", \"path\": \"%s\", \"seconds\": %.6e, \"rate\": %.3f, "
             "\"unit\": \"%s\"}%s\n", nbb_res[i].name, nbb_res[i].path, nbb_res[i].seconds,
@@ -166,6 +168,11 @@ int main(int argc, char **argv) {
   nb_cpu_gemm_tile(NB_F32, &mr, &nr);
   printf("nabla CPU benchmark: nabla's own GEMM kernel (packed, %s micro-kernel %dx%d f32), "
          "%d OpenMP threads\n", nb_cpu_gemm_isa(), mr, nr, threads);
+  /* libgomp's barrier waiting matters on a shared machine: spinning
+   * workers (the default) can stall a region by a scheduler tick when
+   * another process holds the other core; passive waiting does not. */
+  const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT");
+  printf("OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", wp ? wp : "(unset)", sc ? sc : "(unset)");
   printf("nb_matmul on the CPU dispatches to %s\n",
          nb_cpu_backend.matmul == nb_cpu_matmul ? "nb_cpu_matmul (this kernel)" : "another kernel");
   printf("api = nb_matmul/nb_add (result allocated per call); kernel = nb_cpu_matmul/"

@@ -390,28 +390,33 @@ static int nbg_direct(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc
  * 12 rows of A and 32 columns of B where they lie. Rows past M repeat the
  * last row (results discarded); columns past N are masked off, so nothing
  * outside the operands is read or written. */
-static void nbg_small_tile(int64_t kc, const float *a, int64_t lda, int64_t mr, const float *b,
-                           int64_t ldb, int64_t nr, float *c, int64_t ldc) {
-  __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
-  __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
-  int64_t off[12];
-  for (int i = 0; i < 12; i++) off[i] = (i < mr ? i : mr - 1) * lda;
-  __m512 r[12][2];
-  NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; k++, a++, b += ldb) {
-    __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);
-    NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < 12; i++) {
-      __m512 av = _mm512_set1_ps(a[off[i]]);
-      r[i][0] = _mm512_fmadd_ps(av, b0, r[i][0]);
-      r[i][1] = _mm512_fmadd_ps(av, b1, r[i][1]);
-    }
+#define NBG_SMALL_TILE(name, MR)                                                             \
+  static void name(int64_t kc, const float *a, int64_t lda, int64_t mr, const float *b,     \
+                   int64_t ldb, int64_t nr, float *c, int64_t ldc) {                        \
+    __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);                         \
+    __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);   \
+    int64_t off[MR];                                                                         \
+    for (int i = 0; i < MR; i++) off[i] = (i < mr ? i : mr - 1) * lda;                      \
+    __m512 r[MR][2];                                                                         \
+    NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < MR; i++) r[i][0] = r[i][1] = _mm512_setzero_ps(); \
+    for (int64_t k = 0; k < kc; k++, a++, b += ldb) {                                        \
+      __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);      \
+      NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < MR; i++) {                              \
+        __m512 av = _mm512_set1_ps(a[off[i]]);                                               \
+        r[i][0] = _mm512_fmadd_ps(av, b0, r[i][0]);                                          \
+        r[i][1] = _mm512_fmadd_ps(av, b1, r[i][1]);                                          \
+      }                                                                                      \
+    }                                                                                        \
+    NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < MR; i++) {                                \
+      if (i >= mr) break;                                                                    \
+      _mm512_mask_storeu_ps(c + i * ldc, m0, r[i][0]);                                       \
+      _mm512_mask_storeu_ps(c + i * ldc + 16, m1, r[i][1]);                                  \
+    }                                                                                        \
   }
-  NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < 12; i++) {
-    if (i >= mr) break;
-    _mm512_mask_storeu_ps(c + i * ldc, m0, r[i][0]);
-    _mm512_mask_storeu_ps(c + i * ldc + 16, m1, r[i][1]);
-  }
-}
+/* 12 rows, and narrower tiles for the last rows so no work is wasted. */
+NBG_SMALL_TILE(nbg_small_tile12, 12)
+NBG_SMALL_TILE(nbg_small_tile8, 8)
+NBG_SMALL_TILE(nbg_small_tile4, 4)
 
 static int nbg_small(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc) {
   const float *a = (const float *)p->a, *b = (const float *)p->b;
@@ -419,8 +424,11 @@ static int nbg_small(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc)
   (void)cf;
   for (int64_t i = 0; i < p->M; i += 12)
     for (int64_t j = 0; j < p->N; j += 32)
-      nbg_small_tile(p->K, a + i * p->sam, p->sam, p->M - i < 12 ? p->M - i : 12, b + j,
-                     p->sbk, p->N - j < 32 ? p->N - j : 32, cf32 + i * ldc + j, ldc);
+    {
+      int64_t mr = p->M - i < 12 ? p->M - i : 12, nr = p->N - j < 32 ? p->N - j : 32;
+      (mr > 8 ? nbg_small_tile12 : mr > 4 ? nbg_small_tile8 : nbg_small_tile4)(
+          p->K, a + i * p->sam, p->sam, mr, b + j, p->sbk, nr, cf32 + i * ldc + j, ldc);
+    }
   return 0;
 }
 
