@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU machine's check, run from the repository root:
+#   configure + build with CUDA, the CPU ctest suite, the CUDA-vs-CPU suite
+#   (build-gpu/tests/test_cuda), compute-sanitizer memcheck and racecheck on
+#   it (NABLA_TEST_QUICK=1 sizes), `nabla bench`, and bench/compare_torch.py
+#   when present. Logs go to $OUT (default ./out); a summary table is
+#   printed last. Exit status: non-zero when any required step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PATH="/usr/local/cuda/bin:$PATH"
+BUILD=${BUILD:-build-gpu}
+ARCHS=${CUDA_ARCHS:-"90a-real;80-real"}
+JOBS=${JOBS:-16}
+
+declare -a names results secs
+failed=0
+
+# step NAME REQUIRED CMD...: runs CMD with its output teed to $OUT/NAME.log.
+step() {
+  local name=$1 required=$2; shift 2
+  local t0=$SECONDS rc
+  echo "==== $name: $*"
+  "$@" 2>&1 | tee "$OUT/$name.log"
+  rc=${PIPESTATUS[0]}
+  names+=("$name"); secs+=($((SECONDS - t0)))
+  if [ "$rc" -eq 0 ]; then results+=("ok")
+  elif [ "$required" = 1 ]; then results+=("FAIL ($rc)"); failed=1
+  else results+=("failed ($rc, optional)"); fi
+  return "$rc"
+}
+
+skip() { names+=("$1"); results+=("skipped: $2"); secs+=(0); }
+
+nvidia-smi 2>&1 | tee "$OUT/nvidia-smi.log" || true
+
+step configure 1 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+  "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
+configured=$?
+if [ "$configured" -eq 0 ]; then
+  step build 1 cmake --build "$BUILD" -j "$JOBS"
+  built=$?
+else
+  built=1
+fi
+
+if [ "$built" -eq 0 ]; then
+  step ctest-cpu 1 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
+  if [ -x "$BUILD/tests/test_cuda" ]; then
+    step test-cuda 1 "$BUILD/tests/test_cuda"
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+      step memcheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+        --leak-check full --error-exitcode 99 "$BUILD/tests/test_cuda"
+      step racecheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+        --error-exitcode 99 "$BUILD/tests/test_cuda"
+    else
+      skip memcheck "compute-sanitizer not found"
+      skip racecheck "compute-sanitizer not found"
+    fi
+  else
+    skip test-cuda "$BUILD/tests/test_cuda not built"
+  fi
+  step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"
+  if [ -f bench/compare_torch.py ] && [ -f "$OUT/bench.json" ]; then
+    if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+      step compare-torch 0 python3 bench/compare_torch.py "$OUT/bench.json" --md "$OUT/compare_torch.md"
+    else
+      skip compare-torch "torch with CUDA not importable"
+    fi
+  else
+    skip compare-torch "no bench/compare_torch.py or bench.json"
+  fi
+fi
+
+# Summary: pass counts from the test programs' last lines.
+echo
+echo "==== summary (logs in $OUT)"
+printf '%-14s %-28s %6s  %s\n' step result secs detail
+for i in "${!names[@]}"; do
+  n=${names[$i]} detail=""
+  if [ -f "$OUT/$n.log" ]; then
+    case "$n" in
+      test-cuda|memcheck|racecheck) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
+      ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
+    esac
+    case "$n" in
+      memcheck|racecheck) detail="$detail $(grep -E 'ERROR SUMMARY' "$OUT/$n.log" | tail -1)" ;;
+    esac
+  fi
+  printf '%-14s %-28s %6s  %s\n' "$n" "${results[$i]}" "${secs[$i]}" "$detail"
+done
+exit "$failed"

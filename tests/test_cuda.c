@@ -1,0 +1,593 @@
+/* Every op on CUDA against the CPU backend (not in ctest: `make test-cuda`
+ * on a GPU machine). Random inputs with odd sizes, transposed, sliced and
+ * broadcast views, in f32, f16, bf16 (and f64 where cheap); forward results
+ * and gradients through nb_backward are compared with the CPU's within the
+ * tolerances of tol() below. Also: Philox draws and dropout masks bit for
+ * bit, an out-of-range index on the GPU is an error, a 1 PB allocation is
+ * NB_ERR_OOM and the process goes on, caching-allocator statistics, and
+ * deterministic reductions and embedding gradients repeat bit for bit.
+ * NABLA_TEST_QUICK=1 shrinks sizes (for compute-sanitizer).
+ * NABLA_TEST_SELF=1 runs the comparisons CPU against CPU (checks the test
+ * program itself on a machine without a GPU; device-only checks skipped). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static nb_device G;
+static int quick;
+
+/* Tolerances per dtype (relative, absolute): compute is f32 on both sides
+ * for the half types, so they differ by about one rounding of the result;
+ * f32 differs by the GPU's fast-math transcendental functions and
+ * summation order. */
+static void tol(nb_dtype dt, double *rtol, double *atol) {
+  switch (dt) {
+  case NB_F64: *rtol = 1e-10; *atol = 1e-10; break;
+  case NB_F32: *rtol = 2e-4; *atol = 2e-5; break;
+  case NB_F16: *rtol = 1e-2; *atol = 2e-3; break;
+  case NB_BF16: *rtol = 4e-2; *atol = 1e-2; break;
+  default: *rtol = 0; *atol = 0; break;
+  }
+}
+
+static const nb_dtype FLOATS[] = {NB_F32, NB_F16, NB_BF16};
+
+static nb_tensor *gpu(const nb_tensor *t) { return nb_to_device(t, G); }
+
+/* Compares a CUDA result with the CPU's, tolerance scaled by scale. */
+static void cmp(const char *name, nb_dtype dt, const nb_tensor *cpu, const nb_tensor *cu,
+                double scale) {
+  if (!cpu || !cu) {
+    NBT_CHECK(0, "%s [%s]: %s result is NULL (%s)", name, nb_dtype_name(dt), cpu ? "cuda" : "cpu",
+              nb_last_error());
+    nb_clear_error();
+    return;
+  }
+  int same = nb_ndim(cpu) == nb_ndim(cu) && nb_dtype_of(cpu) == nb_dtype_of(cu);
+  for (int d = 0; same && d < nb_ndim(cpu); d++) same = nb_size(cpu, d) == nb_size(cu, d);
+  if (!same) {
+    char b1[200], b2[200];
+    NBT_CHECK(0, "%s: cpu %s vs cuda %s", name, nb_describe(cpu, b1, sizeof b1),
+              nb_describe(cu, b2, sizeof b2));
+    return;
+  }
+  double rtol, atol;
+  tol(dt, &rtol, &atol);
+  double *a = nbt_f64(cu), *b = nbt_f64(cpu);
+  double r = nbt_close_ratio(a, b, nb_numel(cpu), rtol * scale, atol * scale);
+  NBT_CHECK(r <= 1.0, "%s [%s]: cuda differs from cpu (worst ratio %g)", name, nb_dtype_name(dt), r);
+  free(a);
+  free(b);
+}
+
+/* Exact byte equality of two tensors' row-major contents. */
+static void cmp_bits(const char *name, const nb_tensor *cpu, const nb_tensor *cu) {
+  if (!cpu || !cu) {
+    NBT_CHECK(0, "%s: NULL result (%s)", name, nb_last_error());
+    nb_clear_error();
+    return;
+  }
+  size_t n = (size_t)nb_numel(cpu) * nb_dtype_size(nb_dtype_of(cpu));
+  char *a = malloc(n + 1), *b = malloc(n + 1);
+  int ok = !nb_to_host(cpu, a, n) && !nb_to_host(cu, b, n) && !memcmp(a, b, n);
+  NBT_CHECK(ok, "%s: cuda bits differ from cpu bits (%s)", name, nb_last_error());
+  free(a);
+  free(b);
+}
+
+static nb_tensor *randn(uint64_t seed, int nd, const int64_t *shape, nb_dtype dt) {
+  return nbt_randn(seed, nd, shape, dt);
+}
+
+/* Three layouts of one (r, c) operand: contiguous, transposed, sliced. */
+static nb_tensor *layout(uint64_t seed, int64_t r, int64_t c, nb_dtype dt, int kind) {
+  if (kind == 1) return nb_transpose(randn(seed, 2, (int64_t[]){c, r}, dt), 0, 1);
+  if (kind == 2) return nb_slice(randn(seed, 2, (int64_t[]){r, 2 * c + 1}, dt), 1, 1, 2 * c + 1, 2);
+  return randn(seed, 2, (int64_t[]){r, c}, dt);
+}
+static const char *const LAYOUT[] = {"contiguous", "transposed", "sliced"};
+
+/* ---- elementwise ---------------------------------------------------------- */
+typedef nb_tensor *(*un_fn)(const nb_tensor *);
+static const struct { const char *name; un_fn f; int positive; } UNARY[] = {
+  {"neg", nb_neg, 0}, {"abs", nb_abs, 0}, {"exp", nb_exp, 0}, {"log", nb_log, 1},
+  {"log1p", nb_log1p, 1}, {"expm1", nb_expm1, 0}, {"sqrt", nb_sqrt, 1}, {"rsqrt", nb_rsqrt, 1},
+  {"square", nb_square, 0}, {"reciprocal", nb_reciprocal, 1}, {"sin", nb_sin, 0},
+  {"cos", nb_cos, 0}, {"tanh", nb_tanh, 0}, {"sigmoid", nb_sigmoid, 0}, {"relu", nb_relu, 0},
+  {"gelu", nb_gelu, 0}, {"gelu_tanh", nb_gelu_tanh, 0}, {"silu", nb_silu, 0},
+  {"softplus", nb_softplus, 0}, {"sign", nb_sign, 0}, {"floor", nb_floor, 0},
+  {"ceil", nb_ceil, 0}, {"round", nb_round, 0},
+};
+
+static void test_unary(void) {
+  int64_t R = quick ? 7 : 37, C = quick ? 9 : 53;
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++)
+    for (int k = 0; k < 3; k++)
+      for (size_t u = 0; u < sizeof UNARY / sizeof *UNARY; u++) {
+        nb_scope_begin();
+        nb_tensor *x = layout(10 + u, R, C, FLOATS[d], k);
+        if (UNARY[u].positive) x = nb_add_scalar(nb_abs(x), 0.5);
+        else x = nb_mul_scalar(x, 2.0);
+        char name[64];
+        snprintf(name, sizeof name, "%s (%s)", UNARY[u].name, LAYOUT[k]);
+        /* floor/ceil/round/sign are exact functions: the inputs match, so must they */
+        cmp(name, FLOATS[d], UNARY[u].f(x), UNARY[u].f(gpu(x)), 1.0);
+        nb_scope_end();
+      }
+  nb_scope_begin();
+  nb_tensor *xi = nbt_randn(3, 2, (int64_t[]){5, 7}, NB_I64);
+  cmp("neg i64", NB_I64, nb_neg(xi), nb_neg(gpu(xi)), 1.0);
+  cmp("abs i32", NB_I32, nb_abs(nb_cast(xi, NB_I32)), nb_abs(gpu(nb_cast(xi, NB_I32))), 1.0);
+  nb_scope_end();
+}
+
+typedef nb_tensor *(*bin_fn)(const nb_tensor *, const nb_tensor *);
+static const struct { const char *name; bin_fn f; int positive_a; } BINARY[] = {
+  {"add", nb_add, 0}, {"sub", nb_sub, 0}, {"mul", nb_mul, 0}, {"div", nb_div, 0},
+  {"pow", nb_pow, 1}, {"maximum", nb_maximum, 0}, {"minimum", nb_minimum, 0},
+  {"eq", nb_eq, 0}, {"ne", nb_ne, 0}, {"lt", nb_lt, 0}, {"le", nb_le, 0},
+  {"gt", nb_gt, 0}, {"ge", nb_ge, 0},
+};
+
+static void test_binary(void) {
+  int64_t R = quick ? 5 : 33, C = quick ? 11 : 71;
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++)
+    for (int k = 0; k < 4; k++)
+      for (size_t o = 0; o < sizeof BINARY / sizeof *BINARY; o++) {
+        nb_scope_begin();
+        nb_dtype dt = FLOATS[d];
+        nb_tensor *a = layout(100 + o, R, C, dt, k % 3), *b;
+        if (k == 3) b = randn(200 + o, 1, (int64_t[]){C}, dt);          /* row broadcast */
+        else if (k == 2) b = randn(200 + o, 2, (int64_t[]){R, 1}, dt);  /* column broadcast */
+        else b = layout(300 + o, R, C, dt, (k + 1) % 3);
+        if (BINARY[o].positive_a) a = nb_add_scalar(nb_abs(a), 0.25);
+        if (!strcmp(BINARY[o].name, "eq")) b = nb_where(nb_gt(b, nb_scalar(0, dt, NB_DEVICE_CPU)), b, nb_broadcast_to(a, 2, (int64_t[]){R, C}));
+        char name[64];
+        snprintf(name, sizeof name, "%s (case %d)", BINARY[o].name, k);
+        cmp(name, dt, BINARY[o].f(a, b), BINARY[o].f(gpu(a), gpu(b)), 1.0);
+        nb_scope_end();
+      }
+  nb_scope_begin();
+  nb_tensor *ai = nbt_randn(5, 2, (int64_t[]){9, 13}, NB_I64), *bi = nbt_randn(6, 1, (int64_t[]){13}, NB_I64);
+  cmp("add i64", NB_I64, nb_add(ai, bi), nb_add(gpu(ai), gpu(bi)), 1.0);
+  cmp("mul i32", NB_I32, nb_mul(nb_cast(ai, NB_I32), nb_cast(bi, NB_I32)),
+      nb_mul(gpu(nb_cast(ai, NB_I32)), gpu(nb_cast(bi, NB_I32))), 1.0);
+  cmp("maximum i64", NB_I64, nb_maximum(ai, bi), nb_maximum(gpu(ai), gpu(bi)), 1.0);
+  cmp("div i64 -> f32", NB_F32, nb_div(ai, nb_add_scalar(nb_abs(bi), 1)),
+      nb_div(gpu(ai), gpu(nb_add_scalar(nb_abs(bi), 1))), 1.0);
+  nb_tensor *x = randn(7, 2, (int64_t[]){17, 23}, NB_F32);
+  nb_tensor *c = nb_gt(randn(8, 2, (int64_t[]){17, 1}, NB_F32), nb_scalar(0, NB_F32, NB_DEVICE_CPU));
+  nb_tensor *y = randn(9, 1, (int64_t[]){23}, NB_F32);
+  cmp("where", NB_F32, nb_where(c, x, y), nb_where(gpu(c), gpu(x), gpu(y)), 1.0);
+  cmp("clamp", NB_F32, nb_clamp(x, -0.5, 0.7), nb_clamp(gpu(x), -0.5, 0.7), 1.0);
+  nb_scope_end();
+}
+
+static void test_copy_cast(void) {
+  nb_scope_begin();
+  const nb_dtype all[] = {NB_F64, NB_F32, NB_F16, NB_BF16, NB_I64, NB_I32, NB_U8, NB_BOOL};
+  nb_tensor *base = nb_mul_scalar(randn(11, 2, (int64_t[]){13, 29}, NB_F64), 40.0);
+  for (int k = 0; k < 2; k++) {
+    nb_tensor *src = k ? nb_transpose(base, 0, 1) : base;
+    for (int i = 0; i < 8; i++)
+      for (int j = 0; j < 8; j++) {
+        nb_tensor *s = nb_cast(src, all[i]);
+        char name[64];
+        snprintf(name, sizeof name, "cast %s->%s%s", nb_dtype_name(all[i]), nb_dtype_name(all[j]),
+                 k ? " (transposed)" : "");
+        nb_tensor *a = nb_cast(s, all[j]), *b = nb_cast(gpu(s), all[j]);
+        cmp_bits(name, nb_contiguous(a), nb_contiguous(b));
+      }
+  }
+  /* copy into a strided view of a GPU tensor, broadcasting the source */
+  nb_tensor *dst_c = nb_zeros(2, (int64_t[]){6, 10}, NB_F32, NB_DEVICE_CPU);
+  nb_tensor *dst_g = gpu(dst_c);
+  nb_tensor *row = randn(12, 1, (int64_t[]){5}, NB_F32);
+  nb_copy_(nb_slice(dst_c, 1, 0, 10, 2), row);
+  nb_copy_(nb_slice(dst_g, 1, 0, 10, 2), gpu(row));
+  cmp_bits("copy_ into slice (broadcast)", dst_c, dst_g);
+  nb_fill_(nb_slice(dst_c, 0, 1, 6, 3), 2.5);
+  nb_fill_(nb_slice(dst_g, 0, 1, 6, 3), 2.5);
+  cmp_bits("fill_ slice", dst_c, dst_g);
+  cmp("arange f32", NB_F32, nb_arange(-3, 7, 0.37, NB_F32, NB_DEVICE_CPU), nb_arange(-3, 7, 0.37, NB_F32, G), 1.0);
+  cmp_bits("arange i64", nb_arange(5, 100, 3, NB_I64, NB_DEVICE_CPU), nb_arange(5, 100, 3, NB_I64, G));
+  cmp_bits("full bf16", nb_full(1, (int64_t[]){33}, 1.2345, NB_BF16, NB_DEVICE_CPU),
+           nb_full(1, (int64_t[]){33}, 1.2345, NB_BF16, G));
+  nb_tensor *parts_c[2] = {randn(13, 2, (int64_t[]){3, 5}, NB_F32), randn(14, 2, (int64_t[]){3, 7}, NB_F32)};
+  nb_tensor *parts_g[2] = {gpu(parts_c[0]), gpu(parts_c[1])};
+  cmp_bits("cat", nb_cat(2, parts_c, 1), nb_cat(2, parts_g, 1));
+  nb_tensor *z = nb_zeros(2, (int64_t[]){0, 5}, NB_F32, G);
+  NBT_CHECK(z && nb_numel(nb_sum(z, 0, NULL, 0)) == 1 && nb_item(nb_sum(z, 0, NULL, 0)) == 0,
+            "sum of an empty CUDA tensor is 0 (%s)", nb_last_error());
+  nb_scope_end();
+}
+
+/* ---- reductions ----------------------------------------------------------- */
+static void test_reduce(void) {
+  int64_t s[3] = {5, quick ? 17 : 37, quick ? 13 : 29};
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
+    nb_dtype dt = FLOATS[d];
+    for (int k = 0; k < 2; k++) {
+      nb_scope_begin();
+      nb_tensor *x = randn(20 + k, 3, s, dt);
+      if (k) x = nb_transpose(x, 0, 2);
+      nb_tensor *xg = gpu(x);
+      const int ax[][2] = {{0, 0}, {1, 0}, {2, 0}, {0, 2}, {1, 2}};
+      const int nax[] = {1, 1, 1, 2, 2};
+      for (int a = 0; a < 5; a++) {
+        char name[64];
+        snprintf(name, sizeof name, "sum axes %d,%d n%d layout %d", ax[a][0], ax[a][1], nax[a], k);
+        cmp(name, dt, nb_sum(x, nax[a], ax[a], 0), nb_sum(xg, nax[a], ax[a], 0), 4.0);
+        snprintf(name, sizeof name, "max axes %d n%d layout %d", ax[a][0], nax[a], k);
+        cmp(name, dt, nb_max(x, nax[a], ax[a], 1), nb_max(xg, nax[a], ax[a], 1), 1.0);
+        cmp("min", dt, nb_min(x, nax[a], ax[a], 0), nb_min(xg, nax[a], ax[a], 0), 1.0);
+        cmp("mean", dt, nb_mean(x, nax[a], ax[a], 0), nb_mean(xg, nax[a], ax[a], 0), 4.0);
+      }
+      for (int a = 0; a < 3; a++) {
+        cmp("argmax", NB_I64, nb_argmax(x, a, 0), nb_argmax(xg, a, 0), 1.0);
+        cmp("argmin", NB_I64, nb_argmin(x, a, 1), nb_argmin(xg, a, 1), 1.0);
+      }
+      cmp("sum all", dt, nb_sum(x, 0, NULL, 0), nb_sum(xg, 0, NULL, 0), 10.0);
+      cmp("var", dt, nb_var(x, 1, (int[]){1}, 1.0, 0), nb_var(xg, 1, (int[]){1}, 1.0, 0), 4.0);
+      cmp("logsumexp", dt, nb_logsumexp(x, 1, (int[]){2}, 0), nb_logsumexp(xg, 1, (int[]){2}, 0), 2.0);
+      nb_scope_end();
+    }
+  }
+  /* a long full reduction: split path, deterministic and atomic */
+  nb_scope_begin();
+  int64_t n = quick ? 100003 : 3000017;
+  nb_tensor *x = randn(30, 1, &n, NB_F32), *xg = gpu(x);
+  nb_tensor *ref = nb_sum(nb_cast(x, NB_F64), 0, NULL, 0);
+  double want = nb_item(ref);
+  nb_set_deterministic(1);
+  double s1 = nb_item(nb_sum(xg, 0, NULL, 0)), s2 = nb_item(nb_sum(xg, 0, NULL, 0));
+  NBT_CHECK(fabs(s1 - want) <= 1e-5 * sqrt((double)n) * 10, "long sum: %.9g vs %.9g", s1, want);
+  NBT_CHECK(memcmp(&s1, &s2, sizeof s1) == 0, "deterministic long sum repeats bit for bit");
+  nb_set_deterministic(0);
+  double s3 = nb_item(nb_sum(xg, 0, NULL, 0));
+  NBT_CHECK(fabs(s3 - want) <= 1e-5 * sqrt((double)n) * 10, "atomic long sum: %.9g vs %.9g", s3, want);
+  nb_set_deterministic(1);
+  int64_t shp[2] = {quick ? 3001 : 100001, 7};
+  nb_tensor *t = randn(31, 2, shp, NB_F32);
+  cmp("column sum (tall)", NB_F32, nb_sum(t, 1, (int[]){0}, 0), nb_sum(gpu(t), 1, (int[]){0}, 0), 40.0);
+  cmp("argmax (tall)", NB_I64, nb_argmax(t, 0, 0), nb_argmax(gpu(t), 0, 0), 1.0);
+  nb_tensor *ti = nbt_randn(32, 2, (int64_t[]){41, 43}, NB_I64);
+  cmp("sum i64", NB_I64, nb_sum(ti, 1, (int[]){1}, 0), nb_sum(gpu(ti), 1, (int[]){1}, 0), 1.0);
+  nb_scope_end();
+}
+
+/* ---- matmul ----------------------------------------------------------------- */
+static void test_matmul(void) {
+  const nb_dtype dts[] = {NB_F64, NB_F32, NB_F16, NB_BF16};
+  int64_t M = quick ? 9 : 33, K = quick ? 17 : 65, N = quick ? 7 : 47;
+  for (int d = 0; d < 4; d++) {
+    nb_dtype dt = dts[d];
+    double sc = sqrt((double)K) * (dt == NB_F32 ? 5.0 : 2.0);
+    for (int ka = 0; ka < 3; ka++)
+      for (int kb = 0; kb < 3; kb++) {
+        nb_scope_begin();
+        nb_tensor *a = layout(40 + ka, M, K, dt, ka), *b = layout(50 + kb, K, N, dt, kb);
+        char name[64];
+        snprintf(name, sizeof name, "matmul a %s b %s", LAYOUT[ka], LAYOUT[kb]);
+        cmp(name, dt, nb_matmul(a, b), nb_matmul(gpu(a), gpu(b)), sc);
+        nb_scope_end();
+      }
+    nb_scope_begin();
+    nb_tensor *a = randn(60, 3, (int64_t[]){3, M, K}, dt), *b = randn(61, 2, (int64_t[]){K, N}, dt);
+    cmp("matmul batched, b broadcast", dt, nb_matmul(a, b), nb_matmul(gpu(a), gpu(b)), sc);
+    nb_tensor *a4 = randn(62, 4, (int64_t[]){2, 1, M, K}, dt), *b4 = randn(63, 3, (int64_t[]){3, K, N}, dt);
+    cmp("matmul 4-D broadcast batches", dt, nb_matmul(a4, b4), nb_matmul(gpu(a4), gpu(b4)), sc);
+    nb_tensor *at = nb_transpose(randn(64, 3, (int64_t[]){3, K, M}, dt), 1, 2);
+    cmp("matmul batched transposed", dt, nb_matmul(at, b), nb_matmul(gpu(at), gpu(b)), sc);
+    nb_tensor *v = randn(65, 1, (int64_t[]){K}, dt);
+    cmp("matmul matrix-vector", dt, nb_matmul(a, v), nb_matmul(gpu(a), gpu(v)), sc);
+    nb_scope_end();
+  }
+}
+
+/* ---- gradients ------------------------------------------------------------------ */
+typedef nb_tensor *(*fwd_fn)(nb_tensor *const *in, void *ctx);
+
+/* Runs f on both devices; compares outputs and the gradients of sum(f*w). */
+static void grad_cmp(const char *name, fwd_fn f, void *ctx, int n, nb_tensor *const *in,
+                     nb_dtype dt, double scale) {
+  nb_tensor *out[2] = {NULL, NULL}, *gr[2][4] = {{NULL}};
+  nb_scope_begin();
+  for (int dv = 0; dv < 2; dv++) {
+    nb_tensor *x[4];
+    for (int i = 0; i < n; i++) {
+      x[i] = nb_detach(dv ? gpu(in[i]) : nb_clone(in[i])); /* fresh leaves */
+      if (x[i] && nb_dtype_is_float(nb_dtype_of(x[i]))) nb_set_requires_grad(x[i], 1);
+    }
+    nb_tensor *y = f(x, ctx);
+    if (!y) break;
+    nb_tensor *w = randn(999, nb_ndim(y), nb_shape(y), nb_dtype_of(y));
+    if (dv) w = gpu(w);
+    nb_tensor *loss = nb_sum(nb_mul(y, w), 0, NULL, 0);
+    if (nb_backward(loss, NULL)) break;
+    out[dv] = y;
+    for (int i = 0; i < n; i++) gr[dv][i] = nb_grad(x[i]);
+  }
+  char nm[96];
+  snprintf(nm, sizeof nm, "%s forward", name);
+  cmp(nm, dt, out[0], out[1], scale);
+  for (int i = 0; i < n; i++) {
+    if (!nb_dtype_is_float(nb_dtype_of(in[i]))) continue;
+    snprintf(nm, sizeof nm, "%s grad %d", name, i);
+    cmp(nm, dt, gr[0][i], gr[1][i], scale);
+  }
+  nb_scope_end();
+}
+
+static nb_tensor *f_softmax(nb_tensor *const *x, void *c) { return nb_softmax(x[0], *(int *)c); }
+static nb_tensor *f_log_softmax(nb_tensor *const *x, void *c) { return nb_log_softmax(x[0], *(int *)c); }
+static nb_tensor *f_layer_norm(nb_tensor *const *x, void *c) { return nb_layer_norm(x[0], 1, x[1], x[2], 1e-5); }
+static nb_tensor *f_rms_norm(nb_tensor *const *x, void *c) { return nb_rms_norm(x[0], 1, x[1], 1e-6); }
+static nb_tensor *f_xent(nb_tensor *const *x, void *c) {
+  return nb_cross_entropy(x[0], x[1], NB_REDUCE_MEAN, 3, *(double *)c);
+}
+static nb_tensor *f_embedding(nb_tensor *const *x, void *c) { return nb_embedding(x[0], x[1]); }
+static nb_tensor *f_index_select(nb_tensor *const *x, void *c) { return nb_index_select(x[0], 1, x[1]); }
+static nb_tensor *f_gather(nb_tensor *const *x, void *c) { return nb_gather(x[0], 1, x[1]); }
+static nb_tensor *f_scatter_add(nb_tensor *const *x, void *c) { return nb_scatter_add(x[0], 1, x[1], x[2]); }
+static nb_tensor *f_conv(nb_tensor *const *x, void *c) {
+  nb_conv2d_params p = nb_conv2d_defaults();
+  p.stride[0] = 2; p.stride[1] = 1; p.padding[0] = 1; p.padding[1] = 2;
+  return nb_conv2d(x[0], x[1], x[2], p);
+}
+static nb_tensor *f_maxpool(nb_tensor *const *x, void *c) { return nb_max_pool2d(x[0], 3, 2, 2, 2, 1, 1); }
+static nb_tensor *f_avgpool(nb_tensor *const *x, void *c) { return nb_avg_pool2d(x[0], 3, 3, 2, 1, 1, 1); }
+static nb_tensor *f_mlp(nb_tensor *const *x, void *c) {
+  return nb_gelu(nb_linear(nb_tanh(x[0]), x[1], x[2]));
+}
+
+static void test_nn(void) {
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
+    nb_dtype dt = FLOATS[d];
+    const int64_t Ds[] = {7, 100, quick ? 1500 : 5000, quick ? 9000 : 20000};
+    for (int k = 0; k < 4; k++) {
+      nb_scope_begin();
+      int64_t R = quick ? 3 : (k < 2 ? 67 : 9);
+      nb_tensor *x = randn(70 + k, 2, (int64_t[]){R, Ds[k]}, dt);
+      int ax = -1, ax0 = 0;
+      char name[64];
+      snprintf(name, sizeof name, "softmax D=%lld", (long long)Ds[k]);
+      grad_cmp(name, f_softmax, &ax, 1, &x, dt, 2.0);
+      snprintf(name, sizeof name, "log_softmax D=%lld", (long long)Ds[k]);
+      grad_cmp(name, f_log_softmax, &ax, 1, &x, dt, 2.0);
+      if (k < 2) grad_cmp("softmax axis 0", f_softmax, &ax0, 1, &x, dt, 2.0);
+      nb_tensor *w = nb_add_scalar(randn(80 + k, 1, &Ds[k], dt), 1.0), *b = randn(90 + k, 1, &Ds[k], dt);
+      nb_tensor *in[3] = {x, w, b};
+      snprintf(name, sizeof name, "layer_norm D=%lld", (long long)Ds[k]);
+      grad_cmp(name, f_layer_norm, NULL, 3, in, dt, 4.0 + Ds[k] / 500.0);
+      snprintf(name, sizeof name, "rms_norm D=%lld", (long long)Ds[k]);
+      grad_cmp(name, f_rms_norm, NULL, 2, in, dt, 4.0 + Ds[k] / 500.0);
+      nb_scope_end();
+    }
+    for (int k = 0; k < 2; k++) {
+      nb_scope_begin();
+      int64_t N = quick ? 5 : 29, C = k ? (quick ? 3000 : 50257) : 11;
+      nb_tensor *logits = randn(100 + k, 2, (int64_t[]){N, C}, dt);
+      nb_rng rng = nb_rng_new(7);
+      nb_tensor *tg = nb_randint(&rng, 1, &N, 0, C, NB_I64, NB_DEVICE_CPU);
+      nb_fill_(nb_slice(tg, 0, 0, 2, 1), 3); /* rows with ignore_index 3 */
+      double sm = k ? 0.1 : 0.0;
+      nb_tensor *in[2] = {logits, tg};
+      grad_cmp(k ? "cross_entropy C=50257 smoothing" : "cross_entropy C=11", f_xent, &sm, 2, in, dt, 4.0);
+      nb_tensor *in2[2] = {nb_transpose(randn(102, 2, (int64_t[]){C, N}, dt), 0, 1), tg};
+      grad_cmp("cross_entropy transposed logits", f_xent, &sm, 2, in2, dt, 4.0);
+      nb_scope_end();
+    }
+    nb_scope_begin();
+    nb_tensor *x4 = randn(110, 4, (int64_t[]){2, 3, quick ? 7 : 13, quick ? 8 : 17}, dt);
+    nb_tensor *cw = randn(111, 4, (int64_t[]){4, 3, 3, 3}, dt), *cb = randn(112, 1, (int64_t[]){4}, dt);
+    nb_tensor *cin[3] = {x4, cw, cb};
+    grad_cmp("conv2d", f_conv, NULL, 3, cin, dt, 8.0);
+    grad_cmp("max_pool2d", f_maxpool, NULL, 1, &x4, dt, 1.0);
+    grad_cmp("avg_pool2d", f_avgpool, NULL, 1, &x4, dt, 2.0);
+    nb_tensor *mx = randn(113, 2, (int64_t[]){9, 31}, dt), *mw = randn(114, 2, (int64_t[]){19, 31}, dt);
+    nb_tensor *mb = randn(115, 1, (int64_t[]){19}, dt);
+    nb_tensor *min_[3] = {mx, mw, mb};
+    grad_cmp("tanh-linear-gelu", f_mlp, NULL, 3, min_, dt, 8.0);
+    nb_scope_end();
+  }
+}
+
+static void test_index(void) {
+  for (int det = 1; det >= 0; det--) {
+    nb_set_deterministic(det);
+    for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
+      nb_dtype dt = FLOATS[d];
+      nb_scope_begin();
+      int64_t V = quick ? 50 : 1000, D = quick ? 9 : 65, J = quick ? 300 : 5000;
+      nb_rng rng = nb_rng_new(11);
+      nb_tensor *wt = randn(120, 2, (int64_t[]){V, D}, dt);
+      nb_tensor *idx = nb_randint(&rng, 1, &J, 0, V / 10, NB_I64, NB_DEVICE_CPU); /* many repeats */
+      nb_tensor *in[2] = {wt, idx};
+      char name[64];
+      snprintf(name, sizeof name, "embedding (det %d)", det);
+      grad_cmp(name, f_embedding, NULL, 2, in, dt, det ? 1.0 : 4.0);
+      nb_tensor *x3 = randn(121, 3, (int64_t[]){3, 17, 5}, dt);
+      int64_t j2 = 23;
+      nb_tensor *idx2 = nb_randint(&rng, 1, &j2, 0, 17, NB_I64, NB_DEVICE_CPU);
+      nb_tensor *in2[2] = {nb_transpose(nb_transpose(x3, 0, 2), 0, 2), idx2};
+      snprintf(name, sizeof name, "index_select axis 1 (det %d)", det);
+      grad_cmp(name, f_index_select, NULL, 2, in2, dt, det ? 1.0 : 4.0);
+      nb_tensor *gi = nb_randint(&rng, 3, (int64_t[]){3, 9, 5}, 0, 17, NB_I64, NB_DEVICE_CPU);
+      nb_tensor *in3[2] = {x3, gi};
+      snprintf(name, sizeof name, "gather (det %d)", det);
+      grad_cmp(name, f_gather, NULL, 2, in3, dt, det ? 1.0 : 4.0);
+      nb_tensor *src = randn(122, 3, (int64_t[]){3, 9, 5}, dt);
+      nb_tensor *in4[3] = {x3, gi, src};
+      snprintf(name, sizeof name, "scatter_add (det %d)", det);
+      grad_cmp(name, f_scatter_add, NULL, 3, in4, dt, det ? 1.0 : 4.0);
+      nb_scope_end();
+    }
+  }
+  nb_set_deterministic(1);
+  /* deterministic embedding gradient repeats bit for bit, and equals the
+   * CPU's in f32 (same summation order) */
+  nb_scope_begin();
+  int64_t V = 64, D = 33, J = quick ? 999 : 20000;
+  nb_rng rng = nb_rng_new(5);
+  nb_tensor *idx = nb_randint(&rng, 1, &J, 0, 8, NB_I64, NB_DEVICE_CPU);
+  nb_tensor *src = randn(123, 2, (int64_t[]){J, D}, NB_F32);
+  nb_tensor *z = nb_zeros(2, (int64_t[]){V, D}, NB_F32, NB_DEVICE_CPU);
+  nb_tensor *r_cpu = nb_scatter_add(z, 0, nb_expand(nb_unsqueeze(idx, 1), 2, (int64_t[]){J, D}), src);
+  nb_tensor *g1 = gpu(z);
+  nb_set_requires_grad(g1, 1);
+  nb_backward(nb_embedding(g1, gpu(idx)), gpu(src));
+  nb_tensor *ga = nb_clone(nb_grad(g1));
+  nb_zero_grad(g1);
+  nb_backward(nb_embedding(g1, gpu(idx)), gpu(src));
+  cmp_bits("deterministic embedding grad repeats", ga, nb_grad(g1));
+  cmp_bits("deterministic embedding grad equals cpu (f32)", r_cpu, ga);
+  nb_scope_end();
+}
+
+/* ---- random ------------------------------------------------------------------- */
+static void test_random(void) {
+  int64_t n = quick ? 1001 : 100003;
+  const nb_dtype dts[] = {NB_F64, NB_F32, NB_F16, NB_BF16};
+  nb_scope_begin();
+  for (int d = 0; d < 4; d++) {
+    nb_rng r1 = nb_rng_new(1234), r2 = nb_rng_new(1234);
+    r1.offset = r2.offset = 77;
+    char name[64];
+    snprintf(name, sizeof name, "rand uniform %s bits", nb_dtype_name(dts[d]));
+    cmp_bits(name, nb_rand(&r1, 1, &n, -2.0, 3.0, dts[d], NB_DEVICE_CPU),
+             nb_rand(&r2, 1, &n, -2.0, 3.0, dts[d], G));
+    NBT_CHECK(r1.offset == r2.offset, "rng offsets advance alike");
+    snprintf(name, sizeof name, "randn %s (last bits may differ)", nb_dtype_name(dts[d]));
+    cmp(name, dts[d] == NB_F64 ? NB_F32 : dts[d], nb_randn(&r1, 1, &n, 0.5, 2.0, dts[d], NB_DEVICE_CPU),
+        nb_randn(&r2, 1, &n, 0.5, 2.0, dts[d], G), 1.0);
+  }
+  nb_rng r1 = nb_rng_new(99), r2 = nb_rng_new(99);
+  cmp_bits("randint i64 bits", nb_randint(&r1, 1, &n, -1000000007LL, 5000000000LL, NB_I64, NB_DEVICE_CPU),
+           nb_randint(&r2, 1, &n, -1000000007LL, 5000000000LL, NB_I64, G));
+  cmp_bits("randint i32 bits", nb_randint(&r1, 1, &n, 3, 17, NB_I32, NB_DEVICE_CPU),
+           nb_randint(&r2, 1, &n, 3, 17, NB_I32, G));
+  /* rand into a strided (transposed) view keeps row-major element order */
+  for (int d = 1; d < 4; d++) {
+    nb_tensor *x = randn(130, 2, (int64_t[]){37, 41}, dts[d]);
+    nb_tensor *xt = nb_transpose(x, 0, 1);
+    nb_rng a = nb_rng_new(5), b = nb_rng_new(5);
+    char name[64];
+    snprintf(name, sizeof name, "dropout %s mask and values bits", nb_dtype_name(dts[d]));
+    cmp_bits(name, nb_contiguous(nb_dropout(xt, 0.3, &a)), nb_contiguous(nb_dropout(gpu(xt), 0.3, &b)));
+  }
+  nb_scope_end();
+}
+
+/* ---- optimizers ----------------------------------------------------------------- */
+static void test_optim(void) {
+  for (int kind = 0; kind < 2; kind++)
+    for (int dd = 0; dd < 2; dd++) {
+      nb_dtype dt = dd ? NB_BF16 : NB_F32;
+      nb_scope_begin();
+      nb_tensor *p0 = randn(140, 2, (int64_t[]){37, 19}, dt), *w = randn(141, 2, (int64_t[]){37, 19}, dt);
+      nb_tensor *res[2];
+      for (int dv = 0; dv < 2; dv++) {
+        nb_params *ps = nb_params_new();
+        nb_tensor *p = dv ? gpu(p0) : nb_clone(p0);
+        nb_params_add(ps, "p", p);
+        nb_optim *o = kind ? nb_sgd_new(ps, 0.1, 0.9, 0.1, 1, 0.01)
+                           : nb_adamw_new(ps, 0.01, 0.9, 0.999, 1e-8, 0.1);
+        nb_tensor *wd = dv ? gpu(w) : w;
+        for (int s = 0; s < 3; s++) {
+          nb_scope_begin();
+          nb_params_zero_grad(ps);
+          nb_backward(nb_sum(nb_mul(nb_square(p), wd), 0, NULL, 0), NULL);
+          nb_optim_step(o);
+          nb_scope_end();
+        }
+        res[dv] = nb_clone(p);
+        nb_optim_free(o);
+        nb_params_free(ps);
+      }
+      cmp(kind ? "sgd nesterov 3 steps" : "adamw 3 steps", dt, res[0], res[1], 2.0);
+      nb_scope_end();
+    }
+}
+
+/* ---- errors and memory ------------------------------------------------------------ */
+static void test_errors_memory(void) {
+  nb_scope_begin();
+  nb_clear_error();
+  nb_tensor *x = gpu(randn(150, 2, (int64_t[]){10, 4}, NB_F32));
+  int64_t three = 3;
+  nb_tensor *idx = gpu(nb_from_buffer((int64_t[]){1, 12, 2}, 1, &three, NB_I64, NB_DEVICE_CPU));
+  nb_tensor *r = nb_index_select(x, 0, idx);
+  nbt_check_error("index_select out of range on cuda", r == NULL, NB_ERR_INDEX, "12", NULL);
+  nb_clear_error();
+  nb_tensor *ok = nb_index_select(x, 0, gpu(nb_arange(0, 10, 3, NB_I64, NB_DEVICE_CPU)));
+  NBT_CHECK(ok != NULL, "the device works after an index error (%s)", nb_last_error());
+  nb_tensor *tg = gpu(nb_from_buffer((int64_t[]){0, 5, 1}, 1, &three, NB_I64, NB_DEVICE_CPU));
+  nb_tensor *lg = gpu(randn(151, 2, (int64_t[]){3, 4}, NB_F32));
+  nb_tensor *l = nb_cross_entropy(lg, tg, NB_REDUCE_MEAN, -100, 0.0);
+  nbt_check_error("cross_entropy target out of range on cuda", l == NULL, NB_ERR_INDEX, "5", NULL);
+  nb_clear_error();
+  nb_tensor *gi = gpu(nb_full(2, (int64_t[]){10, 4}, -1, NB_I64, NB_DEVICE_CPU));
+  nb_tensor *gr = nb_gather(x, 1, gi);
+  nbt_check_error("gather negative index on cuda", gr == NULL, NB_ERR_INDEX, "-1", NULL);
+  nb_clear_error();
+
+  int64_t huge = (int64_t)1 << 48; /* 1 PiB of f32 */
+  nb_tensor *h = nb_empty(1, &huge, NB_F32, G);
+  nbt_check_error("1 PiB allocation on cuda", h == NULL, NB_ERR_OOM, "out of memory", NULL);
+  nb_clear_error();
+  nb_tensor *after = nb_ones(1, (int64_t[]){1000}, NB_F32, G);
+  NBT_CHECK(after && nb_item(nb_sum(after, 0, NULL, 0)) == 1000.0,
+            "allocation works after OOM (%s)", nb_last_error());
+  nb_scope_end();
+
+  if (G.type == NB_CPU) return; /* the rest is about the CUDA allocator */
+  nb_memory_stats s0, s1;
+  NBT_CHECK(nb_cuda_memory_stats(G.index, &s0) == NB_OK, "memory stats (%s)", nb_last_error());
+  for (int i = 0; i < 10; i++) {
+    nb_scope_begin();
+    nb_ones(1, (int64_t[]){12345}, NB_F32, G);
+    nb_scope_end();
+  }
+  nb_cuda_memory_stats(G.index, &s1);
+  NBT_CHECK(s1.n_cache_hits >= s0.n_cache_hits + 9, "cache hits counted (%lld -> %lld)",
+            (long long)s0.n_cache_hits, (long long)s1.n_cache_hits);
+  NBT_CHECK(s1.n_cuda_malloc <= s0.n_cuda_malloc + 1, "steady state needs no cudaMalloc");
+  NBT_CHECK(s1.reserved >= s1.allocated && s1.peak >= s1.allocated, "reserved >= allocated, peak");
+  NBT_CHECK(nb_cuda_empty_cache(G.index) == NB_OK, "empty_cache (%s)", nb_last_error());
+  nb_cuda_memory_stats(G.index, &s1);
+  NBT_CHECK(s1.reserved == s1.allocated, "empty_cache returns every cached block (%lld vs %lld)",
+            (long long)s1.reserved, (long long)s1.allocated);
+  NBT_CHECK(nb_device_synchronize(G) == NB_OK, "synchronize (%s)", nb_last_error());
+}
+
+int main(void) {
+  const char *q = getenv("NABLA_TEST_QUICK");
+  quick = q && q[0] && q[0] != '0';
+  const char *self = getenv("NABLA_TEST_SELF");
+  int n = nb_cuda_available();
+  if (self && self[0] == '1') {
+    G = NB_DEVICE_CPU;
+  } else if (n == 0) {
+    printf("no CUDA device: nothing to test\n");
+    return nbt_finish();
+  } else {
+    G = nb_device_cuda(0);
+  }
+  printf("%d CUDA device(s)%s\n", n, quick ? ", quick sizes" : "");
+  struct { const char *name; void (*f)(void); } tests[] = {
+    {"unary", test_unary}, {"binary", test_binary}, {"copy/cast", test_copy_cast},
+    {"reduce", test_reduce}, {"matmul", test_matmul}, {"nn", test_nn}, {"index", test_index},
+    {"random", test_random}, {"optim", test_optim}, {"errors/memory", test_errors_memory},
+  };
+  for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
+    int f0 = nbt_failed;
+    tests[i].f();
+    printf("%-14s %s\n", tests[i].name, nbt_failed == f0 ? "ok" : "FAILED");
+    nb_clear_error();
+  }
+  NBT_CHECK(nb_live_tensors() == 0, "no leaked tensors (%lld live)", (long long)nb_live_tensors());
+  return nbt_finish();
+}
