@@ -15,13 +15,24 @@ mkdir -p "$out/corpus" "$out/seeds"
 
 srcs=$(find "$root/src" -name '*.c' | sort)
 common="-std=c11 -g -O1 -fopenmp -I$root/include -I$root/src -fno-omit-frame-pointer"
-echo "building fuzz target with $cc ..."
-# shellcheck disable=SC2086
-$cc $common -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  $srcs "$root/fuzz/fuzz_safetensors.c" -o "$out/fuzz_safetensors" -lm
-# shellcheck disable=SC2086
-$cc $common -DNB_FUZZ_SEEDGEN -fsanitize=address,undefined \
-  $srcs "$root/fuzz/fuzz_safetensors.c" -o "$out/seedgen" -lm
+# Rebuild only when a source is newer than the binaries, so the time limit
+# goes to fuzzing.
+stale=1
+if [ -x "$out/fuzz_safetensors" ] && [ -x "$out/seedgen" ] && [ -z "$(find "$root/src" "$root/include" \
+    "$root/fuzz" -newer "$out/fuzz_safetensors" -type f | head -n 1)" ]; then
+  stale=0
+fi
+if [ "$stale" = 1 ]; then
+  echo "building fuzz target with $cc ..."
+  # shellcheck disable=SC2086
+  $cc $common -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    $srcs "$root/fuzz/fuzz_safetensors.c" -o "$out/fuzz_safetensors.new" -lm
+  # shellcheck disable=SC2086
+  $cc $common -DNB_FUZZ_SEEDGEN -fsanitize=address,undefined \
+    $srcs "$root/fuzz/fuzz_safetensors.c" -o "$out/seedgen" -lm
+  mv "$out/fuzz_safetensors.new" "$out/fuzz_safetensors"
+fi
+rm -rf "$out/seeds" && mkdir -p "$out/seeds"
 "$out/seedgen" "$out/seeds"
 echo "seeds: $(ls "$out/seeds" | wc -l) files"
 
