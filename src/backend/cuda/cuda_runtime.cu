@@ -102,7 +102,7 @@ static nb_status dev_init(int d) {
   NB_CUDA_TRY(cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, d),
               "cudaDeviceGetAttribute");
   NB_CUDA_TRY(cudaMalloc((void **)&s->flag, 2 * sizeof(int64_t)), "cudaMalloc(flag)");
-  NB_CUDA_TRY(cudaMemset(s->flag, 0, 2 * sizeof(int64_t)), "cudaMemset(flag)");
+  NB_CUDA_TRY(cudaMemsetAsync(s->flag, 0, 2 * sizeof(int64_t), s->stream), "cudaMemsetAsync(flag)");
   NB_CUDA_TRY(cudaHostAlloc((void **)&s->flag_host, 2 * sizeof(int64_t), cudaHostAllocDefault),
               "cudaHostAlloc(flag)");
   s->ready = 1;
