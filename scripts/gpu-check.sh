@@ -14,6 +14,11 @@ BUILD=${BUILD:-build-gpu}
 ARCHS=${CUDA_ARCHS:-"90a-real;80-real"}
 JOBS=${JOBS:-16}
 
+# STEPS selects parts (default all): cpu (the CPU ctest suite), cuda
+# (test_cuda), sanitize (memcheck + racecheck), bench (nabla bench + torch).
+STEPS=${STEPS:-cpu,cuda,sanitize,bench}
+want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
+
 declare -a names results secs
 failed=0
 
@@ -46,10 +51,11 @@ else
 fi
 
 if [ "$built" -eq 0 ]; then
-  step ctest-cpu 1 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
+  if want cpu; then step ctest-cpu 1 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"; fi
   if [ -x "$BUILD/tests/test_cuda" ]; then
-    step test-cuda 1 "$BUILD/tests/test_cuda"
-    if command -v compute-sanitizer >/dev/null 2>&1; then
+    if want cuda; then step test-cuda 1 "$BUILD/tests/test_cuda"; fi
+    if ! want sanitize; then :
+    elif command -v compute-sanitizer >/dev/null 2>&1; then
       step memcheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
         --leak-check full --error-exitcode 99 "$BUILD/tests/test_cuda"
       step racecheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
@@ -61,8 +67,9 @@ if [ "$built" -eq 0 ]; then
   else
     skip test-cuda "$BUILD/tests/test_cuda not built"
   fi
-  step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"
-  if [ -f bench/compare_torch.py ] && [ -f "$OUT/bench.json" ]; then
+  if want bench; then step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"; fi
+  if ! want bench; then :
+  elif [ -f bench/compare_torch.py ] && [ -f "$OUT/bench.json" ]; then
     if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
       step compare-torch 0 python3 bench/compare_torch.py "$OUT/bench.json" --md "$OUT/compare_torch.md"
     else
