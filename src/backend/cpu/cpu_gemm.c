@@ -502,7 +502,11 @@ static int nbg_task(const nbg_cfg *cf, const nbg_job *jb, int64_t t) {
 
 /* Splits each matrix so that there are at least nthr balanced tasks: whole
  * matrices when the batch alone balances, else row blocks (or column blocks
- * for short wide outputs), aligned to the register tile. */
+ * for short wide outputs), aligned to the register tile. Tasks share no
+ * packed data, so a call has no barrier but its end: each thread packs the
+ * B blocks it needs itself (O(K*N) more per thread, a few per cent at
+ * 1024), which keeps a thread that the OS deschedules from stalling the
+ * others on a shared machine. */
 static void nbg_split(const nbg_cfg *cf, nbg_job *jb, int64_t nbatch, int nthr) {
   int64_t M = jb->m.M, N = jb->m.N;
   jb->mt = jb->nt = 1;
