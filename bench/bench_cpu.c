@@ -8,6 +8,7 @@
  * CPU kernel directly on nb_kview views into a preallocated output (the
  * kernel alone). Counts: matmul 2*M*N*K flops; add 3 * 4 * n bytes (two
  * reads, one write). bench/numpy_bench.py runs the same cases in numpy. */
+#define _POSIX_C_SOURCE 200112L /* clock_gettime */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
