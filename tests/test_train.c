@@ -29,8 +29,9 @@ static int run(const char *args) {
   return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* A tiny model that trains in well under a second per step. */
-#define TINY "train --device cpu --layers 1 --heads 2 --dim 32 --batch 32 --quiet --no-svg "
+/* A tiny model that trains in well under a second per step, on the device
+ * NABLA_TRAIN_DEVICE names (default cpu; the GPU machine sets cuda). */
+static char TINY[200];
 
 static void test_loss_falls(void) {
   char args[2048];
@@ -91,11 +92,11 @@ static void test_text(void) {
   FILE *f = fopen(path, "w");
   for (int i = 0; f && i < 60; i++) fprintf(f, "the quick brown fox jumps over the lazy dog. ");
   if (f) fclose(f);
-  snprintf(args, sizeof args, TINY "--data %s --steps 30 --context 16 --batch 8", path);
+  snprintf(args, sizeof args, "%s--data %s --steps 30 --context 16 --batch 8", TINY, path);
   int st = run(args);
   NBT_CHECK(st == 0, "text run exits 0, got %d:\n%s", st, out);
   NBT_CHECK(strstr(out, "sample") != NULL, "a sample is printed:\n%s", out);
-  snprintf(args, sizeof args, TINY "--data %s --context 4000", path);
+  snprintf(args, sizeof args, "%s--data %s --context 4000", TINY, path);
   bad(args, "--context 4000");
 }
 
@@ -138,15 +139,16 @@ static void test_resume(void) {
   snprintf(a, sizeof a, "%s/a.safetensors", dir);
   snprintf(b1, sizeof b1, "%s/b1.safetensors", dir);
   snprintf(b2, sizeof b2, "%s/b2.safetensors", dir);
-  snprintf(args, sizeof args, TINY "--steps 16 --eval-every 0 --save %s", a);
+  snprintf(args, sizeof args, "%s--steps 16 --eval-every 0 --save %s", TINY, a);
   int st = run(args);
   NBT_CHECK(st == 0, "uninterrupted run exits 0, got %d:\n%s", st, out);
   /* Half, with evaluations on (they must not disturb the training draws)... */
-  snprintf(args, sizeof args, TINY "--steps 16 --stop-at 8 --eval-every 3 --save %s", b1);
+  snprintf(args, sizeof args, "%s--steps 16 --stop-at 8 --eval-every 3 --save %s", TINY, b1);
   st = run(args);
   NBT_CHECK(st == 0, "first half exits 0, got %d:\n%s", st, out);
   /* ...then the rest in a new process, configuration from the checkpoint. */
-  snprintf(args, sizeof args, "train --device cpu --quiet --no-svg --resume %s --save %s", b1, b2);
+  snprintf(args, sizeof args, "train --device %s --quiet --no-svg --resume %s --save %s",
+           getenv("NABLA_TRAIN_DEVICE") ? getenv("NABLA_TRAIN_DEVICE") : "cpu", b1, b2);
   st = run(args);
   NBT_CHECK(st == 0, "resumed half exits 0, got %d:\n%s", st, out);
   NBT_CHECK(strstr(out, "resumed at step 8") != NULL, "resume reported:\n%s", out);
@@ -164,6 +166,9 @@ int main(void) {
     printf("SKIP: NABLA_BIN does not name the nabla binary (got '%s')\n", bin ? bin : "");
     return nbt_finish();
   }
+  const char *dev = getenv("NABLA_TRAIN_DEVICE");
+  snprintf(TINY, sizeof TINY, "train --device %s --layers 1 --heads 2 --dim 32 --batch 32 "
+           "--quiet --no-svg ", dev && *dev ? dev : "cpu");
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/nabla-train-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {

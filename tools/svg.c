@@ -45,25 +45,36 @@ static svg_axes svg_fit(const float *loss, int64_t n, const float *ev, int n_eva
     all_pos = all_pos && v > 0;
   }
   if (!isfinite(lo)) lo = 0, hi = 1;
-  svg_axes a = {0, n > 1 ? (double)(n - 1) : 1, 0, 1, all_pos && hi / lo > 10};
+  svg_axes a = {0, n > 0 ? (double)n : 1, 0, 1, all_pos && hi / lo > 10};
   a.y0 = a.logy ? floor(log10(lo)) : lo;
   a.y1 = a.logy ? ceil(log10(hi)) : hi;
   if (a.y1 - a.y0 < 1e-12) a.y0 -= 0.5, a.y1 += 0.5;
   return a;
 }
 
-static void svg_grid(FILE *f, const svg_axes *a) {
-  fprintf(f, "<rect x='%g' y='%g' width='%g' height='%g' fill='none' stroke='#888'/>\n", SVG_L,
-          SVG_T, SVG_W - SVG_L - SVG_R, SVG_H - SVG_T - SVG_B);
-  for (int i = 0; i <= 5; i++) {
-    double y = a->y0 + (a->y1 - a->y0) * i / 5.0, v = a->logy ? pow(10, y) : y;
-    double py = svg_py(a, v), x = a->x0 + (a->x1 - a->x0) * i / 5.0, px = svg_px(a, x);
+/* Horizontal grid lines with labels: one per decade on a log axis (when
+ * that gives at most ten), else five even steps. */
+static void svg_grid_y(FILE *f, const svg_axes *a) {
+  int decades = (int)(a->y1 - a->y0), per_decade = a->logy && decades <= 10;
+  int n = per_decade ? decades : 5;
+  for (int i = 0; i <= n; i++) {
+    double y = a->y0 + (a->y1 - a->y0) * i / n, v = a->logy ? pow(10, y) : y;
+    double py = svg_py(a, v);
     fprintf(f, "<line x1='%g' y1='%.1f' x2='%g' y2='%.1f' stroke='#eee'/>\n", SVG_L, py,
             SVG_W - SVG_R, py);
     fprintf(f, "<text x='%g' y='%.1f' text-anchor='end' font-size='11'>%.3g</text>\n",
             SVG_L - 6, py + 4, v);
-    fprintf(f, "<text x='%.1f' y='%g' text-anchor='middle' font-size='11'>%.0f</text>\n", px,
-            SVG_H - SVG_B + 16, x);
+  }
+}
+
+static void svg_grid(FILE *f, const svg_axes *a) {
+  fprintf(f, "<rect x='%g' y='%g' width='%g' height='%g' fill='none' stroke='#888'/>\n", SVG_L,
+          SVG_T, SVG_W - SVG_L - SVG_R, SVG_H - SVG_T - SVG_B);
+  svg_grid_y(f, a);
+  for (int i = 0; i <= 5; i++) {
+    double x = a->x0 + (a->x1 - a->x0) * i / 5.0;
+    fprintf(f, "<text x='%.1f' y='%g' text-anchor='middle' font-size='11'>%.0f</text>\n",
+            svg_px(a, x), SVG_H - SVG_B + 16, x);
   }
   fprintf(f, "<text x='%g' y='%g' text-anchor='middle' font-size='12'>step</text>\n",
           (SVG_L + SVG_W - SVG_R) / 2, SVG_H - 12);
@@ -80,7 +91,7 @@ static void svg_line(FILE *f, const svg_axes *a, const float *v, int64_t n, doub
   for (int64_t i = 0; i < n; i++) {
     if (!svg_finite_pos(v[i]) && (a->logy || !isfinite(v[i]))) continue;
     ema = isnan(ema) ? v[i] : alpha * v[i] + (1 - alpha) * ema;
-    fprintf(f, "%.1f,%.1f ", svg_px(a, (double)i), svg_py(a, ema));
+    fprintf(f, "%.1f,%.1f ", svg_px(a, (double)(i + 1)), svg_py(a, ema)); /* after step i+1 */
   }
   fprintf(f, "'/>\n");
 }

@@ -175,7 +175,7 @@ void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
     DEFAULT(OPT_HEADS, heads, 4);
     DEFAULT(OPT_DIM, dim, on_gpu ? 256 : 64);
     DEFAULT(OPT_BATCH, batch, on_gpu ? 256 : 64);
-    DEFAULT(OPT_STEPS, steps, on_gpu ? 2000 : 1500);
+    DEFAULT(OPT_STEPS, steps, on_gpu ? 1000 : 1500);
     DEFAULT(OPT_LR, lr, on_gpu ? 1e-3 : 3e-3);
     DEFAULT(OPT_CONTEXT, context, 3 * o->digits + 2);
   } else {
@@ -183,7 +183,7 @@ void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
     DEFAULT(OPT_HEADS, heads, on_gpu ? 6 : 4);
     DEFAULT(OPT_DIM, dim, on_gpu ? 384 : 128);
     DEFAULT(OPT_BATCH, batch, on_gpu ? 64 : 16);
-    DEFAULT(OPT_STEPS, steps, on_gpu ? 3000 : 500);
+    DEFAULT(OPT_STEPS, steps, on_gpu ? 2000 : 500);
     DEFAULT(OPT_LR, lr, 1e-3);
     DEFAULT(OPT_CONTEXT, context, on_gpu ? 256 : 64);
   }
