@@ -390,52 +390,73 @@ static int nbg_direct(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc
  * 12 rows of A and 32 columns of B where they lie. Rows past M repeat the
  * last row (results discarded); columns past N are masked off, so nothing
  * outside the operands is read or written. */
-#define NBG_SMALL_TILE(name, MR)                                                             \
+#define NBG_SMALL_TILE(name, MR, NV)                                                         \
   static void name(int64_t kc, const float *a, int64_t lda, int64_t mr, const float *b,     \
                    int64_t ldb, int64_t nr, float *c, int64_t ldc) {                        \
-    __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);                         \
-    __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);   \
+    __mmask16 m[2];                                                                          \
+    m[0] = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);                                 \
+    m[1] = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);           \
     int64_t off[MR];                                                                         \
     for (int i = 0; i < MR; i++) off[i] = (i < mr ? i : mr - 1) * lda;                      \
-    __m512 r[MR][2];                                                                         \
-    NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < MR; i++) r[i][0] = r[i][1] = _mm512_setzero_ps(); \
+    __m512 r[MR][NV];                                                                        \
+    NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < MR; i++)                                  \
+    NBG_PRAGMA(GCC unroll 2) for (int v = 0; v < NV; v++) r[i][v] = _mm512_setzero_ps();   \
     for (int64_t k = 0; k < kc; k++, a++, b += ldb) {                                        \
-      __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);      \
+      __m512 bv[NV];                                                                         \
+      NBG_PRAGMA(GCC unroll 2) for (int v = 0; v < NV; v++)                                 \
+        bv[v] = _mm512_maskz_loadu_ps(m[v], b + 16 * v);                                     \
       NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < MR; i++) {                              \
         __m512 av = _mm512_set1_ps(a[off[i]]);                                               \
-        r[i][0] = _mm512_fmadd_ps(av, b0, r[i][0]);                                          \
-        r[i][1] = _mm512_fmadd_ps(av, b1, r[i][1]);                                          \
+        NBG_PRAGMA(GCC unroll 2) for (int v = 0; v < NV; v++)                               \
+          r[i][v] = _mm512_fmadd_ps(av, bv[v], r[i][v]);                                     \
       }                                                                                      \
     }                                                                                        \
     NBG_PRAGMA(GCC unroll 12) for (int i = 0; i < MR; i++) {                                \
       if (i >= mr) break;                                                                    \
-      _mm512_mask_storeu_ps(c + i * ldc, m0, r[i][0]);                                       \
-      _mm512_mask_storeu_ps(c + i * ldc + 16, m1, r[i][1]);                                  \
+      NBG_PRAGMA(GCC unroll 2) for (int v = 0; v < NV; v++)                                 \
+        _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m[v], r[i][v]);                          \
     }                                                                                        \
   }
-/* 12 rows, and narrower tiles for the last rows so no work is wasted. */
-NBG_SMALL_TILE(nbg_small_tile12, 12)
-NBG_SMALL_TILE(nbg_small_tile8, 8)
-NBG_SMALL_TILE(nbg_small_tile4, 4)
+/* 12 rows, and narrower tiles for the last rows so no work is wasted;
+ * 16-column tiles for outputs of at most 16 columns (attention's @ v). */
+NBG_SMALL_TILE(nbg_small_tile12, 12, 2)
+NBG_SMALL_TILE(nbg_small_tile8, 8, 2)
+NBG_SMALL_TILE(nbg_small_tile4, 4, 2)
+NBG_SMALL_TILE(nbg_small_tile12n, 12, 1)
+NBG_SMALL_TILE(nbg_small_tile8n, 8, 1)
+NBG_SMALL_TILE(nbg_small_tile4n, 4, 1)
 
+typedef void (*nbg_small_fn)(int64_t, const float *, int64_t, int64_t, const float *, int64_t,
+                             int64_t, float *, int64_t);
+
+/* B is read in place when its rows are unit-stride, else (a transposed k
+ * in q @ k^T) packed first into 32-column panels: K*N is small here. */
 static int nbg_small(const nbg_cfg *cf, const nbg_prob *p, char *c, int64_t ldc) {
-  const float *a = (const float *)p->a, *b = (const float *)p->b;
+  const float *a = (const float *)p->a, *b = (const float *)p->b, *bp = NULL;
   float *cf32 = (float *)c;
-  (void)cf;
-  for (int64_t i = 0; i < p->M; i += 12)
-    for (int64_t j = 0; j < p->N; j += 32)
-    {
-      int64_t mr = p->M - i < 12 ? p->M - i : 12, nr = p->N - j < 32 ? p->N - j : 32;
-      (mr > 8 ? nbg_small_tile12 : mr > 4 ? nbg_small_tile8 : nbg_small_tile4)(
-          p->K, a + i * p->sam, p->sam, mr, b + j, p->sbk, nr, cf32 + i * ldc + j, ldc);
+  if (p->sbn != 1) {
+    bp = nbg_buf(1, (size_t)((p->N + 31) / 32 * 32 * p->K) * 4);
+    if (!bp) return -1;
+    nbg_pack(cf, (char *)bp, p->b, p->dt, p->isz, p->N, 32, p->K, p->sbn, p->sbk);
+  }
+  for (int64_t j = 0; j < p->N; j += 32) {
+    int64_t nr = p->N - j < 32 ? p->N - j : 32;
+    const float *bj = bp ? bp + j * p->K : b + j;
+    int64_t ldb = bp ? 32 : p->sbk;
+    for (int64_t i = 0; i < p->M; i += 12) {
+      int64_t mr = p->M - i < 12 ? p->M - i : 12;
+      nbg_small_fn f = nr > 16 ? (mr > 8 ? nbg_small_tile12 : mr > 4 ? nbg_small_tile8 : nbg_small_tile4)
+                               : (mr > 8 ? nbg_small_tile12n : mr > 4 ? nbg_small_tile8n : nbg_small_tile4n);
+      f(p->K, a + i * p->sam, p->sam, mr, bj, ldb, nr, cf32 + i * ldc + j, ldc);
     }
+  }
   return 0;
 }
 
 /* Small enough that packing would cost a noticeable share of the time,
- * with B small enough to be read from L1/L2 in place. */
+ * with B small enough to stay in L1/L2; A is read in place. */
 static int nbg_use_small(const nbg_cfg *cf, const nbg_prob *p) {
-  return !cf->f64 && p->dt == NB_F32 && p->sak == 1 && p->sbn == 1 && p->K <= 256 &&
+  return !cf->f64 && cf->nr == 32 && p->dt == NB_F32 && p->sak == 1 && p->K <= 256 &&
          p->K * p->N <= 16384 && p->M <= 512;
 }
 #else
