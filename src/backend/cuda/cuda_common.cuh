@@ -141,12 +141,12 @@ __device__ __forceinline__ void nb_store_any(void *p, int dt, double v) {
   default: *(uint8_t *)p = v != 0; break;
   }
 }
-/* Integer to integer: exact, saturating to the target range. */
+/* Integer to integer: wraps (two's complement), as the CPU backend does. */
 __device__ __forceinline__ void nb_store_int(void *p, int dt, int64_t v) {
   switch (dt) {
   case NB_I64: *(int64_t *)p = v; break;
-  case NB_I32: *(int32_t *)p = (int32_t)(v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : v); break;
-  case NB_U8: *(uint8_t *)p = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); break;
+  case NB_I32: *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)v; break;
+  case NB_U8: *(uint8_t *)p = (uint8_t)(uint64_t)v; break;
   case NB_BOOL: *(uint8_t *)p = v != 0; break;
   default: nb_store_any(p, dt, (double)v); break;
   }

@@ -39,7 +39,7 @@ __device__ __forceinline__ void nb_row_offsets(const nb_iter &rows, int64_t r, i
 
 /* ---- softmax ----------------------------------------------------------- */
 template <typename T>
-__global__ void nb_softmax_fwd_kernel(T *y, const T *x, nb_iter rows, int64_t R, int64_t D,
+__global__ void __launch_bounds__(1024) nb_softmax_fwd_kernel(T *y, const T *x, nb_iter rows, int64_t R, int64_t D,
                                       int64_t sy, int64_t sx, int log_) {
   typedef typename nb_acc<T>::type A;
   __shared__ A smem[32];
@@ -88,7 +88,7 @@ __global__ void nb_softmax_fwd_kernel(T *y, const T *x, nb_iter rows, int64_t R,
 
 /* dx = y*(dy - sum(dy*y)), or dy - exp(y)*sum(dy) for log. */
 template <typename T>
-__global__ void nb_softmax_bwd_kernel(T *dx, const T *dy, const T *y, nb_iter rows, int64_t R,
+__global__ void __launch_bounds__(1024) nb_softmax_bwd_kernel(T *dx, const T *dy, const T *y, nb_iter rows, int64_t R,
                                       int64_t D, int64_t sdx, int64_t sdy, int64_t sy, int log_) {
   typedef typename nb_acc<T>::type A;
   __shared__ A smem[32];
@@ -212,7 +212,7 @@ __device__ __forceinline__ A nb_norm_out(const nb_norm_args &a, A xv, A mu, A rs
 }
 
 template <typename T>
-__global__ void nb_norm_fwd_kernel(T *y, const T *x, nb_norm_args a) {
+__global__ void __launch_bounds__(1024) nb_norm_fwd_kernel(T *y, const T *x, nb_norm_args a) {
   typedef typename nb_acc<T>::type A;
   __shared__ A smem[32];
   const int bd = blockDim.x, tid = threadIdx.x;
@@ -299,7 +299,7 @@ extern "C" nb_status nb_cuda_norm_fwd(const nb_kview *y, const nb_kview *mean,
 
 /* dx = rstd * (g - mean(g) - xhat * mean(g*xhat)), g = dy*w; rms drops mean(g). */
 template <typename T>
-__global__ void nb_norm_bwd_dx_kernel(T *dx, const T *dy, const T *x, nb_norm_args a) {
+__global__ void __launch_bounds__(1024) nb_norm_bwd_dx_kernel(T *dx, const T *dy, const T *x, nb_norm_args a) {
   typedef typename nb_acc<T>::type A;
   __shared__ A smem[32];
   const int bd = blockDim.x, tid = threadIdx.x;
@@ -440,7 +440,7 @@ __device__ __forceinline__ void nb_flag_raise(int64_t *flag, int64_t value) {
 
 /* loss = lse - (1-eps) x[t] - eps/C sum(x); ignored rows give 0. */
 template <typename T>
-__global__ void nb_xent_fwd_kernel(nb_xent_args a, const T *logits, char *loss, int ldt,
+__global__ void __launch_bounds__(1024) nb_xent_fwd_kernel(nb_xent_args a, const T *logits, char *loss, int ldt,
                                    int64_t s_loss, char *lse, int lsdt, int64_t s_lse) {
   typedef typename nb_acc<T>::type A;
   __shared__ A smem[32];
@@ -472,7 +472,7 @@ __global__ void nb_xent_fwd_kernel(nb_xent_args a, const T *logits, char *loss, 
 
 /* dlogits = dloss * (softmax - (1-eps) onehot - eps/C); ignored rows 0. */
 template <typename T>
-__global__ void nb_xent_bwd_kernel(nb_xent_args a, T *dlog, int64_t sd_row, int64_t sd_col,
+__global__ void __launch_bounds__(1024) nb_xent_bwd_kernel(nb_xent_args a, T *dlog, int64_t sd_row, int64_t sd_col,
                                    const T *logits, const char *dloss, int dldt, int64_t s_dloss,
                                    const char *lse, int lsdt, int64_t s_lse) {
   typedef typename nb_acc<T>::type A;
