@@ -4,8 +4,8 @@
  * Covered: shapes with 1s, primes and tails of every blocking level (MR,
  * NR, KC, NC), transposed and strided a, b and out (never copied), batch
  * axes with stride-0 broadcast, every float dtype, K == 0, empty outputs,
- * the batched small products of attention, and the row/column splits of
- * the OpenMP path.
+ * the batched small products of attention, the row/column splits of the
+ * OpenMP path, and bit-identical results on 1 and on all threads.
  *
  * Tolerance: |out - ref| <= rtol * sum_k |a_ik * b_kj| + atol per element,
  * so cancellation in ref does not matter. rtol: f64 1e-12 (f64 accumulate),
@@ -17,6 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "backend/cpu/cpu_gemm.h"
 
@@ -222,6 +225,34 @@ static void test_large(void) {
   run_case(NB_F16, 0, NULL, 200, 600, 500, L_TRANS, L_CONTIG, L_CONTIG, 0, 0);
 }
 
+/* The same product on 1 and on all threads (whose split of each matrix
+ * differs) gives the same bits. */
+static void test_thread_invariance(void) {
+#ifdef _OPENMP
+  static const int64_t sh[][4] = {{1, 600, 40, 30}, {5, 97, 45, 20}, {1, 300, 530, 700},
+                                  {3, 7, 200, 20}, {1, 40, 600, 100}};
+  int nthr = omp_get_max_threads();
+  for (int d = 0; d < 4; d++)
+    for (int s = 0; s < 5; s++) {
+      int64_t an, bn, on, batch[1] = {sh[s][0]};
+      nb_kview a = mkview(1, batch, sh[s][1], sh[s][3], s % 2 ? L_TRANS : L_CONTIG, 0, dts[d], 1, &an);
+      nb_kview b = mkview(1, batch, sh[s][3], sh[s][2], s % 3 ? L_CONTIG : L_TRANS, 0, dts[d], 1, &bn);
+      nb_kview o1 = mkview(1, batch, sh[s][1], sh[s][2], L_CONTIG, 0, dts[d], 0, &on);
+      nb_kview o2 = mkview(1, batch, sh[s][1], sh[s][2], L_CONTIG, 0, dts[d], 0, &on);
+      omp_set_num_threads(1);
+      nb_status s1 = nb_cpu_matmul(&o1, &a, &b);
+      omp_set_num_threads(nthr);
+      nb_status s2 = nb_cpu_matmul(&o2, &a, &b);
+      CHECK(s1 == NB_OK && s2 == NB_OK &&
+                !memcmp(o1.data, o2.data, (size_t)on * nb_dtype_size(dts[d])),
+            "%s batch %lld M=%lld N=%lld K=%lld: 1 and %d threads give different bits",
+            nb_dtype_name(dts[d]), (long long)sh[s][0], (long long)sh[s][1],
+            (long long)sh[s][2], (long long)sh[s][3], nthr);
+      free(a.data); free(b.data); free(o1.data); free(o2.data);
+    }
+#endif
+}
+
 /* K == 0 writes zeros; empty outputs write nothing; bad dtypes are errors. */
 static void test_edges(void) {
   for (int d = 0; d < 4; d++) {
@@ -253,6 +284,7 @@ int main(void) {
   test_random();
   test_batch();
   test_large();
+  test_thread_invariance();
   test_edges();
   printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail != 0;

@@ -16,6 +16,7 @@
  * workspace that is rounded once into out at the end. Small or skinny
  * products skip packing (the direct path), and OpenMP splits the work into
  * tasks over batch entries, or row/column blocks of one matrix. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -473,13 +474,20 @@ static int nbg_use_direct(const nbg_cfg *cf, const nbg_prob *p) {
 /* One product into out: straight into out when it already is an
  * accumulator-typed, unit-column-stride matrix, else through a workspace
  * rounded once into out's dtype. */
-static int nbg_solve(const nbg_cfg *cf, const nbg_prob *p) {
+typedef int (*nbg_path_fn)(const nbg_cfg *, const nbg_prob *, char *, int64_t);
+
+/* The path is chosen once per matrix, never per block of a split matrix:
+ * every path sums over k in the same order whatever the split, so results
+ * do not depend on the number of threads. */
+static nbg_path_fn nbg_path_for(const nbg_cfg *cf, const nbg_prob *p) {
+  return nbg_use_direct(cf, p) ? nbg_direct : nbg_use_small(cf, p) ? nbg_small : nbg_packed;
+}
+
+static int nbg_solve(const nbg_cfg *cf, nbg_path_fn path, const nbg_prob *p) {
   int direct_out = p->isz == cf->esz && p->scn == 1;
   char *c = direct_out ? p->c : nbg_buf(2, (size_t)(p->M * p->N) * cf->esz);
   int64_t ldc = direct_out ? p->scm : p->N;
   if (!c) return -1;
-  int (*path)(const nbg_cfg *, const nbg_prob *, char *, int64_t) =
-      nbg_use_direct(cf, p) ? nbg_direct : nbg_use_small(cf, p) ? nbg_small : nbg_packed;
   if (path(cf, p, c, ldc)) return -1;
   if (direct_out) return 0;
   for (int64_t i = 0; i < p->M; i++)
@@ -499,6 +507,7 @@ typedef struct {
   const int64_t *shape;           /* out's batch shape */
   const int64_t *sa, *sb, *sc;    /* batch strides */
   int64_t mt, nt, mchunk, nchunk; /* row/column split of each matrix */
+  nbg_path_fn path;               /* chosen for the whole matrix */
 } nbg_job;
 
 /* Task t: batch entry t / (mt*nt), then its row and column block. */
@@ -518,7 +527,7 @@ static int nbg_task(const nbg_cfg *cf, const nbg_job *jb, int64_t t) {
   p.a += (size_t)(oa + m0 * p.sam) * p.isz;
   p.b += (size_t)(ob + n0 * p.sbn) * p.isz;
   p.c += (size_t)(oc + m0 * p.scm + n0 * p.scn) * p.isz;
-  return nbg_solve(cf, &p);
+  return nbg_solve(cf, jb->path, &p);
 }
 
 /* Splits each matrix so that there are at least nthr balanced tasks: whole
@@ -589,6 +598,35 @@ static void nbg_orient(nbg_job *jb) {
   jb->sb = s;
 }
 
+/* Contention backoff. On a shared machine another process may hold a CPU
+ * that an OpenMP worker needs; the call then ends only when that worker is
+ * scheduled (with spinning waiters, often a scheduler tick: milliseconds
+ * for a call of microseconds). A call that waited over 1 ms, and over a
+ * quarter of its time, for a late thread makes the next 250 ms of calls
+ * run on one thread; then threads are tried again. Results do not change
+ * (see nbg_path_for), only the speed. */
+static _Atomic int64_t nbg_serial_until_us;
+
+static int64_t nbg_now_us(void) { return (int64_t)(omp_get_wtime() * 1e6); }
+
+/* Runs the tasks on nthr threads; returns nonzero if one failed. */
+static int nbg_run(const nbg_cfg *cf, const nbg_job *jb, int64_t ntask, int nthr) {
+  int failed = 0;
+  double busy = 0, t0 = omp_get_wtime();
+#pragma omp parallel num_threads(nthr) if (nthr > 1 && ntask > 1) reduction(| : failed) \
+    reduction(max : busy)
+  {
+    double b0 = omp_get_wtime();
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t t = 0; t < ntask; t++) failed |= nbg_task(cf, jb, t) != 0;
+    busy = omp_get_wtime() - b0;
+  }
+  double wall = omp_get_wtime() - t0, late = wall - busy;
+  if (nthr > 1 && ntask > 1 && late > 1e-3 && late > 0.25 * wall)
+    nbg_serial_until_us = nbg_now_us() + 250000;
+  return failed;
+}
+
 nb_status nb_cpu_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *b) {
   nb_status st = nbg_check(out, a, b);
   if (st) return st;
@@ -608,13 +646,10 @@ nb_status nb_cpu_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *
   nbg_cfg cf = nbg_cfg_for(out->dtype == NB_F64);
   double flops = 2.0 * (double)nbatch * (double)jb.m.M * (double)jb.m.N * (double)jb.m.K;
   int nthr = flops < 3e5 ? 1 : omp_get_max_threads();
+  if (nthr > 1 && nbg_now_us() < nbg_serial_until_us) nthr = 1;
+  jb.path = nbg_path_for(&cf, &jb.m);
   nbg_split(&cf, &jb, nbatch, nthr);
-  int64_t ntask = nbatch * jb.mt * jb.nt;
-  int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1 && ntask > 1) \
-    reduction(| : failed)
-  for (int64_t t = 0; t < ntask; t++) failed |= nbg_task(&cf, &jb, t) != 0;
-  if (failed)
+  if (nbg_run(&cf, &jb, nbatch * jb.mt * jb.nt, nthr))
     return nb_error_set(NB_ERR_OOM, "matmul (cpu): out of memory for packing buffers "
                         "(M=%lld, N=%lld, K=%lld, %s)", (long long)jb.m.M, (long long)jb.m.N,
                         (long long)jb.m.K, nb_dtype_name(out->dtype));
