@@ -605,6 +605,9 @@ static void nbg_orient(nbg_job *jb) {
  * quarter of its time, for a late thread makes the next 250 ms of calls
  * run on one thread; then threads are tried again. Results do not change
  * (see nbg_path_for), only the speed. */
+#ifndef NBG_BACKOFF_US /* -DNBG_BACKOFF_US=0 turns it off, for measurements */
+#define NBG_BACKOFF_US 250000
+#endif
 static _Atomic int64_t nbg_serial_until_us;
 
 static int64_t nbg_now_us(void) { return (int64_t)(omp_get_wtime() * 1e6); }
@@ -623,7 +626,7 @@ static int nbg_run(const nbg_cfg *cf, const nbg_job *jb, int64_t ntask, int nthr
   }
   double wall = omp_get_wtime() - t0, late = wall - busy;
   if (nthr > 1 && ntask > 1 && late > 1e-3 && late > 0.25 * wall)
-    nbg_serial_until_us = nbg_now_us() + 250000;
+    nbg_serial_until_us = nbg_now_us() + NBG_BACKOFF_US;
   return failed;
 }
 
