@@ -13,9 +13,13 @@
  * C is accumulated in the accumulator type (f32, or f64 for f64). When out
  * is of that type with unit column stride, tiles go straight into out;
  * otherwise (f16/bf16, or a strided out) they go into a per-thread f32
- * workspace that is rounded once into out at the end. Small or skinny
- * products skip packing (the direct path), and OpenMP splits the work into
- * tasks over batch entries, or row/column blocks of one matrix. */
+ * workspace that is rounded once into out at the end. Tiny or skinny
+ * products skip packing (the direct path); small f32 products whose A rows
+ * are unit-stride read A in place (the small path, AVX-512: the batched
+ * matmuls of attention). OpenMP splits the work into tasks over batch
+ * entries, or row/column blocks of one matrix; the result does not depend
+ * on the split, and a call that stalled on a descheduled thread makes the
+ * next ones run on one thread for a while (nbg_run). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
