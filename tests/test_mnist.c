@@ -45,7 +45,7 @@ static void write_idx(const char *name, uint32_t magic, int ndim, const uint32_t
   if (!f) return;
   put_be32(f, magic);
   for (int i = 0; i < ndim; i++) put_be32(f, dims[i]);
-  fwrite(data, 1, n_data, f);
+  if (n_data) fwrite(data, 1, n_data, f); /* data may be NULL for an empty file body */
   fclose(f);
 }
 
