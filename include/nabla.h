@@ -360,7 +360,8 @@ nb_status nb_optim_step(nb_optim *o);       /* skips params without a gradient *
 void nb_optim_set_lr(nb_optim *o, double lr);
 double nb_optim_lr(const nb_optim *o);
 int64_t nb_optim_steps(const nb_optim *o);
-/* The optimizer's state as named tensors ("m.<param>", "v.<param>", ...),
+/* The optimizer's state as named tensors ("adamw.m.<param>", "adamw.v.<param>",
+ * "sgd.momentum.<param>"),
  * borrowed, for checkpoints; nb_optim_set_steps restores the step count. */
 int nb_optim_state_count(const nb_optim *o);
 nb_tensor *nb_optim_state_get(const nb_optim *o, int i, const char **name);
