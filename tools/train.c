@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "tool.h"
 #include "train.h"
@@ -291,6 +294,23 @@ static int train_build(trainer *tr) {
   return 0;
 }
 
+/* Threads for a CPU run. Below about a million parameters every op is
+ * small, and fork/join costs of the kernels' parallel regions outweigh
+ * their work (measured: 1 thread ran the default run 1.7x faster than 2 on
+ * an idle 2-core machine, 7x under load), so small models use one thread
+ * unless OMP_NUM_THREADS says otherwise. Returns the count in use. */
+static int train_pick_threads(const trainer *tr) {
+#ifdef _OPENMP
+  const char *env = getenv("OMP_NUM_THREADS");
+  if (tr->device.type == NB_CPU && (!env || !*env) && nb_params_numel(tr->model->all) < 1000000)
+    omp_set_num_threads(1);
+  return omp_get_max_threads();
+#else
+  (void)tr;
+  return 1;
+#endif
+}
+
 static int train_setup(trainer *tr) {
   int rc = train_pick_device(tr);
   if (!rc && tr->o.resume) rc = train_ckpt_open(tr);
@@ -309,8 +329,11 @@ static int train_setup(trainer *tr) {
 
 static void train_describe(const trainer *tr) {
   const train_opts *o = &tr->o;
-  char dev[32];
+  char dev[48];
   snprintf(dev, sizeof dev, tr->device.type == NB_CUDA ? "cuda:%d" : "cpu", tr->device.index);
+  int threads = train_pick_threads(tr);
+  if (tr->device.type == NB_CPU)
+    snprintf(dev, sizeof dev, "cpu (%d thread%s)", threads, threads > 1 ? "s" : "");
   if (tr->is_text)
     printf("task: character-level text, %s (%lld bytes, %d distinct)\n", o->data,
            (long long)tr->text.n, tr->text.vocab);
