@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "backend/backend.h" /* section "fast paths": adamw_multi */
+#include "core/core.h"
 
 static nb_device G;
 static int quick;
@@ -329,6 +331,7 @@ static nb_tensor *f_xent(nb_tensor *const *x, void *c) {
   return nb_cross_entropy(x[0], x[1], NB_REDUCE_MEAN, 3, *(double *)c);
 }
 static nb_tensor *f_embedding(nb_tensor *const *x, void *c) { return nb_embedding(x[0], x[1]); }
+static nb_tensor *f_gelu_tanh_fast(nb_tensor *const *x, void *c) { (void)c; return nb_gelu_tanh(x[0]); }
 static nb_tensor *f_index_select(nb_tensor *const *x, void *c) { return nb_index_select(x[0], 1, x[1]); }
 static nb_tensor *f_gather(nb_tensor *const *x, void *c) { return nb_gather(x[0], 1, x[1]); }
 static nb_tensor *f_scatter_add(nb_tensor *const *x, void *c) { return nb_scatter_add(x[0], 1, x[1], x[2]); }
@@ -393,6 +396,108 @@ static void test_nn(void) {
     grad_cmp("tanh-linear-gelu", f_mlp, NULL, 3, min_, dt, 8.0);
     nb_scope_end();
   }
+}
+
+/* ---- row kernels: softmax / norm fast paths (cuda_nn.cu) -----------------------
+ * Sizes on each side of the register plans: D = 1, 7 and 769 take single-
+ * element packs, 768 and 4096 16-byte packs (warp and multi-warp rows),
+ * 50304 a 1024-thread row, 70000 the generic kernels. Non-contiguous and
+ * misaligned inputs must fall back and give the same values. */
+static nb_tensor *f_ln_plain(nb_tensor *const *x, void *c) { return nb_layer_norm(x[0], 1, NULL, NULL, 1e-5); }
+static nb_tensor *f_rms_plain(nb_tensor *const *x, void *c) { return nb_rms_norm(x[0], 1, NULL, 1e-6); }
+
+/* x's values as a (R, D) view whose data starts one element into its
+ * storage (contiguous rows, not 16-byte aligned), built with differentiable
+ * ops on x's own device. */
+static nb_tensor *rows_misaligned(nb_tensor *x) {
+  int64_t one = 1, R = nb_size(x, 0), D = nb_size(x, 1), n = R * D;
+  nb_tensor *parts[2] = {nb_zeros(1, &one, nb_dtype_of(x), nb_device_of(x)), nb_reshape(x, 1, &n)};
+  nb_tensor *flat = nb_cat(2, parts, 0);
+  return nb_view(nb_slice(flat, 0, 1, n + 1, 1), 2, (int64_t[]){R, D});
+}
+static nb_tensor *f_softmax_mis(nb_tensor *const *x, void *c) { return nb_softmax(rows_misaligned(x[0]), -1); }
+static nb_tensor *f_ln_mis(nb_tensor *const *x, void *c) {
+  return nb_layer_norm(rows_misaligned(x[0]), 1, x[1], x[2], 1e-5);
+}
+static nb_tensor *f_rms_mis(nb_tensor *const *x, void *c) { return nb_rms_norm(rows_misaligned(x[0]), 1, x[1], 1e-6); }
+
+static void rows_case(nb_dtype dt, int64_t R, int64_t D, uint64_t seed) {
+  char name[96];
+  double sc = 4.0 + D / 500.0;
+  int ax = -1;
+  nb_tensor *x = randn(seed, 2, (int64_t[]){R, D}, dt);
+  nb_tensor *w = nb_add_scalar(randn(seed + 1, 1, &D, dt), 1.0), *b = randn(seed + 2, 1, &D, dt);
+  nb_tensor *in[3] = {x, w, b};
+  snprintf(name, sizeof name, "rows softmax R=%lld D=%lld", (long long)R, (long long)D);
+  grad_cmp(name, f_softmax, &ax, 1, &x, dt, 2.0);
+  snprintf(name, sizeof name, "rows log_softmax R=%lld D=%lld", (long long)R, (long long)D);
+  grad_cmp(name, f_log_softmax, &ax, 1, &x, dt, 2.0);
+  snprintf(name, sizeof name, "rows layer_norm affine D=%lld", (long long)D);
+  grad_cmp(name, f_layer_norm, NULL, 3, in, dt, sc);
+  snprintf(name, sizeof name, "rows layer_norm plain D=%lld", (long long)D);
+  grad_cmp(name, f_ln_plain, NULL, 1, &x, dt, sc);
+  snprintf(name, sizeof name, "rows rms_norm weight D=%lld", (long long)D);
+  grad_cmp(name, f_rms_norm, NULL, 2, in, dt, sc);
+  snprintf(name, sizeof name, "rows rms_norm plain D=%lld", (long long)D);
+  grad_cmp(name, f_rms_plain, NULL, 1, &x, dt, sc);
+}
+
+static void test_rows_fast(void) {
+  const int64_t Ds[] = {1, 7, 768, 769, 4096, 50304, 70000};
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++)
+    for (int k = 0; k < 7; k++) {
+      if (quick && Ds[k] > 5000) continue;
+      nb_scope_begin();
+      int64_t R = Ds[k] > 5000 ? 3 : (Ds[k] > 100 ? 37 : 131);
+      rows_case(FLOATS[d], R, Ds[k], 200 + 10 * (uint64_t)k);
+      nb_scope_end();
+    }
+  for (int k = 0; k < 5; k++) { /* f64 computes in f64 */
+    nb_scope_begin();
+    rows_case(NB_F64, 9, (const int64_t[]){1, 7, 768, 769, 4096}[k], 300 + (uint64_t)k);
+    nb_scope_end();
+  }
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
+    nb_dtype dt = FLOATS[d];
+    nb_scope_begin();
+    int ax = -1;
+    int64_t R = 21, D = 768;
+    /* rows strided (every other row of a wider tensor), transposed, and misaligned */
+    nb_tensor *wide = randn(400, 2, (int64_t[]){R, 2 * D}, dt);
+    nb_tensor *xs = nb_slice(wide, 1, 0, D, 1);
+    grad_cmp("rows softmax row-strided", f_softmax, &ax, 1, &xs, dt, 2.0);
+    nb_tensor *xt = nb_transpose(randn(401, 2, (int64_t[]){D, R}, dt), 0, 1);
+    grad_cmp("rows softmax transposed", f_softmax, &ax, 1, &xt, dt, 2.0);
+    grad_cmp("rows log_softmax transposed", f_log_softmax, &ax, 1, &xt, dt, 2.0);
+    nb_tensor *xm = randn(402, 2, (int64_t[]){R, D}, dt);
+    grad_cmp("rows softmax misaligned", f_softmax_mis, NULL, 1, &xm, dt, 2.0);
+    nb_tensor *wm = nb_add_scalar(randn(403, 1, &D, dt), 1.0), *bm = randn(404, 1, &D, dt);
+    nb_tensor *in[3] = {xm, wm, bm};
+    grad_cmp("rows layer_norm misaligned", f_ln_mis, NULL, 3, in, dt, 6.0);
+    grad_cmp("rows rms_norm misaligned", f_rms_mis, NULL, 2, in, dt, 6.0);
+    nb_tensor *in2[3] = {xt, wm, bm};
+    grad_cmp("rows layer_norm transposed", f_layer_norm, NULL, 3, in2, dt, 6.0);
+    nb_scope_end();
+  }
+  /* the fused norm backward's dw/db repeat bit for bit (fixed block order) */
+  nb_scope_begin();
+  int64_t R = 1000, D = 768;
+  nb_tensor *x = gpu(randn(410, 2, (int64_t[]){R, D}, NB_BF16));
+  nb_tensor *w = gpu(nb_add_scalar(randn(411, 1, &D, NB_BF16), 1.0)), *b = gpu(randn(412, 1, &D, NB_BF16));
+  nb_tensor *gy = gpu(randn(413, 2, (int64_t[]){R, D}, NB_BF16));
+  nb_tensor *gr[2][3];
+  for (int rep = 0; rep < 2; rep++) {
+    nb_tensor *in[3] = {nb_detach(x), nb_detach(w), nb_detach(b)};
+    for (int i = 0; i < 3; i++) nb_set_requires_grad(in[i], 1);
+    nb_tensor *y = nb_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    nb_tensor *loss = nb_sum(nb_mul(y, gy), 0, NULL, 0);
+    NBT_CHECK(loss && nb_backward(loss, NULL) == NB_OK, "rows layer_norm backward (%s)", nb_last_error());
+    for (int i = 0; i < 3; i++) gr[rep][i] = nb_grad(in[i]);
+  }
+  cmp_bits("rows layer_norm dx repeats", gr[0][0], gr[1][0]);
+  cmp_bits("rows layer_norm dw repeats", gr[0][1], gr[1][1]);
+  cmp_bits("rows layer_norm db repeats", gr[0][2], gr[1][2]);
+  nb_scope_end();
 }
 
 static void test_index(void) {
@@ -515,6 +620,92 @@ static void test_optim(void) {
     }
 }
 
+/* ---- fast paths: elementwise vectors, multi-tensor AdamW, embedding rows ------
+ * (bench/results/h100-2026-11-22-elementwise-adamw-embedding.md) */
+static void fast_same(const char *name, const nb_tensor *a, const nb_tensor *b) {
+  cmp_bits(name, a, b);
+}
+
+static void test_fast_paths(void) {
+  nb_scope_begin();
+  /* GELU (tanh form) and its derivative over [-30, 30], tails included, on a
+   * size with a partial last vector group and a scalar tail */
+  int64_t n = 100003;
+  nb_tensor *x = nb_mul_scalar(nb_add_scalar(nb_div_scalar(nb_arange(0, (double)n, 1, NB_F32, NB_DEVICE_CPU),
+                                                           (double)n), -0.5), 60.0);
+  nb_tensor *xs[1] = {x};
+  cmp("gelu_tanh [-30, 30]", NB_F32, nb_gelu_tanh(x), nb_gelu_tanh(gpu(x)), 1.0);
+  grad_cmp("gelu_tanh grad [-30, 30]", f_gelu_tanh_fast, NULL, 1, xs, NB_F32, 1.0);
+  nb_tensor *y = randn(700, 1, &n, NB_F32);
+  cmp("add (vector path, odd size)", NB_F32, nb_add(x, y), nb_add(gpu(x), gpu(y)), 1.0);
+  cmp("add (unaligned views)", NB_F32, nb_add(nb_narrow(x, 0, 1, n - 2), nb_narrow(y, 0, 1, n - 2)),
+      nb_add(nb_narrow(gpu(x), 0, 1, n - 2), nb_narrow(gpu(y), 0, 1, n - 2)), 1.0);
+  nb_scope_end();
+
+  /* adamw_multi == adamw_step per tensor, bit for bit, on the device: f32
+   * (vector path, odd sizes, an unaligned view), bf16, f16 and f64 params */
+  nb_scope_begin();
+  const nb_backend *be = nb_backend_for(G);
+  enum { N = 7 };
+  const int64_t sizes[N] = {7, 1, 40961, 3000, 333, 8193, 65};
+  const nb_dtype dts[N] = {NB_F32, NB_F32, NB_F32, NB_F32, NB_BF16, NB_F16, NB_F64};
+  nb_tensor *t[2][4][N];
+  nb_kview kv[2][4][N];
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < 4; k++) {
+      nb_dtype dt = k < 2 ? dts[i] : NB_F32;
+      int64_t sz = sizes[i] + 1;
+      nb_tensor *r = randn(710 + 4 * (uint64_t)i + (uint64_t)k, 1, &sz, dt);
+      if (k == 3) r = nb_square(r);
+      for (int c = 0; c < 2; c++) {
+        t[c][k][i] = gpu(r); /* tensor 3: views at element 1, not 16-byte aligned */
+        t[c][k][i] = i == 3 ? nb_narrow(t[c][k][i], 0, 1, sizes[i]) : nb_narrow(t[c][k][i], 0, 0, sizes[i]);
+        nb_kview_of(t[c][k][i], &kv[c][k][i]);
+      }
+    }
+  for (int step = 1; step <= 3; step++) {
+    for (int i = 0; i < N; i++)
+      NBT_CHECK(!be->adamw_step(&kv[0][0][i], &kv[0][1][i], &kv[0][2][i], &kv[0][3][i], 3e-3, 0.9,
+                                0.95, 1e-8, 0.1, step), "adamw_step (%s)", nb_last_error());
+    NBT_CHECK(!be->adamw_multi(N, kv[1][0], kv[1][1], kv[1][2], kv[1][3], 3e-3, 0.9, 0.95, 1e-8, 0.1,
+                               step), "adamw_multi (%s)", nb_last_error());
+  }
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < 4; k++)
+      if (k != 1) {
+        char name[96];
+        snprintf(name, sizeof name, "adamw_multi tensor %d (%s, %lld) operand %d equals adamw_step",
+                 i, nb_dtype_name(dts[i]), (long long)sizes[i], k);
+        fast_same(name, nb_contiguous(t[0][k][i]), nb_contiguous(t[1][k][i]));
+      }
+  nb_scope_end();
+
+  /* embedding rows: 16-byte rows (D = 64, 768) and rows of odd length, every
+   * index repeated; forward bits, and deterministic gradients equal the
+   * CPU's bit for bit in f32 */
+  nb_set_deterministic(1);
+  const int64_t Ds[3] = {64, 768, 37};
+  for (int d = 0; d < 3; d++) {
+    nb_scope_begin();
+    int64_t V = 300, J = quick ? 500 : 4099, D = Ds[d];
+    nb_rng rng = nb_rng_new(21 + (uint64_t)d);
+    nb_tensor *idx = nb_randint(&rng, 1, &J, 0, V, NB_I64, NB_DEVICE_CPU);
+    nb_tensor *w = randn(730 + (uint64_t)d, 2, (int64_t[]){V, D}, NB_F32);
+    nb_tensor *src = randn(740 + (uint64_t)d, 2, (int64_t[]){J, D}, NB_F32);
+    char name[96];
+    snprintf(name, sizeof name, "embedding rows forward D=%lld", (long long)D);
+    fast_same(name, nb_embedding(w, idx), nb_embedding(gpu(w), gpu(idx)));
+    nb_tensor *wc = nb_clone(w), *wg = gpu(w);
+    nb_set_requires_grad(wc, 1);
+    nb_set_requires_grad(wg, 1);
+    nb_backward(nb_embedding(wc, idx), src);
+    nb_backward(nb_embedding(wg, gpu(idx)), gpu(src));
+    snprintf(name, sizeof name, "embedding rows deterministic grad D=%lld equals cpu", (long long)D);
+    fast_same(name, nb_grad(wc), nb_grad(wg));
+    nb_scope_end();
+  }
+}
+
 /* ---- errors and memory ------------------------------------------------------------ */
 static void test_errors_memory(void) {
   nb_scope_begin();
@@ -566,6 +757,102 @@ static void test_errors_memory(void) {
   NBT_CHECK(nb_device_synchronize(G) == NB_OK, "synchronize (%s)", nb_last_error());
 }
 
+
+/* ---- cross-entropy: fused forward+backward (cuda_xent.cu) ---------------------
+ * The training path writes dlogits in the forward; backward returns them as
+ * is for the engine's all-ones seed and scales them otherwise. Class counts
+ * reach every kernel variant (general, register-cached vectors with 1/2/4/8
+ * vectors per thread, streaming vectors); ignored rows, smoothing, strided
+ * logits, (N, C, d) logits, each reduction, upstream gradient 1 and not 1. */
+static const char *const XRED[] = {"mean", "sum", "none"};
+
+/* One run on device dv; *grad receives the logits' gradient. */
+static nb_tensor *xent_run(int dv, const nb_tensor *logits, const nb_tensor *tg, nb_reduction red,
+                           double sm, int scaled, nb_tensor **grad) {
+  nb_tensor *x = nb_detach(dv ? gpu(logits) : nb_clone(logits));
+  nb_tensor *t = dv ? gpu(tg) : nb_clone(tg);
+  nb_set_requires_grad(x, 1);
+  nb_tensor *y = nb_cross_entropy(x, t, red, -100, sm);
+  *grad = NULL;
+  if (!y) return NULL;
+  nb_status st;
+  if (red == NB_REDUCE_NONE) {
+    nb_tensor *w = scaled ? randn(77, nb_ndim(y), nb_shape(y), nb_dtype_of(y)) : NULL;
+    st = nb_backward(y, scaled ? (dv ? gpu(w) : w) : nb_ones_like(y));
+  } else {
+    st = nb_backward(scaled ? nb_mul_scalar(y, 3.0) : y, NULL);
+  }
+  if (st) return NULL;
+  *grad = nb_grad(x);
+  return y;
+}
+
+static void xent_case(const char *what, const nb_tensor *logits, const nb_tensor *tg, nb_dtype dt,
+                      nb_reduction red, double sm, int scaled) {
+  nb_scope_begin();
+  nb_tensor *g0, *g1;
+  nb_tensor *y0 = xent_run(0, logits, tg, red, sm, scaled, &g0);
+  nb_tensor *y1 = xent_run(1, logits, tg, red, sm, scaled, &g1);
+  char nm[160];
+  snprintf(nm, sizeof nm, "xent fused %s %s sm=%g %s loss", what, XRED[red == NB_REDUCE_MEAN ? 0 : red == NB_REDUCE_SUM ? 1 : 2],
+           sm, scaled ? "scaled" : "seed");
+  cmp(nm, dt, y0, y1, 4.0);
+  snprintf(nm + strlen(nm) - 4, 8, "grad");
+  cmp(nm, dt, g0, g1, 4.0);
+  nb_scope_end();
+}
+
+static void test_xent_fused(void) {
+  const int64_t Cs[] = {1, 7, 64, 1001, 4096, 16384, 50304, 70000};
+  const nb_dtype dts[] = {NB_BF16, NB_F32, NB_F16};
+  const nb_reduction reds[] = {NB_REDUCE_MEAN, NB_REDUCE_SUM, NB_REDUCE_NONE};
+  for (size_t d = 0; d < 3; d++)
+    for (size_t k = 0; k < sizeof Cs / sizeof *Cs; k++) {
+      int64_t C = Cs[k], N = C >= 16384 ? (quick ? 3 : 5) : (quick ? 5 : 33);
+      if (d == 2 && C != 1001 && C != 50304) continue; /* f16: a general and a vector case */
+      nb_scope_begin();
+      nb_dtype dt = dts[d];
+      nb_rng rng = nb_rng_new(11 + k);
+      nb_tensor *tg = nb_randint(&rng, 1, &N, 0, C, NB_I64, NB_DEVICE_CPU);
+      nb_fill_(nb_slice(tg, 0, 1, N, 3), -100); /* every third row ignored */
+      char what[64];
+      for (int lay = 0; lay < 3; lay++) {
+        if (lay && C > 4096 && d) continue;
+        nb_tensor *x = layout(300 + k, N, C, dt, lay);
+        for (int r = 0; r < 3; r++)
+          for (int sc = 0; sc < 2; sc++) {
+            double sm = (r + sc + lay) % 2 ? 0.1 : 0.0;
+            snprintf(what, sizeof what, "C=%lld %s", (long long)C, LAYOUT[lay]);
+            xent_case(what, x, tg, dt, reds[r], sm, sc);
+          }
+      }
+      nb_scope_end();
+    }
+  /* (N, C, d) logits: rows gathered through a permuted view */
+  nb_scope_begin();
+  nb_tensor *x3 = randn(320, 3, (int64_t[]){3, 7, 5}, NB_BF16);
+  nb_rng rng = nb_rng_new(5);
+  nb_tensor *t3 = nb_randint(&rng, 2, (int64_t[]){3, 5}, 0, 7, NB_I64, NB_DEVICE_CPU);
+  nb_fill_(nb_slice(t3, 1, 0, 2, 1), -100);
+  for (int r = 0; r < 3; r++) xent_case("(3,7,5)", x3, t3, NB_BF16, reds[r], 0.05, r == 1);
+  /* every row ignored: mean is NaN on both devices, the gradient zero */
+  nb_tensor *xa = randn(321, 2, (int64_t[]){4, 50304}, NB_BF16);
+  nb_tensor *ta = nb_full(1, (int64_t[]){4}, -100, NB_I64, NB_DEVICE_CPU);
+  nb_tensor *ga;
+  nb_tensor *ya = xent_run(1, xa, ta, NB_REDUCE_MEAN, 0.0, 0, &ga);
+  NBT_CHECK(ya && isnan(nb_item(ya)), "xent fused all ignored: mean is NaN");
+  NBT_CHECK(ga && nb_item(nb_sum(nb_abs(nb_to_device(ga, NB_DEVICE_CPU)), 0, NULL, 0)) == 0.0,
+            "xent fused all ignored: zero gradient (%s)", nb_last_error());
+  /* an out-of-range target on the training path is NB_ERR_INDEX */
+  nb_tensor *tb = nb_full(1, (int64_t[]){4}, 50304, NB_I64, NB_DEVICE_CPU);
+  nb_tensor *xb = nb_detach(gpu(xa));
+  nb_set_requires_grad(xb, 1);
+  NBT_CHECK(!nb_cross_entropy(xb, gpu(tb), NB_REDUCE_MEAN, -100, 0.0) && nb_last_status() == NB_ERR_INDEX,
+            "xent fused: target out of range is NB_ERR_INDEX");
+  nb_clear_error();
+  nb_scope_end();
+}
+
 int main(void) {
   const char *q = getenv("NABLA_TEST_QUICK");
   quick = q && q[0] && q[0] != '0';
@@ -584,6 +871,9 @@ int main(void) {
     {"unary", test_unary}, {"binary", test_binary}, {"copy/cast", test_copy_cast},
     {"reduce", test_reduce}, {"matmul", test_matmul}, {"nn", test_nn}, {"index", test_index},
     {"random", test_random}, {"optim", test_optim}, {"errors/memory", test_errors_memory},
+    {"fast paths", test_fast_paths},
+    {"rows fast", test_rows_fast},
+    {"xent fused", test_xent_fused},
   };
   for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
     int f0 = nbt_failed;

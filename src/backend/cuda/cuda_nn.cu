@@ -127,6 +127,178 @@ static int64_t rows_setup(int n, const nb_kview *const *v, nb_iter *rows, int64_
 }
 
 
+/* ---- softmax, contiguous fast path ---------------------------------------
+ * Rows contiguous (row stride D) in every operand: each group of tpr threads
+ * reads its row once as NCH packs of VEC elements per thread, reduces, and
+ * writes. exp is recomputed in the last pass rather than kept, so a thread
+ * holds only the packed input (NCH * 16 bytes). */
+template <typename T, int VEC, int NCH>
+__global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, int64_t R, int D,
+                                                            int tpr, int log_) {
+  typedef typename nb_acc<T>::type A;
+  typedef nb_pack<T, VEC> P;
+  __shared__ A red[64];
+  const int t = threadIdx.x & (tpr - 1), g = threadIdx.x / tpr, G = blockDim.x / tpr;
+  const int nvec = D / VEC, bar = 1 + g;
+  A *sm = red + 2 * g * (tpr >> 5);
+  for (int64_t r = (int64_t)blockIdx.x * G + g; r < R; r += (int64_t)gridDim.x * G) {
+    const P *xr = (const P *)(x + r * D);
+    P *yr = (P *)(y + r * D);
+    P v[NCH];
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) v[k] = xr[t + k * tpr];
+    /* the thread's own max and sum first, then one (max, sum) reduction */
+    A m = -INFINITY, s = 0;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        A f[VEC];
+        nb_unpack(v[k], f);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) m = fmax(m, f[e]);
+      }
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        A f[VEC];
+        nb_unpack(v[k], f);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) s += nb_fast_exp(f[e] - m);
+      }
+    nb_grp_online(m, s, sm, tpr, bar);
+    A lse = m + nb_log_(s), inv = (A)1 / s;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        A f[VEC];
+        nb_unpack(v[k], f);
+        P o;
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          o.v[e] = nb_from_a<T>(log_ ? f[e] - lse : nb_fast_exp(f[e] - m) * inv);
+        yr[t + k * tpr] = o;
+      }
+  }
+}
+
+/* dx = y*(dy - sum(dy*y)), or dy - exp(y)*sum(dy) for log; dy and y cached. */
+template <typename T, int VEC, int NCH>
+__global__ void __launch_bounds__(1024) nb_softmax_bwd_rows(T *dx, const T *dy, const T *y,
+                                                            int64_t R, int D, int tpr, int log_) {
+  typedef typename nb_acc<T>::type A;
+  typedef nb_pack<T, VEC> P;
+  __shared__ A red[32];
+  const int t = threadIdx.x & (tpr - 1), g = threadIdx.x / tpr, G = blockDim.x / tpr;
+  const int nvec = D / VEC, bar = 1 + g;
+  A *sm = red + g * (tpr >> 5);
+  for (int64_t r = (int64_t)blockIdx.x * G + g; r < R; r += (int64_t)gridDim.x * G) {
+    const P *dyr = (const P *)(dy + r * D), *yr = (const P *)(y + r * D);
+    P *dxr = (P *)(dx + r * D);
+    P gv[NCH], yv[NCH];
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        gv[k] = dyr[t + k * tpr];
+        yv[k] = yr[t + k * tpr];
+      }
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        A fg[VEC], fy[VEC];
+        nb_unpack(gv[k], fg);
+        nb_unpack(yv[k], fy);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) s += log_ ? fg[e] : fg[e] * fy[e];
+      }
+    s = nb_grp_reduce<0>(s, sm, tpr, bar);
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        A fg[VEC], fy[VEC];
+        nb_unpack(gv[k], fg);
+        nb_unpack(yv[k], fy);
+        P o;
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          o.v[e] = nb_from_a<T>(log_ ? fg[e] - nb_fast_exp(fy[e]) * s : fy[e] * (fg[e] - s));
+        dxr[t + k * tpr] = o;
+      }
+  }
+}
+
+/* Block size and grid for groups of tpr threads over R rows: blocks of at
+ * least 128 threads (4 rows per block for warp groups). */
+static void rows_launch_dims(const nb_cuda_ctx *ctx, int64_t R, int tpr, int *threads,
+                             unsigned *grid) {
+  int th = tpr < 128 ? 128 : tpr;
+  int64_t G = th / tpr, want = (R + G - 1) / G;
+  int64_t cap = (int64_t)ctx->n_sm * (2048 / th) * 16;
+  *threads = th;
+  *grid = (unsigned)(want < cap ? want : cap);
+}
+
+/* Element-aligned packs: VEC-wide when D is a multiple of VEC and every
+ * pointer is 16-byte aligned, else single elements. */
+static int rows_vec(int vec, int64_t D, const void *const *ptrs, int n) {
+  if (D % vec) return 1;
+  for (int i = 0; i < n; i++)
+    if (ptrs[i] && !nb_cuda_aligned16(ptrs[i])) return 1;
+  return vec;
+}
+
+#define NB_ROWS_NCH_SWITCH(nch, NCH, ...)                  \
+  switch (nch) {                                          \
+  case 1: { const int NCH = 1; __VA_ARGS__; } break;      \
+  case 2: { const int NCH = 2; __VA_ARGS__; } break;      \
+  case 4: { const int NCH = 4; __VA_ARGS__; } break;      \
+  default: { const int NCH = 8; __VA_ARGS__; } break;     \
+  }
+
+template <typename T, int VEC>
+static void softmax_rows_run(const nb_cuda_ctx *ctx, T *y, const T *x, int64_t R, int D, int tpr,
+                             int nch, int log_) {
+  int th;
+  unsigned grid;
+  rows_launch_dims(ctx, R, tpr, &th, &grid);
+  NB_ROWS_NCH_SWITCH(nch, NCH,
+    nb_softmax_fwd_rows<T, VEC, NCH><<<grid, th, 0, ctx->stream>>>(y, x, R, D, tpr, log_));
+}
+
+template <typename T, int VEC>
+static void softmax_bwd_rows_run(const nb_cuda_ctx *ctx, T *dx, const T *dy, const T *y,
+                                 int64_t R, int D, int tpr, int nch, int log_) {
+  int th;
+  unsigned grid;
+  rows_launch_dims(ctx, R, tpr, &th, &grid);
+  switch (nch) { /* two cached operands: at most 4 packs each */
+  case 1: nb_softmax_bwd_rows<T, VEC, 1><<<grid, th, 0, ctx->stream>>>(dx, dy, y, R, D, tpr, log_); break;
+  case 2: nb_softmax_bwd_rows<T, VEC, 2><<<grid, th, 0, ctx->stream>>>(dx, dy, y, R, D, tpr, log_); break;
+  default: nb_softmax_bwd_rows<T, VEC, 4><<<grid, th, 0, ctx->stream>>>(dx, dy, y, R, D, tpr, log_); break;
+  }
+}
+
+/* Runs the contiguous path when every view is row-contiguous and the row
+ * fits the register plan; 0 when the generic kernel must run instead. */
+template <typename T>
+static int softmax_fast(const nb_cuda_ctx *ctx, const nb_kview *const *v, int n, int64_t R,
+                        int64_t D, int log_) {
+  for (int i = 0; i < n; i++)
+    if (!nb_view_rows_contig(v[i])) return 0;
+  const void *ptrs[3] = {v[0]->data, v[1]->data, n > 2 ? v[2]->data : NULL};
+  int vec = rows_vec(nb_vec_width<T>::value, D, ptrs, n), tpr, nch;
+  if (!nb_rows_plan(D / vec, 1024, n == 2 ? 8 : 4, 4, &tpr, &nch)) return 0;
+  if (n == 2) {
+    if (vec > 1) softmax_rows_run<T, nb_vec_width<T>::value>(ctx, (T *)v[0]->data, (const T *)v[1]->data, R, (int)D, tpr, nch, log_);
+    else softmax_rows_run<T, 1>(ctx, (T *)v[0]->data, (const T *)v[1]->data, R, (int)D, tpr, nch, log_);
+  } else {
+    if (vec > 1) softmax_bwd_rows_run<T, nb_vec_width<T>::value>(ctx, (T *)v[0]->data, (const T *)v[1]->data, (const T *)v[2]->data, R, (int)D, tpr, nch, log_);
+    else softmax_bwd_rows_run<T, 1>(ctx, (T *)v[0]->data, (const T *)v[1]->data, (const T *)v[2]->data, R, (int)D, tpr, nch, log_);
+  }
+  return 1;
+}
+
 extern "C" nb_status nb_cuda_softmax_fwd(const nb_kview *y, const nb_kview *x, int log_) {
   if (nb_kview_numel(y) == 0) return NB_OK;
   nb_cuda_ctx ctx;
@@ -136,6 +308,9 @@ extern "C" nb_status nb_cuda_softmax_fwd(const nb_kview *y, const nb_kview *x, i
   nb_iter rows;
   int64_t D, last[2];
   int64_t R = rows_setup(2, vs, &rows, &D, last);
+  int fast = 0;
+  NB_CUDA_FLOAT_SWITCH(x->dtype, T, fast = softmax_fast<T>(&ctx, vs, 2, R, D, log_));
+  if (fast) return nb_cuda_launch_check(log_ ? "log_softmax" : "softmax");
   int th = nb_cuda_row_threads(D);
   NB_CUDA_FLOAT_SWITCH(x->dtype, T,
     nb_softmax_fwd_kernel<T><<<row_grid(&ctx, R, th), th, 0, ctx.stream>>>(
@@ -153,6 +328,9 @@ extern "C" nb_status nb_cuda_softmax_bwd(const nb_kview *dx, const nb_kview *dy,
   nb_iter rows;
   int64_t D, last[3];
   int64_t R = rows_setup(3, vs, &rows, &D, last);
+  int fast = 0;
+  NB_CUDA_FLOAT_SWITCH(dx->dtype, T, fast = softmax_fast<T>(&ctx, vs, 3, R, D, log_));
+  if (fast) return nb_cuda_launch_check(log_ ? "log_softmax_bwd" : "softmax_bwd");
   int th = nb_cuda_row_threads(D);
   NB_CUDA_FLOAT_SWITCH(dx->dtype, T,
     nb_softmax_bwd_kernel<T><<<row_grid(&ctx, R, th), th, 0, ctx.stream>>>(
@@ -244,6 +422,304 @@ __global__ void __launch_bounds__(1024) nb_norm_fwd_kernel(T *y, const T *x, nb_
   }
 }
 
+/* ---- layer norm / RMS norm, contiguous fast path --------------------------
+ * x, y, dx, dy are contiguous (R, D) by contract; w and b in x's dtype (the
+ * ops layer casts them). Each group of tpr threads caches its row in
+ * registers as NCH packs per thread. */
+template <typename T, int VEC, int NCH>
+__global__ void __launch_bounds__(NCH == 8 ? 1024 : 512) nb_norm_fwd_rows(T *y, const T *x, const T *w, const T *b,
+                                                         float *mean, float *rstd, int64_t R, int D,
+                                                         int tpr, double eps, int rms) {
+  typedef typename nb_acc<T>::type A;
+  typedef nb_pack<T, VEC> P;
+  __shared__ A red[32];
+  const int t = threadIdx.x & (tpr - 1), g = threadIdx.x / tpr, G = blockDim.x / tpr;
+  const int nvec = D / VEC, bar = 1 + g;
+  A *sm = red + g * (tpr >> 5);
+  const P *wp = (const P *)w, *bp = (const P *)b;
+  for (int64_t r = (int64_t)blockIdx.x * G + g; r < R; r += (int64_t)gridDim.x * G) {
+    const P *xr = (const P *)(x + r * D);
+    P *yr = (P *)(y + r * D);
+    P v[NCH];
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) v[k] = xr[t + k * tpr];
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        A f[VEC];
+        nb_unpack(v[k], f);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) s += rms ? f[e] * f[e] : f[e];
+      }
+    s = nb_grp_reduce<0>(s, sm, tpr, bar);
+    A mu = rms ? (A)0 : s / (A)D, var = s / (A)D;
+    if (!rms) { /* second pass over the centred cached values, for accuracy */
+      A q = 0;
+#pragma unroll
+      for (int k = 0; k < NCH; k++)
+        if (t + k * tpr < nvec) {
+          A f[VEC];
+          nb_unpack(v[k], f);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) {
+            A c = f[e] - mu;
+            q += c * c;
+          }
+        }
+      var = nb_grp_reduce<0>(q, sm, tpr, bar) / (A)D;
+    }
+    A rs = (A)1 / sqrt(var + (A)eps);
+    if (t == 0) {
+      rstd[r] = (float)rs;
+      if (mean) mean[r] = (float)mu;
+    }
+#pragma unroll
+    for (int k = 0; k < NCH; k++) {
+      int j = t + k * tpr;
+      if (j < nvec) {
+        P wv, bv, o;
+        A f[VEC], fw[VEC], fb[VEC];
+        if (wp) wv = wp[j];
+        if (bp) bv = bp[j];
+        nb_unpack(v[k], f);
+        if (wp) nb_unpack(wv, fw);
+        if (bp) nb_unpack(bv, fb);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+          A u = (f[e] - mu) * rs;
+          if (wp) u *= fw[e];
+          if (bp) u += fb[e];
+          o.v[e] = nb_from_a<T>(u);
+        }
+        yr[j] = o;
+      }
+    }
+  }
+}
+
+/* Fused backward: per row dx = rstd * (g - mean(g) - xhat * mean(g*xhat)),
+ * g = dy*w (rms drops mean(g)); x and dy are read once. With part, each
+ * thread also sums dy*xhat and dy over its rows for its own columns; the
+ * block's groups then add theirs in group order through shared memory and
+ * the block writes part[block][0..D) (dw) and part[block][D..2D) (db). */
+template <typename T, int VEC, int NCH>
+__global__ void __launch_bounds__(512, 1) nb_norm_bwd_rows(T *dx, const T *dy, const T *x,
+                                                           const T *w, const float *mean,
+                                                           const float *rstd, int64_t R, int D,
+                                                           int tpr, int rms,
+                                                           typename nb_acc<T>::type *part) {
+  typedef typename nb_acc<T>::type A;
+  typedef nb_pack<T, VEC> P;
+  __shared__ A red[64];
+  extern __shared__ unsigned char nb_norm_smem[];
+  const int t = threadIdx.x & (tpr - 1), g = threadIdx.x / tpr, G = blockDim.x / tpr;
+  const int nvec = D / VEC, bar = 1 + g;
+  A *sm = red + 2 * g * (tpr >> 5);
+  const P *wp = (const P *)w;
+  A aw[NCH][VEC], ab[NCH][VEC];
+#pragma unroll
+  for (int k = 0; k < NCH; k++)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) aw[k][e] = ab[k][e] = 0;
+  for (int64_t r = (int64_t)blockIdx.x * G + g; r < R; r += (int64_t)gridDim.x * G) {
+    const P *xr = (const P *)(x + r * D), *dyr = (const P *)(dy + r * D);
+    P *dxr = (P *)(dx + r * D);
+    P xv[NCH], gv[NCH];
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        xv[k] = xr[t + k * tpr];
+        gv[k] = dyr[t + k * tpr];
+      }
+    A mu = mean ? (A)mean[r] : (A)0, rs = (A)rstd[r];
+    A sg = 0, sgx = 0;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        P wv;
+        A fg[VEC], fx[VEC], fw[VEC];
+        if (wp) wv = wp[t + k * tpr];
+        nb_unpack(gv[k], fg);
+        nb_unpack(xv[k], fx);
+        if (wp) nb_unpack(wv, fw);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+          A d = fg[e], xh = (fx[e] - mu) * rs;
+          A gg = wp ? d * fw[e] : d;
+          sg += gg;
+          sgx += gg * xh;
+          if (part) {
+            aw[k][e] += d * xh;
+            ab[k][e] += d;
+          }
+        }
+      }
+    nb_grp_sum2(sg, sgx, sm, tpr, bar);
+    sg = rms ? (A)0 : sg / (A)D;
+    sgx /= (A)D;
+#pragma unroll
+    for (int k = 0; k < NCH; k++)
+      if (t + k * tpr < nvec) {
+        P wv, o;
+        A fg[VEC], fx[VEC], fw[VEC];
+        if (wp) wv = wp[t + k * tpr];
+        nb_unpack(gv[k], fg);
+        nb_unpack(xv[k], fx);
+        if (wp) nb_unpack(wv, fw);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+          A d = fg[e], xh = (fx[e] - mu) * rs;
+          A gg = wp ? d * fw[e] : d;
+          o.v[e] = nb_from_a<T>(rs * (gg - sg - xh * sgx));
+        }
+        dxr[t + k * tpr] = o;
+      }
+  }
+  if (!part) return;
+  /* Groups take turns in a fixed order, so the sums are the same bits on
+   * every run; each column belongs to one thread of every group. */
+  A *acc = (A *)nb_norm_smem, *out = part + (int64_t)blockIdx.x * 2 * D;
+  for (int turn = 0; turn < G; turn++) {
+    if (g == turn) {
+      A *dst = turn == G - 1 ? out : acc;
+#pragma unroll
+      for (int k = 0; k < NCH; k++)
+        if (t + k * tpr < nvec)
+#pragma unroll
+          for (int e = 0; e < VEC; e++) {
+            int c = (t + k * tpr) * VEC + e;
+            A pw = aw[k][e], pb = ab[k][e];
+            if (turn > 0) { pw += acc[c]; pb += acc[D + c]; }
+            dst[c] = pw;
+            dst[D + c] = pb;
+          }
+    }
+    if (G > 1) __syncthreads();
+  }
+}
+
+/* dw[c] and db[c]: the blocks' partials added in block order. A block of
+ * 32 x 8 threads: 8 slices of the blocks per column, then the slices in
+ * order. */
+template <typename A>
+__global__ void nb_norm_dwdb_finish(const A *part, int nblk, int D, void *dw, int dwdt,
+                                    void *db, int dbdt) {
+  __shared__ A sl[8][33];
+  int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  int c = blockIdx.x * 32 + tx;
+  A s = 0;
+  if (c < 2 * D) {
+#pragma unroll 4
+    for (int b = ty; b < nblk; b += 8) s += part[(int64_t)b * 2 * D + c];
+  }
+  sl[ty][tx] = s;
+  __syncthreads();
+  if (ty || c >= 2 * D) return;
+  s = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) s += sl[i][tx];
+  if (c < D) {
+    if (dw) nb_store_any((char *)dw + (int64_t)c * nb_dt_size(dwdt), dwdt, (double)s);
+  } else if (db) {
+    nb_store_any((char *)db + (int64_t)(c - D) * nb_dt_size(dbdt), dbdt, (double)s);
+  }
+}
+
+template <typename T, int VEC>
+static void norm_fwd_rows_run(const nb_cuda_ctx *ctx, T *y, const T *x, const T *w, const T *b,
+                              float *mean, float *rstd, int64_t R, int D, int tpr, int nch,
+                              double eps, int rms) {
+  int th;
+  unsigned grid;
+  rows_launch_dims(ctx, R, tpr, &th, &grid);
+  NB_ROWS_NCH_SWITCH(nch, NCH,
+    nb_norm_fwd_rows<T, VEC, NCH><<<grid, th, 0, ctx->stream>>>(y, x, w, b, mean, rstd, R, D,
+                                                                 tpr, eps, rms));
+}
+
+/* Fast forward when w and b (if any) share x's dtype and the row fits the
+ * register plan; 0 to run the generic kernel. */
+template <typename T>
+static int norm_fwd_fast(const nb_cuda_ctx *ctx, const nb_kview *y, const nb_kview *x,
+                         const nb_kview *w, const nb_kview *b, const nb_norm_args *a) {
+  if ((w && w->dtype != x->dtype) || (b && b->dtype != x->dtype)) return 0;
+  const void *ptrs[4] = {y->data, x->data, w ? w->data : NULL, b ? b->data : NULL};
+  int vec = rows_vec(nb_vec_width<T>::value, a->D, ptrs, 4), tpr, nch;
+  /* 1024-thread rows only with 8 packs each: those kernels get 64 registers */
+  if (!nb_rows_plan(a->D / vec, 512, 8, 4, &tpr, &nch) && !nb_rows_plan(a->D / vec, 1024, 8, 4, &tpr, &nch))
+    return 0;
+  const T *wp = w ? (const T *)w->data : NULL, *bp = b ? (const T *)b->data : NULL;
+  if (vec > 1)
+    norm_fwd_rows_run<T, nb_vec_width<T>::value>(ctx, (T *)y->data, (const T *)x->data, wp, bp,
+                                                 a->mean, a->rstd, a->R, (int)a->D, tpr, nch,
+                                                 a->eps, a->rms);
+  else
+    norm_fwd_rows_run<T, 1>(ctx, (T *)y->data, (const T *)x->data, wp, bp, a->mean, a->rstd,
+                            a->R, (int)a->D, tpr, nch, a->eps, a->rms);
+  return 1;
+}
+
+/* The fused backward, then the partials' reduction into dw and db. Blocks of
+ * 512 threads (512/tpr rows at a time), one wave of blocks, so the partials
+ * stay small (blocks x 2D values). */
+template <typename T, int VEC>
+static nb_status norm_bwd_rows_run(const nb_cuda_ctx *ctx, const nb_kview *dx, const nb_kview *dw,
+                                   const nb_kview *db, const T *dy, const T *x, const T *w,
+                                   const nb_norm_args *a, int tpr, int nch) {
+  typedef typename nb_acc<T>::type A;
+  typedef void (*kern_t)(T *, const T *, const T *, const T *, const float *, const float *,
+                         int64_t, int, int, int, A *);
+  kern_t k = nch == 1 ? nb_norm_bwd_rows<T, VEC, 1>
+           : nch == 2 ? nb_norm_bwd_rows<T, VEC, 2> : nb_norm_bwd_rows<T, VEC, 4>;
+  int th = tpr < 512 ? 512 : tpr, G = th / tpr, want = dw || db;
+  size_t smem = want && G > 1 ? 2 * (size_t)a->D * sizeof(A) : 0;
+  if (smem > 48 * 1024)
+    NB_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                "norm_bwd (shared memory)");
+  int occ = 1;
+  NB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, th, smem), "norm_bwd (occupancy)");
+  int64_t blocks = (a->R + G - 1) / G, cap = (int64_t)ctx->n_sm * (occ < 1 ? 1 : occ);
+  int nblk = (int)(blocks < cap ? blocks : cap);
+  size_t pbytes = want ? (size_t)nblk * 2 * (size_t)a->D * sizeof(A) : 0;
+  A *part = want ? (A *)nb_cuda_scratch(ctx, pbytes) : NULL;
+  if (want && !part) return nb_last_status();
+  k<<<nblk, th, smem, ctx->stream>>>((T *)dx->data, dy, x, w, a->mean, a->rstd, a->R, (int)a->D,
+                                     tpr, a->rms, part);
+  nb_status st = nb_cuda_launch_check(a->rms ? "rms_norm_bwd" : "layer_norm_bwd");
+  if (!st && want) {
+    unsigned cols = (unsigned)((2 * a->D + 31) / 32);
+    nb_norm_dwdb_finish<A><<<cols, 256, 0, ctx->stream>>>(
+        part, nblk, (int)a->D, dw ? dw->data : NULL, dw ? (int)dw->dtype : 0,
+        db ? db->data : NULL, db ? (int)db->dtype : 0);
+    st = nb_cuda_launch_check("norm_bwd (dw/db)");
+  }
+  if (part) nb_cuda_scratch_free(ctx, part, pbytes);
+  return st;
+}
+
+/* Fast backward when dx is wanted, w shares x's dtype and the two cached
+ * rows (x, dy) fit 4 packs per thread of up to 512 threads; 0 otherwise. */
+template <typename T>
+static int norm_bwd_fast(const nb_cuda_ctx *ctx, const nb_kview *dx, const nb_kview *dw,
+                         const nb_kview *db, const nb_kview *dy, const nb_kview *x,
+                         const nb_kview *w, const nb_norm_args *a, nb_status *st) {
+  if (w && w->dtype != x->dtype) return 0;
+  const void *ptrs[4] = {dx->data, dy->data, x->data, w ? w->data : NULL};
+  int vec = rows_vec(nb_vec_width<T>::value, a->D, ptrs, 4), tpr, nch;
+  /* about 2 packs per thread: each pack also holds 2 * VEC accumulators */
+  if (!nb_rows_plan(a->D / vec, 512, 4, 2, &tpr, &nch)) return 0;
+  const T *wp = w ? (const T *)w->data : NULL;
+  if (vec > 1)
+    *st = norm_bwd_rows_run<T, nb_vec_width<T>::value>(ctx, dx, dw, db, (const T *)dy->data,
+                                                       (const T *)x->data, wp, a, tpr, nch);
+  else
+    *st = norm_bwd_rows_run<T, 1>(ctx, dx, dw, db, (const T *)dy->data, (const T *)x->data, wp,
+                                  a, tpr, nch);
+  return 1;
+}
+
 extern "C" nb_status nb_cuda_norm_fwd(const nb_kview *y, const nb_kview *mean,
                                       const nb_kview *rstd, const nb_kview *x, const nb_kview *w,
                                       const nb_kview *b, double eps, int rms) {
@@ -263,6 +739,9 @@ extern "C" nb_status nb_cuda_norm_fwd(const nb_kview *y, const nb_kview *mean,
   a.rstd = (float *)rstd->data;
   a.eps = eps;
   a.rms = rms;
+  int fast = 0;
+  NB_CUDA_FLOAT_SWITCH(x->dtype, T, fast = norm_fwd_fast<T>(&ctx, y, x, w, a.b ? b : NULL, &a));
+  if (fast) return nb_cuda_launch_check(rms ? "rms_norm" : "layer_norm");
   int th = nb_cuda_row_threads(a.D);
   NB_CUDA_FLOAT_SWITCH(x->dtype, T,
     nb_norm_fwd_kernel<T><<<row_grid(&ctx, a.R, th), th, 0, ctx.stream>>>((T *)y->data,
@@ -384,6 +863,12 @@ extern "C" nb_status nb_cuda_norm_bwd(const nb_kview *dx, const nb_kview *dw, co
   a.rstd = (float *)rstd->data;
   a.eps = 0;
   a.rms = rms;
+  if (dx) {
+    int fast = 0;
+    NB_CUDA_FLOAT_SWITCH(x->dtype, T,
+      fast = norm_bwd_fast<T>(&ctx, dx, dw, db, dy, x, w, &a, &st));
+    if (fast) return st;
+  }
   int th = nb_cuda_row_threads(a.D);
   if (dx) {
     NB_CUDA_FLOAT_SWITCH(x->dtype, T,

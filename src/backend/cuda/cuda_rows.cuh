@@ -1,6 +1,14 @@
-/* Shared pieces of the one-block-per-row kernels (softmax, norms,
- * cross-entropy): the register row cache size, online max/sum merging, row
- * offsets, and the grid size for R rows. */
+/* Shared pieces of the row kernels (softmax, norms, cross-entropy).
+ *
+ * Generic strided path: one block per row; the register row cache size,
+ * online max/sum merging, row offsets, and the grid size for R rows.
+ *
+ * Contiguous fast path: a row of D elements is read as packs of VEC elements
+ * (16 bytes when aligned, else single elements) by a group of tpr threads
+ * (a warp, or up to 1024 threads); each thread keeps its NCH packs in
+ * registers, so the row is read once. A block holds blockDim / tpr groups,
+ * each with its own rows, reducing through shuffles and a named barrier of
+ * its own (no block-wide barrier inside the row loop). */
 #ifndef NB_CUDA_ROWS_CUH
 #define NB_CUDA_ROWS_CUH
 #include "backend/cuda/cuda_common.cuh"
@@ -29,6 +37,147 @@ __device__ __forceinline__ void nb_online_merge(A &m, A &s, A *smem) {
 template <int N>
 __device__ __forceinline__ void nb_row_offsets(const nb_iter &rows, int64_t r, int64_t *off) {
   nb_iter_offsets<N>(rows, r, off);
+}
+
+/* ---- contiguous fast path ------------------------------------------------ */
+/* VEC elements of T loaded or stored as one access (16 bytes for VEC * size
+ * == 16). Indexed only with compile-time constants, so it stays in registers. */
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) nb_pack {
+  T v[VEC];
+};
+
+/* Stores an accumulation-type value in T (f32 accumulators for the 16- and
+ * 32-bit types, f64 for f64), rounding to nearest even. */
+template <typename T> __device__ __forceinline__ T nb_from_a(float x) { return nb_from_f<T>(x); }
+template <typename T> __device__ __forceinline__ T nb_from_a(double x) { return nb_from_d<T>(x); }
+
+/* A pack's elements in the accumulation type. The 16-bit types convert
+ * through volatile asm, one 32-bit word (two elements) at a time: the
+ * compiler then re-converts the packed row in each pass instead of keeping
+ * a converted copy live across the row's reductions (twice the registers,
+ * which spilled). */
+__device__ __forceinline__ void nb_unpack2(__nv_bfloat16, uint32_t w, float &lo, float &hi) {
+  uint32_t l, h;
+  asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;" : "=r"(l), "=r"(h) : "r"(w));
+  lo = __uint_as_float(l);
+  hi = __uint_as_float(h);
+}
+__device__ __forceinline__ void nb_unpack2(__half, uint32_t w, float &lo, float &hi) {
+  asm volatile("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\t}"
+               : "=f"(lo), "=f"(hi) : "r"(w));
+}
+/* never called: the 32- and 64-bit types take the plain branch */
+__device__ __forceinline__ void nb_unpack2(float, uint32_t, float &, float &) {}
+__device__ __forceinline__ void nb_unpack2(double, uint32_t, double &, double &) {}
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void nb_unpack(const nb_pack<T, VEC> &p, A *f) {
+  if (sizeof(T) == 2 && VEC % 2 == 0) {
+    const uint32_t *u = (const uint32_t *)p.v;
+#pragma unroll
+    for (int i = 0; i < VEC / 2; i++) nb_unpack2(T(), u[i], f[2 * i], f[2 * i + 1]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) f[e] = (A)nb_to_f(p.v[e]);
+  }
+}
+
+/* Elements per 16-byte access. */
+template <typename T> struct nb_vec_width { enum { value = 16 / sizeof(T) }; };
+
+/* exp on the accumulation type: f32 through exp2 (the hardware ex2, about 2
+ * ulp), f64 exact. */
+__device__ __forceinline__ float nb_fast_exp(float x) { return exp2f(x * 1.4426950408889634f); }
+__device__ __forceinline__ double nb_fast_exp(double x) { return exp(x); }
+
+/* Named barrier over nthreads (a multiple of 32) threads of the block. */
+__device__ __forceinline__ void nb_bar_sync(int id, int nthreads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+/* Sum (MAX = 0) or max (MAX = 1) over a row group of tpr threads; every
+ * thread of the group gets the result. sm: the group's tpr/32 slots; bar:
+ * the group's barrier id (1..15). The group's threads are consecutive and
+ * warp-aligned. */
+template <int MAX, typename A>
+__device__ __forceinline__ A nb_grp_reduce(A v, A *sm, int tpr, int bar) {
+  v = MAX ? nb_warp_max(v) : nb_warp_sum(v);
+  if (tpr == 32) return v;
+  int lane = threadIdx.x & 31, w = (threadIdx.x & (tpr - 1)) >> 5;
+  nb_bar_sync(bar, tpr); /* earlier readers of the slots are done */
+  if (lane == 0) sm[w] = v;
+  nb_bar_sync(bar, tpr);
+  A u = lane < (tpr >> 5) ? sm[lane] : sm[0];
+  if (!MAX && lane >= (tpr >> 5)) u = (A)0;
+  return MAX ? nb_warp_max(u) : nb_warp_sum(u);
+}
+
+/* Two sums at once (one pair of barriers); sm holds 2 * tpr/32 slots. */
+template <typename A>
+__device__ __forceinline__ void nb_grp_sum2(A &a, A &b, A *sm, int tpr, int bar) {
+  a = nb_warp_sum(a);
+  b = nb_warp_sum(b);
+  if (tpr == 32) return;
+  int lane = threadIdx.x & 31, w = (threadIdx.x & (tpr - 1)) >> 5, nw = tpr >> 5;
+  nb_bar_sync(bar, tpr);
+  if (lane == 0) { sm[w] = a; sm[nw + w] = b; }
+  nb_bar_sync(bar, tpr);
+  a = nb_warp_sum(lane < nw ? sm[lane] : (A)0);
+  b = nb_warp_sum(lane < nw ? sm[nw + lane] : (A)0);
+}
+
+/* Merges (max, sum of exp(x - max)) pairs over a row group; sm holds
+ * 2 * tpr/32 slots. */
+template <typename A>
+__device__ __forceinline__ void nb_online_pair(A &m, A &s, A m2, A s2) {
+  A M = fmax(m, m2);
+  A a = s == (A)0 ? (A)0 : s * nb_fast_exp(m - M), b = s2 == (A)0 ? (A)0 : s2 * nb_fast_exp(m2 - M);
+  m = M;
+  s = a + b;
+}
+template <typename A>
+__device__ __forceinline__ void nb_warp_online(A &m, A &s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    A m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    nb_online_pair(m, s, m2, s2);
+  }
+}
+template <typename A>
+__device__ __forceinline__ void nb_grp_online(A &m, A &s, A *sm, int tpr, int bar) {
+  nb_warp_online(m, s);
+  if (tpr == 32) return;
+  int lane = threadIdx.x & 31, w = (threadIdx.x & (tpr - 1)) >> 5, nw = tpr >> 5;
+  nb_bar_sync(bar, tpr);
+  if (lane == 0) { sm[w] = m; sm[nw + w] = s; }
+  nb_bar_sync(bar, tpr);
+  m = lane < nw ? sm[lane] : (A)-INFINITY;
+  s = lane < nw ? sm[nw + lane] : (A)0;
+  nb_warp_online(m, s);
+}
+
+/* Plan for a row of nvec packs: threads per row (power of two, 32..max_tpr,
+ * about per packs each) and packs per thread (1, 2, 4 or 8, at most
+ * max_nch). 0 when the row does not fit in registers that way. */
+static inline int nb_rows_plan(int64_t nvec, int max_tpr, int max_nch, int per, int *tpr,
+                               int *nch) {
+  int t = 32, c = 1;
+  while (t < max_tpr && (int64_t)t * per < nvec) t <<= 1;
+  while ((int64_t)c * t < nvec && c < 8) c <<= 1;
+  if ((int64_t)c * t < nvec || c > max_nch) return 0;
+  *tpr = t;
+  *nch = c;
+  return 1;
+}
+
+/* 1 when the view is row-major contiguous (size-1 axes ignored): rows of
+ * its last axis follow each other with stride D. */
+static inline int nb_view_rows_contig(const nb_kview *v) {
+  int64_t expect = 1;
+  for (int d = v->ndim - 1; d >= 0; d--) {
+    if (v->shape[d] != 1 && v->strides[d] != expect) return 0;
+    expect *= v->shape[d];
+  }
+  return 1;
 }
 
 static inline unsigned row_grid(const nb_cuda_ctx *ctx, int64_t R, int threads) {
