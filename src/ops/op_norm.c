@@ -51,13 +51,14 @@ static nb_status norm_backward_run(const nb_node *n, const nb_tensor *dy, nb_ten
   if (!*dx) return nb_last_status();
   int want_w = w && nb_node_needs_grad(n, 1);
   int want_b = !rms && n->inputs[2] && nb_node_needs_grad(n, 2);
-  /* dw and db are zero-filled first so an empty batch (R == 0) gives zeros. */
+  /* The kernel writes every element of dw and db; only an empty batch
+   * (R == 0, where no kernel runs) needs them zero-filled here. */
   if (want_w && !(*dw = nb_tensor_alloc(w->ndim, w->shape, w->dtype, dev))) return nb_last_status();
   const nb_tensor *b = n->inputs[2];
   if (want_b && !(*db = nb_tensor_alloc(b->ndim, b->shape, b->dtype, dev))) return nb_last_status();
   nb_kview kdw, kdb, kdx, kdy, kx, km, kr, kw;
-  if (*dw) { kview_1d(*dw, D, &kdw); if (D && be->fill(&kdw, 0.0)) return nb_last_status(); }
-  if (*db) { kview_1d(*db, D, &kdb); if (D && be->fill(&kdb, 0.0)) return nb_last_status(); }
+  if (*dw) { kview_1d(*dw, D, &kdw); if (!R && D && be->fill(&kdw, 0.0)) return nb_last_status(); }
+  if (*db) { kview_1d(*db, D, &kdb); if (!R && D && be->fill(&kdb, 0.0)) return nb_last_status(); }
   if (!R || !D) return NB_OK; /* dx is empty */
   kview_2d(*dx, R, D, &kdx);
   kview_2d(dy, R, D, &kdy);
