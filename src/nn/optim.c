@@ -2,7 +2,8 @@
  *
  * The update itself is one backend kernel per parameter (adamw_step,
  * sgd_step in backend.h), run on the parameter's device on contiguous
- * views. This file owns the state: one slot per parameter, allocated on the
+ * views; AdamW hands its contiguous parameters of one device to the
+ * backend's adamw_multi at once (the same bits, fewer launches). This file owns the state: one slot per parameter, allocated on the
  * parameter's device the first time it is needed (the parameter's first
  * step with a gradient, or the first nb_optim_state_* call, so a checkpoint
  * can be restored into it before any step).
@@ -16,6 +17,7 @@
  * The step count t is the optimizer's (nb_optim_steps), shared by all
  * parameters, which is what a checkpoint stores. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,29 +202,137 @@ static nb_status optim_kernel(nb_optim *o, optim_slot *s, const nb_kview *kp, co
                       o->weight_decay);
 }
 
-/* Updates parameter i from its gradient; call inside a scope and no-grad. */
-static nb_status optim_update(nb_optim *o, int i) {
+/* Checks parameter i's gradient and makes its state; *pc and *gc are then
+ * contiguous views of the parameter (p itself unless p is strided) and of
+ * its gradient in p's dtype, or both NULL when p has no gradient. Call
+ * inside a scope and no-grad. */
+static nb_status optim_prepare(nb_optim *o, int i, nb_tensor **pc, nb_tensor **gc,
+                               const nb_backend **be) {
   nb_tensor *p = nb_params_get(o->params, i), *g = nb_grad(p);
+  *pc = *gc = NULL;
   if (!g) return NB_OK;
   char b1[200], b2[200];
   if (nb_numel(g) != nb_numel(p) || nb_ndim(g) != nb_ndim(p) ||
       memcmp(nb_shape(g), nb_shape(p), (size_t)nb_ndim(p) * sizeof(int64_t)))
     return nb_error_set(NB_ERR_SHAPE, "%s: gradient %s does not match parameter \"%s\" %s", optim_name(o),
                         nb_describe(g, b1, sizeof b1), nb_params_name(o->params, i), nb_describe(p, b2, sizeof b2));
-  const nb_backend *be = nb_backend_for(nb_device_of(p));
-  if (!be) return nb_last_status();
+  *be = nb_backend_for(nb_device_of(p));
+  if (!*be) return nb_last_status();
   nb_status st = optim_materialise(o, i);
   if (st) return st;
   if (nb_dtype_of(g) != nb_dtype_of(p)) g = nb_cast(g, nb_dtype_of(p));
-  nb_tensor *gc = g ? nb_contiguous(g) : NULL;
-  nb_tensor *pc = nb_contiguous(p); /* p itself unless it is a strided view */
-  if (!gc || !pc) return nb_last_status();
+  *gc = g ? nb_contiguous(g) : NULL;
+  *pc = nb_contiguous(p); /* p itself unless it is a strided view */
+  if (!*gc || !*pc) {
+    *pc = *gc = NULL;
+    return nb_last_status();
+  }
+  return NB_OK;
+}
+
+/* The update of one prepared parameter, copied back if p is strided. */
+static nb_status optim_apply(nb_optim *o, int i, nb_tensor *pc, nb_tensor *gc, const nb_backend *be) {
+  nb_tensor *p = nb_params_get(o->params, i);
   nb_kview kp, kg;
   nb_kview_of(pc, &kp);
   nb_kview_of(gc, &kg);
+  nb_status st;
   if (nb_numel(p) && (st = optim_kernel(o, &o->slots[i], &kp, &kg, be))) return st;
   o->slots[i].started = 1;
   return pc == p ? NB_OK : nb_copy_(p, pc);
+}
+
+/* Updates parameter i from its gradient; call inside a scope and no-grad. */
+static nb_status optim_update(nb_optim *o, int i) {
+  nb_tensor *pc, *gc;
+  const nb_backend *be = NULL;
+  nb_status st = optim_prepare(o, i, &pc, &gc, &be);
+  if (st || !pc) return st;
+  return optim_apply(o, i, pc, gc, be);
+}
+
+/* ---- AdamW over many parameters at once ------------------------------------- */
+
+typedef struct {
+  uintptr_t lo, hi;
+} optim_range;
+
+static int optim_range_cmp(const void *a, const void *b) {
+  uintptr_t x = ((const optim_range *)a)->lo, y = ((const optim_range *)b)->lo;
+  return (x > y) - (x < y);
+}
+
+/* Whether any two of the n contiguous parameter views share bytes (a
+ * parameter listed twice, or overlapping views): then the updates must run
+ * one after another, as the per-tensor path does. */
+static int optim_overlap(const nb_kview *kp, int n) {
+  optim_range *r = malloc((size_t)n * sizeof *r);
+  if (!r) return 1; /* the per-tensor path needs no memory */
+  for (int i = 0; i < n; i++) {
+    r[i].lo = (uintptr_t)kp[i].data;
+    r[i].hi = r[i].lo + (uintptr_t)nb_kview_numel(&kp[i]) * nb_dtype_size(kp[i].dtype);
+  }
+  qsort(r, (size_t)n, sizeof *r, optim_range_cmp);
+  int ov = 0;
+  for (int i = 1; i < n && !ov; i++) ov = r[i].lo < r[i - 1].hi;
+  free(r);
+  return ov;
+}
+
+/* The batch of contiguous parameters on one device through the backend's
+ * adamw_multi (one or a few launches instead of one per tensor); same bits
+ * as per-tensor adamw_step calls, which remain the path for overlapping
+ * parameters. kv holds 4 arrays of cap views: p, g, m, v. */
+static nb_status optim_adamw_batch(nb_optim *o, const nb_backend *be, nb_kview *kv, int cap,
+                                   const int *slot, int k) {
+  nb_kview *kp = kv, *kg = kv + cap, *km = kv + 2 * cap, *kw = kv + 3 * cap;
+  nb_status st = NB_OK;
+  if (!optim_overlap(kp, k))
+    st = be->adamw_multi(k, kp, kg, km, kw, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->steps);
+  else
+    for (int j = 0; j < k && !st; j++)
+      st = be->adamw_step(&kp[j], &kg[j], &km[j], &kw[j], o->lr, o->beta1, o->beta2, o->eps,
+                          o->weight_decay, o->steps);
+  for (int j = 0; j < k && !st; j++) o->slots[slot[j]].started = 1;
+  return st;
+}
+
+/* AdamW step of every parameter: contiguous, non-empty parameters on the
+ * first such parameter's device go to one adamw_multi call; the rest (strided
+ * parameters, other devices, backends without adamw_multi) one by one. */
+static nb_status optim_adamw_all(nb_optim *o) {
+  int n = o->n_slots, k = 0;
+  nb_kview *kv = malloc((size_t)(n ? n : 1) * 4 * sizeof *kv);
+  int *slot = malloc((size_t)(n ? n : 1) * sizeof *slot);
+  if (!kv || !slot) {
+    free(kv);
+    free(slot);
+    return nb_error_set(NB_ERR_OOM, "adamw: out of memory for the parameter table");
+  }
+  const nb_backend *be0 = NULL;
+  nb_device dev0 = NB_DEVICE_CPU;
+  nb_status st = NB_OK;
+  for (int i = 0; i < n && !st; i++) {
+    nb_tensor *pc, *gc, *p = nb_params_get(o->params, i);
+    const nb_backend *be = NULL;
+    if ((st = optim_prepare(o, i, &pc, &gc, &be)) || !pc) continue;
+    int batch = pc == p && nb_numel(p) && be->adamw_multi && (!be0 || nb_same_device(nb_device_of(p), dev0));
+    if (!batch) {
+      st = optim_apply(o, i, pc, gc, be);
+      continue;
+    }
+    be0 = be;
+    dev0 = nb_device_of(p);
+    nb_kview_of(pc, &kv[k]);
+    nb_kview_of(gc, &kv[n + k]);
+    nb_kview_of(o->slots[i].state[0], &kv[2 * n + k]);
+    nb_kview_of(o->slots[i].state[1], &kv[3 * n + k]);
+    slot[k++] = i;
+  }
+  if (!st && k) st = optim_adamw_batch(o, be0, kv, n, slot, k);
+  free(kv);
+  free(slot);
+  return st;
 }
 
 nb_status nb_optim_step(nb_optim *o) {
@@ -232,7 +342,9 @@ nb_status nb_optim_step(nb_optim *o) {
   o->steps++;
   nb_scope_begin();
   nb_no_grad_begin();
-  for (int i = 0; i < o->n_slots && !st; i++) st = optim_update(o, i);
+  if (o->kind == OPTIM_ADAMW) st = optim_adamw_all(o);
+  else
+    for (int i = 0; i < o->n_slots && !st; i++) st = optim_update(o, i);
   nb_no_grad_end();
   nb_scope_end();
   return st;

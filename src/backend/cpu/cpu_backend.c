@@ -127,6 +127,7 @@ const nb_backend nb_cpu_backend = {
   .avgpool2d_bwd = nb_cpu_avgpool2d_bwd,
   .adamw_step = nb_cpu_adamw_step,
   .sgd_step = nb_cpu_sgd_step,
+  .adamw_multi = nb_cpu_adamw_multi,
 };
 
 const nb_backend *nb_backend_for(nb_device dev) {

@@ -87,3 +87,17 @@ nb_status nb_cpu_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *
   }
   return NB_OK;
 }
+
+/* AdamW over a list of tensors: the per-tensor kernel in order, so the
+ * results are those of n adamw_step calls bit for bit (each call already
+ * runs its tiles in parallel). */
+nb_status nb_cpu_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                             const nb_kview *v, double lr, double beta1, double beta2, double eps,
+                             double weight_decay, int64_t step) {
+  for (int i = 0; i < n; i++) {
+    nb_status st = nb_cpu_adamw_step(&p[i], &g[i], &m[i], &v[i], lr, beta1, beta2, eps,
+                                     weight_decay, step);
+    if (st) return st;
+  }
+  return NB_OK;
+}

@@ -169,9 +169,67 @@ extern "C" nb_status nb_cuda_copy(const nb_kview *out, const nb_kview *in) {
   return nb_cuda_launch_check("copy (convert strided)");
 }
 
+/* ---- contiguous vector paths: shared launch shape ------------------------ */
+#define NB_EW_UNROLL 4
+#define NB_EW_BLOCK_PACKS (NB_CUDA_THREADS * NB_EW_UNROLL)
+
+/* Blocks for n elements of size es in 16-byte packs: one per
+ * NB_EW_BLOCK_PACKS packs (at least one, for the scalar tail), capped at
+ * what gridDim.x holds; the kernels loop if the cap is reached. */
+static unsigned nb_ew_grid(int64_t n, size_t es) {
+  int64_t nv = n / (int64_t)(16 / es);
+  int64_t b = (nv + NB_EW_BLOCK_PACKS - 1) / NB_EW_BLOCK_PACKS;
+  if (b < 1) b = 1;
+  if (b > 0x7fffffff) b = 0x7fffffff;
+  return (unsigned)b;
+}
+
+/* Outputs larger than L2 (50 MB on an H100) cannot be read back from it by
+ * the next op, so their stores bypass it (evict-first); smaller ones stay. */
+static int nb_ew_stream_out(int64_t n, size_t es) { return (double)n * (double)es > 64e6; }
+
+template <typename T> __device__ __forceinline__ nb_pack<T> nb_ew_load(const nb_pack<T> *p) {
+  return *p; /* plain ld.global.v4: in-place ops (out == in) rule out .nc */
+}
+template <typename T> __device__ __forceinline__ void nb_ew_store(nb_pack<T> *p, const nb_pack<T> &v, int cs) {
+  if (cs) __stcs((int4 *)p, *(const int4 *)&v);
+  else *(int4 *)p = *(const int4 *)&v;
+}
+
 /* ---- unary ------------------------------------------------------------------------ */
 __device__ __forceinline__ float nb_rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double nb_rsqrt_(double x) { return rsqrt(x); }
+
+/* GELU, tanh form: 0.5 x (1 + tanh(u)), u = k (x + 0.044715 x^3). In f32
+ * through the identity 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)): one fast
+ * exponential and one division instead of an accurate tanhf, which made the
+ * f32 kernel issue-bound (0.76 ms against a 0.71 ms copy at 2^28). The
+ * result stays within a few ulp: no cancellation, e^(-2u) overflowing to
+ * inf gives x * 0 = -0 where the exact value underflows anyway. f64 keeps
+ * the accurate tanh. */
+#define NB_GELU_K 0.79788456080286535588
+__device__ __forceinline__ float nb_gelu_tanh_(float x) {
+  float u = (float)NB_GELU_K * fmaf(0.044715f * x, x * x, x);
+  return __fdividef(x, 1.0f + __expf(-2.0f * u));
+}
+__device__ __forceinline__ double nb_gelu_tanh_(double x) {
+  double u = NB_GELU_K * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + tanh(u));
+}
+/* d/dx: s + 2 x s (1 - s) k (1 + 0.134145 x^2), s = 1 / (1 + e^(-2u)) being
+ * 0.5 (1 + tanh(u)); 1 - s = e^(-2u) s avoids the cancellation near s = 1. */
+__device__ __forceinline__ float nb_gelu_tanh_d_(float x) {
+  float x2 = x * x, u = (float)NB_GELU_K * fmaf(0.044715f * x, x2, x);
+  float e = __expf(-2.0f * u);
+  if (e > 1e30f) return 0.0f; /* s and x s (1 - s) are both below 1e-28 */
+  float s = __fdividef(1.0f, 1.0f + e);
+  return s + 2.0f * x * s * (e * s) * (float)NB_GELU_K * fmaf(0.134145f, x2, 1.0f);
+}
+__device__ __forceinline__ double nb_gelu_tanh_d_(double x) {
+  double k = NB_GELU_K, x2 = x * x;
+  double t = tanh(k * (x + 0.044715 * x2 * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 0.134145 * x2);
+}
 
 /* C is float or double. Formulas follow the CPU kernels' definitions. */
 template <typename C> __device__ __forceinline__ C nb_uop_apply(int op, C x) {
@@ -193,10 +251,7 @@ template <typename C> __device__ __forceinline__ C nb_uop_apply(int op, C x) {
   case NB_UOP_SIGMOID: return one / (one + exp(-x));
   case NB_UOP_RELU: return x < (C)0 ? (C)0 : x; /* NaN passes through */
   case NB_UOP_GELU_ERF: return half * x * (one + erf(x * (C)0.70710678118654752440));
-  case NB_UOP_GELU_TANH: {
-    C u = (C)0.79788456080286535588 * (x + (C)0.044715 * x * x * x);
-    return half * x * (one + tanh(u));
-  }
+  case NB_UOP_GELU_TANH: return nb_gelu_tanh_(x);
   case NB_UOP_SILU: return x / (one + exp(-x));
   case NB_UOP_SOFTPLUS: /* log(1 + e^x) without overflow */
     return (x > (C)0 ? x : (C)0) + log1p(exp(-fabs(x)));
@@ -209,11 +264,7 @@ template <typename C> __device__ __forceinline__ C nb_uop_apply(int op, C x) {
     C pdf = (C)0.39894228040143267794 * exp(-half * x * x);
     return cdf + x * pdf;
   }
-  case NB_UOP_GELU_TANH_D: {
-    C k = (C)0.79788456080286535588, x2 = x * x;
-    C t = tanh(k * (x + (C)0.044715 * x2 * x));
-    return half * (one + t) + half * x * (one - t * t) * k * (one + (C)0.134145 * x2);
-  }
+  case NB_UOP_GELU_TANH_D: return nb_gelu_tanh_d_(x);
   case NB_UOP_SILU_D: {
     C s = one / (one + exp(-x));
     return s * (one + x * (one - s));
@@ -255,15 +306,37 @@ template <> __device__ __forceinline__ uint8_t nb_uop_elem<uint8_t>(int op, uint
   return (uint8_t)nb_uop_int(op, x);
 }
 
+/* Contiguous unary: each thread handles NB_EW_UNROLL 16-byte packs per
+ * iteration, all loaded before any is computed, so several loads are in
+ * flight per thread (one per thread left the f32 GELU short of the copy
+ * rate). One block covers NB_EW_BLOCK_PACKS packs and the grid covers the
+ * whole tensor (see nb_ew_grid), so blocks finish in the hardware
+ * scheduler's order without a grid-stride tail. cs streams the output past
+ * the caches (st.global.cs) for tensors larger than L2. */
 template <typename T>
-__global__ void nb_unary_vec_kernel(int op, T *out, const T *in, int64_t n) {
+__global__ void __launch_bounds__(NB_CUDA_THREADS)
+nb_unary_vec_kernel(int op, T *out, const T *in, int64_t n, int cs) {
   const int per = 16 / sizeof(T);
-  int64_t nv = n / per;
-  NB_GRID_LOOP(i, nv) {
-    nb_pack<T> p = ((const nb_pack<T> *)in)[i];
+  const int64_t nv = n / per;
+  const nb_pack<T> *pin = (const nb_pack<T> *)in;
+  nb_pack<T> *pout = (nb_pack<T> *)out;
+  for (int64_t base = (int64_t)blockIdx.x * NB_EW_BLOCK_PACKS + threadIdx.x; base < nv;
+       base += (int64_t)gridDim.x * NB_EW_BLOCK_PACKS) {
+    nb_pack<T> p[NB_EW_UNROLL];
 #pragma unroll
-    for (int k = 0; k < per; k++) p.v[k] = nb_uop_elem<T>(op, p.v[k]);
-    ((nb_pack<T> *)out)[i] = p;
+    for (int u = 0; u < NB_EW_UNROLL; u++) {
+      int64_t i = base + u * NB_CUDA_THREADS;
+      if (i < nv) p[u] = nb_ew_load(pin + i);
+    }
+#pragma unroll
+    for (int u = 0; u < NB_EW_UNROLL; u++) {
+      int64_t i = base + u * NB_CUDA_THREADS;
+      if (i < nv) {
+#pragma unroll
+        for (int k = 0; k < per; k++) p[u].v[k] = nb_uop_elem<T>(op, p[u].v[k]);
+        nb_ew_store(pout + i, p[u], cs);
+      }
+    }
   }
   NB_GRID_LOOP(i, n - nv * per) out[nv * per + i] = nb_uop_elem<T>(op, in[nv * per + i]);
 }
@@ -287,8 +360,8 @@ static nb_status unary_run(const nb_cuda_ctx *ctx, nb_uop op, const nb_kview *ou
   unsigned g = nb_cuda_blocks(ctx, n, NB_CUDA_THREADS);
   if (nb_iter_contiguous(&it, 2) && it.stride[1][0] == 1 && nb_cuda_aligned16(out->data) &&
       nb_cuda_aligned16(in->data))
-    nb_unary_vec_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>((int)op, (T *)out->data,
-                                                                  (const T *)in->data, n);
+    nb_unary_vec_kernel<T><<<nb_ew_grid(n, sizeof(T)), NB_CUDA_THREADS, 0, ctx->stream>>>(
+        (int)op, (T *)out->data, (const T *)in->data, n, nb_ew_stream_out(n, sizeof(T)));
   else
     nb_unary_strided_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
         (int)op, (T *)out->data, (const T *)in->data, it, n);
@@ -377,27 +450,48 @@ NB_INT_BOP(uint8_t)
 template <typename T> __device__ __forceinline__ T nb_boolify(T r) { return r; }
 __device__ __forceinline__ uint8_t nb_boolify(uint8_t r) { return r != 0; }
 
-/* a_step/b_step are 1 for a contiguous operand, 0 for a broadcast scalar. */
+/* a_step/b_step are 1 for a contiguous operand, 0 for a broadcast scalar.
+ * Same shape of work as the unary vector kernel: NB_EW_UNROLL packs of each
+ * operand loaded per thread before any is computed. */
 template <typename T>
-__global__ void nb_binary_vec_kernel(int op, T *out, const T *a, const T *b, int a_step,
-                                     int b_step, int64_t n, int is_bool) {
+__device__ __forceinline__ nb_pack<T> nb_binary_pack(int op, const nb_pack<T> &pa, const nb_pack<T> &pb,
+                                                     int a_step, int b_step, T as, T bs, int is_bool) {
   const int per = 16 / sizeof(T);
-  int64_t nv = n / per;
-  T as = a[0], bs = b[0];
-  NB_GRID_LOOP(i, nv) {
-    nb_pack<T> pa, pb, po;
-    if (a_step) pa = ((const nb_pack<T> *)a)[i];
-    if (b_step) pb = ((const nb_pack<T> *)b)[i];
+  nb_pack<T> po;
 #pragma unroll
-    for (int k = 0; k < per; k++) {
-      T r = nb_bop_elem<T>::run(op, a_step ? pa.v[k] : as, b_step ? pb.v[k] : bs);
-      po.v[k] = r;
-    }
-    if (is_bool) {
+  for (int k = 0; k < per; k++) {
+    T r = nb_bop_elem<T>::run(op, a_step ? pa.v[k] : as, b_step ? pb.v[k] : bs);
+    po.v[k] = is_bool ? nb_boolify(r) : r;
+  }
+  return po;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(NB_CUDA_THREADS)
+nb_binary_vec_kernel(int op, T *out, const T *a, const T *b, int a_step, int b_step, int64_t n,
+                     int is_bool, int cs) {
+  const int per = 16 / sizeof(T);
+  const int64_t nv = n / per;
+  const T as = a[0], bs = b[0];
+  const nb_pack<T> *pa = (const nb_pack<T> *)a, *pb = (const nb_pack<T> *)b;
+  for (int64_t base = (int64_t)blockIdx.x * NB_EW_BLOCK_PACKS + threadIdx.x; base < nv;
+       base += (int64_t)gridDim.x * NB_EW_BLOCK_PACKS) {
+    nb_pack<T> va[NB_EW_UNROLL], vb[NB_EW_UNROLL];
 #pragma unroll
-      for (int k = 0; k < per; k++) po.v[k] = nb_boolify(po.v[k]);
+    for (int u = 0; u < NB_EW_UNROLL; u++) {
+      int64_t i = base + u * NB_CUDA_THREADS;
+      if (i < nv) {
+        if (a_step) va[u] = nb_ew_load(pa + i);
+        if (b_step) vb[u] = nb_ew_load(pb + i);
+      }
     }
-    ((nb_pack<T> *)out)[i] = po;
+#pragma unroll
+    for (int u = 0; u < NB_EW_UNROLL; u++) {
+      int64_t i = base + u * NB_CUDA_THREADS;
+      if (i < nv)
+        nb_ew_store((nb_pack<T> *)out + i,
+                    nb_binary_pack<T>(op, va[u], vb[u], a_step, b_step, as, bs, is_bool), cs);
+    }
   }
   NB_GRID_LOOP(i, n - nv * per) {
     int64_t j = nv * per + i;
@@ -441,8 +535,9 @@ static nb_status binary_run(const nb_cuda_ctx *ctx, nb_bop op, const nb_kview *o
   int aligned = nb_cuda_aligned16(out->data) && (sa == 0 || nb_cuda_aligned16(a->data)) &&
                 (sb == 0 || nb_cuda_aligned16(b->data));
   if (!cmp && so == 1 && sa >= 0 && sb >= 0 && aligned)
-    nb_binary_vec_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
-        (int)op, (T *)out->data, (const T *)a->data, (const T *)b->data, sa, sb, n, is_bool);
+    nb_binary_vec_kernel<T><<<nb_ew_grid(n, sizeof(T)), NB_CUDA_THREADS, 0, ctx->stream>>>(
+        (int)op, (T *)out->data, (const T *)a->data, (const T *)b->data, sa, sb, n, is_bool,
+        nb_ew_stream_out(n, sizeof(T)));
   else
     nb_binary_strided_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
         (int)op, (char *)out->data, (const T *)a->data, (const T *)b->data, it, n, cmp, is_bool);

@@ -7,18 +7,26 @@
  * stream sync) and returns NB_ERR_INDEX (cuda_api.h describes the deferred
  * mode).
  *
+ * Whole rows: when the operands are contiguous and nothing precedes the
+ * indexed axis (an embedding table), index_select and the deterministic
+ * index_add move rows with one warp per row and 16-byte vectors.
+ *
  * Accumulation, non-deterministic: atomics (f16/bf16 atomics round each
  * addition, as the CPU does). Deterministic:
- *   index_add:   the (index, position) pairs are sorted (bitonic sort of
- *                64-bit keys, shared-memory stages for the short strides);
- *                one thread per (run of equal indices, lane) then adds the
- *                run in position order into the destination, the CPU's
- *                order, so f32/f64 results equal the CPU's bit for bit.
+ *   index_add:   the indices are sorted with their positions (a stable
+ *                radix sort of 32-bit keys over only the bits an index
+ *                needs, CUB's), so equal indices form runs in position
+ *                order; one warp per run (whole rows) or one thread per
+ *                (run, lane) then adds the run in that order into the
+ *                destination, the CPU's order, so f32/f64 results equal the
+ *                CPU's bit for bit.
  *   scatter_add: one thread per index element that is the first of its
  *                value in its line sums the line's matching elements in
  *                position order: O(line length) per element, meant for the
  *                short lines of gather backward; use the atomic path for
  *                long lines. */
+#include <cub/device/device_radix_sort.cuh>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -121,6 +129,72 @@ __global__ void nb_gather_kernel(E *out, const E *x, const char *idx, int idt, i
   default: { typedef uint64_t E; __VA_ARGS__; } break;        \
   }
 
+/* ---- whole rows ---------------------------------------------------------- */
+/* The row layout: out and x (or src) contiguous with only unit axes before
+ * axis, so row j of the indexed axis is L consecutive elements. */
+static int idx_rows(const nb_kview *a, const nb_kview *b, int axis, int64_t *L) {
+  if (!nb_kview_is_contiguous(a) || !nb_kview_is_contiguous(b)) return 0;
+  for (int d = 0; d < axis; d++)
+    if (a->shape[d] != 1) return 0;
+  *L = 1;
+  for (int d = axis + 1; d < a->ndim; d++) *L *= a->shape[d];
+  return 1;
+}
+
+/* Elements per 16-byte vector when every row start of both operands is
+ * 16-byte aligned (rows of L elements of size es), else 1. */
+static int idx_row_vec(const void *a, const void *b, int64_t L, size_t es) {
+  int v = (int)(16 / es);
+  if (((uintptr_t)a | (uintptr_t)b) & 15u) return 1;
+  return ((size_t)L * es) % 16 == 0 ? v : 1;
+}
+
+#define NB_ROW_WARPS 8 /* warps per block of the row kernels */
+
+/* out row j = x row idx[j]; W is a word of the copy (an element, or 16
+ * bytes); L counts words. One warp per row. */
+template <typename W>
+__global__ void __launch_bounds__(NB_ROW_WARPS * 32)
+nb_select_rows_kernel(W *out, const W *x, const char *idx, int idt, int64_t sidx, int64_t J,
+                      int64_t L, int64_t lim, int64_t *flag) {
+  int ies = idt == NB_I64 ? 8 : 4, lane = threadIdx.x & 31;
+  for (int64_t j = (int64_t)blockIdx.x * NB_ROW_WARPS + (threadIdx.x >> 5); j < J;
+       j += (int64_t)gridDim.x * NB_ROW_WARPS) {
+    int64_t t = nb_load_int(idx + j * sidx * ies, idt);
+    W *o = out + j * L;
+    if (t < 0 || t >= lim) {
+      if (lane == 0) nb_ix_bad(flag, t);
+      const W z{};
+      for (int64_t c = lane; c < L; c += 32) o[c] = z;
+      continue;
+    }
+    const W *r = x + t * L;
+    for (int64_t c = lane; c < L; c += 32) o[c] = r[c];
+  }
+}
+
+static unsigned idx_row_blocks(const nb_cuda_ctx *ctx, int64_t rows) {
+  int64_t b = (rows + NB_ROW_WARPS - 1) / NB_ROW_WARPS, cap = (int64_t)ctx->n_sm * 64;
+  return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+static nb_status select_rows(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *x,
+                             int axis, const nb_kview *idx, int64_t L) {
+  size_t es = nb_dtype_size(out->dtype);
+  int64_t J = out->shape[axis], sidx = idx->ndim ? idx->strides[0] : 0;
+  unsigned g = idx_row_blocks(ctx, J);
+  if (idx_row_vec(out->data, x->data, L, es) > 1)
+    nb_select_rows_kernel<int4><<<g, NB_ROW_WARPS * 32, 0, ctx->stream>>>(
+        (int4 *)out->data, (const int4 *)x->data, (const char *)idx->data, idx->dtype, sidx, J,
+        (int64_t)(L * es / 16), x->shape[axis], nb_cuda_flag(ctx));
+  else
+    NB_CUDA_SIZE_SWITCH(es, E,
+      nb_select_rows_kernel<E><<<g, NB_ROW_WARPS * 32, 0, ctx->stream>>>(
+          (E *)out->data, (const E *)x->data, (const char *)idx->data, idx->dtype, sidx, J, L,
+          x->shape[axis], nb_cuda_flag(ctx)));
+  return nb_cuda_launch_check("index_select (rows)");
+}
+
 static nb_status idx_dtype_ok(const char *op, const nb_kview *idx) {
   if (idx->dtype == NB_I64 || idx->dtype == NB_I32) return NB_OK;
   return nb_error_set(NB_ERR_DTYPE, "cuda %s: index dtype %s (expected i64)", op,
@@ -135,6 +209,11 @@ extern "C" nb_status nb_cuda_index_select(const nb_kview *out, const nb_kview *x
   if (st) return st;
   nb_cuda_ctx ctx;
   if ((st = nb_cuda_enter(out->data, "index_select", &ctx))) return st;
+  int64_t L;
+  if (idx_rows(out, x, axis, &L)) {
+    if ((st = select_rows(&ctx, out, x, axis, idx, L))) return st;
+    return nb_cuda_flag_check(&ctx, "index_select", x->shape[axis]);
+  }
   const nb_kview *vs[2] = {out, x};
   const int za[2] = {0, 1};
   nb_ix ix;
@@ -255,129 +334,168 @@ __global__ void nb_scatter_add_det_kernel(T *out, const T *src, const char *idx,
   }
 }
 
-/* ---- deterministic index_add: sort (index, position) keys ------------------ */
-#define NB_SORT_TILE 2048
-
-__device__ __forceinline__ void nb_cswap(uint64_t *a, uint64_t *b, bool up) {
-  uint64_t x = *a, y = *b;
-  if ((x > y) == up) { *a = y; *b = x; }
-}
-
-/* Stages j < NB_SORT_TILE of every k in [k0, k1] inside one tile. */
-__global__ void nb_bitonic_tile_kernel(uint64_t *keys, int64_t k0, int64_t k1) {
-  __shared__ uint64_t s[NB_SORT_TILE];
-  int64_t base = (int64_t)blockIdx.x * NB_SORT_TILE;
-  for (int t = threadIdx.x; t < NB_SORT_TILE; t += blockDim.x) s[t] = keys[base + t];
-  __syncthreads();
-  for (int64_t k = k0; k <= k1; k <<= 1) {
-    int64_t j0 = k >> 1 < NB_SORT_TILE / 2 ? k >> 1 : NB_SORT_TILE / 2;
-    for (int64_t j = j0; j > 0; j >>= 1) {
-      for (int t = threadIdx.x; t < NB_SORT_TILE / 2; t += blockDim.x) {
-        int lo = (int)(2 * t - (t & (j - 1))); /* index with bit j clear */
-        int64_t gi = base + lo;
-        nb_cswap(&s[lo], &s[lo + j], (gi & k) == 0);
-      }
-      __syncthreads();
-    }
-  }
-  for (int t = threadIdx.x; t < NB_SORT_TILE; t += blockDim.x) keys[base + t] = s[t];
-}
-
-/* One stage (k, j) with j >= NB_SORT_TILE over the whole array. */
-__global__ void nb_bitonic_global_kernel(uint64_t *keys, int64_t n, int64_t k, int64_t j) {
-  NB_GRID_LOOP(t, n / 2) {
-    int64_t lo = 2 * t - (t & (j - 1));
-    nb_cswap(&keys[lo], &keys[lo + j], (lo & k) == 0);
-  }
-}
-
-/* keys[j] = idx[j] << 32 | j; bad indices and padding sort last. */
-__global__ void nb_index_keys_kernel(uint64_t *keys, int64_t n_pad, const char *idx, int idt,
+/* ---- deterministic index_add: stable sort of the indices -------------------- */
+/* keys[j] = idx[j] (bad indices become lim and sort last), pos[j] = j. */
+__global__ void nb_index_keys_kernel(uint32_t *keys, uint32_t *pos, const char *idx, int idt,
                                      int64_t sidx, int64_t J, int64_t lim, int64_t *flag) {
   int ies = idt == NB_I64 ? 8 : 4;
-  NB_GRID_LOOP(j, n_pad) {
-    uint64_t key = ~(uint64_t)0;
-    if (j < J) {
-      int64_t t = nb_load_int(idx + j * sidx * ies, idt);
-      if (t < 0 || t >= lim) nb_ix_bad(flag, t);
-      else key = (uint64_t)t << 32 | (uint64_t)j;
+  NB_GRID_LOOP(j, J) {
+    int64_t t = nb_load_int(idx + j * sidx * ies, idt);
+    if (t < 0 || t >= lim) {
+      nb_ix_bad(flag, t);
+      t = lim;
     }
-    keys[j] = key;
+    keys[j] = (uint32_t)t;
+    pos[j] = (uint32_t)j;
   }
 }
 
 /* Thread (s, lane): when sorted key s starts a run, adds the run's source
- * rows, in position order, into the destination row. */
+ * elements, in position order, into the destination (any strides). */
 template <typename T>
-__global__ void nb_index_add_det_kernel(T *out, const T *src, const uint64_t *keys, int64_t J,
-                                        int64_t osa, int64_t ssa, nb_iter lanes, int64_t L) {
+__global__ void nb_index_add_det_kernel(T *out, const T *src, const uint32_t *keys,
+                                        const uint32_t *pos, int64_t J, uint32_t lim, int64_t osa,
+                                        int64_t ssa, nb_iter lanes, int64_t L) {
   typedef typename nb_acc<T>::type A;
   NB_GRID_LOOP(i, J * L) {
     int64_t s = i / L, l = i - s * L;
-    uint64_t key = keys[s];
-    if (key == ~(uint64_t)0) continue;
-    uint64_t t = key >> 32;
-    if (s > 0 && keys[s - 1] >> 32 == t) continue;
+    uint32_t t = keys[s];
+    if (t >= lim || (s > 0 && keys[s - 1] == t)) continue;
     int64_t off[2];
     nb_iter_offsets<2>(lanes, l, off);
     T *dst = out + off[0] + (int64_t)t * osa;
     A acc = nb_to_f(*dst);
-    for (int64_t r = s; r < J && keys[r] >> 32 == t; r++)
-      acc += nb_to_f(src[off[1] + (int64_t)(keys[r] & 0xffffffffu) * ssa]);
+    for (int64_t r = s; r < J && keys[r] == t; r++) acc += nb_to_f(src[off[1] + (int64_t)pos[r] * ssa]);
     *dst = nb_acc_store<T>(acc);
   }
 }
 
-static nb_status sort_keys(const nb_cuda_ctx *ctx, uint64_t *keys, int64_t n) {
-  const int th = 512;
-  int64_t tiles = n / NB_SORT_TILE;
-  nb_bitonic_tile_kernel<<<(unsigned)tiles, th, 0, ctx->stream>>>(keys, 2, NB_SORT_TILE);
-  nb_status st = nb_cuda_launch_check("index_add (sort)");
-  for (int64_t k = 2 * NB_SORT_TILE; k <= n && !st; k <<= 1) {
-    for (int64_t j = k >> 1; j >= NB_SORT_TILE && !st; j >>= 1) {
-      nb_bitonic_global_kernel<<<nb_cuda_blocks(ctx, n / 2, NB_CUDA_THREADS), NB_CUDA_THREADS, 0,
-                                 ctx->stream>>>(keys, n, k, j);
-      st = nb_cuda_launch_check("index_add (sort)");
+/* Whole rows of L elements, V per vector (L % V == 0, rows aligned to V
+ * elements): one warp per sorted key that starts a run; each lane keeps
+ * NB_ADD_CH vectors of the destination row in registers, adds the run's
+ * source rows in position order, and stores once. */
+#define NB_ADD_CH 4
+template <typename T, int V> struct alignas(V * sizeof(T)) nb_rowvec { T x[V]; };
+
+template <typename T, int V>
+__global__ void __launch_bounds__(NB_ROW_WARPS * 32)
+nb_index_add_rows_kernel(T *out, const T *src, const uint32_t *keys, const uint32_t *pos,
+                         int64_t J, uint32_t lim, int64_t L) {
+  typedef typename nb_acc<T>::type A;
+  typedef nb_rowvec<T, V> Vec;
+  const int lane = threadIdx.x & 31;
+  const int64_t nvec = L / V;
+  for (int64_t s = (int64_t)blockIdx.x * NB_ROW_WARPS + (threadIdx.x >> 5); s < J;
+       s += (int64_t)gridDim.x * NB_ROW_WARPS) {
+    uint32_t t = keys[s];
+    if (t >= lim || (s > 0 && keys[s - 1] == t)) continue;
+    Vec *dst = (Vec *)(out + (int64_t)t * L);
+    for (int64_t c0 = 0; c0 < nvec; c0 += 32 * NB_ADD_CH) {
+      A acc[NB_ADD_CH][V];
+#pragma unroll
+      for (int q = 0; q < NB_ADD_CH; q++) {
+        int64_t c = c0 + q * 32 + lane;
+        if (c < nvec) {
+          Vec d = dst[c];
+#pragma unroll
+          for (int e = 0; e < V; e++) acc[q][e] = nb_to_f(d.x[e]);
+        }
+      }
+      for (int64_t r = s; r < J && keys[r] == t; r++) {
+        const Vec *row = (const Vec *)(src + (int64_t)pos[r] * L);
+#pragma unroll
+        for (int q = 0; q < NB_ADD_CH; q++) {
+          int64_t c = c0 + q * 32 + lane;
+          if (c < nvec) {
+            Vec a = row[c];
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[q][e] += nb_to_f(a.x[e]);
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < NB_ADD_CH; q++) {
+        int64_t c = c0 + q * 32 + lane;
+        if (c < nvec) {
+          Vec d;
+#pragma unroll
+          for (int e = 0; e < V; e++) d.x[e] = nb_acc_store<T>(acc[q][e]);
+          dst[c] = d;
+        }
+      }
     }
-    if (st) break;
-    nb_bitonic_tile_kernel<<<(unsigned)tiles, th, 0, ctx->stream>>>(keys, k, k);
-    st = nb_cuda_launch_check("index_add (sort)");
   }
-  return st;
+}
+
+template <typename T>
+static nb_status add_rows(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *src,
+                          const uint32_t *keys, const uint32_t *pos, int64_t J, uint32_t lim,
+                          int64_t L) {
+  unsigned g = idx_row_blocks(ctx, J);
+  const int V = (int)(16 / sizeof(T));
+  if (V > 1 && idx_row_vec(out->data, src->data, L, sizeof(T)) == V)
+    nb_index_add_rows_kernel<T, (int)(16 / sizeof(T))>
+        <<<g, NB_ROW_WARPS * 32, 0, ctx->stream>>>((T *)out->data, (const T *)src->data, keys,
+                                                   pos, J, lim, L);
+  else
+    nb_index_add_rows_kernel<T, 1><<<g, NB_ROW_WARPS * 32, 0, ctx->stream>>>(
+        (T *)out->data, (const T *)src->data, keys, pos, J, lim, L);
+  return nb_cuda_launch_check("index_add (rows)");
+}
+
+/* Bits that index values 0..lim need. */
+static int idx_bits(int64_t lim) {
+  int b = 1;
+  while (b < 32 && ((int64_t)1 << b) <= lim) b++;
+  return b;
 }
 
 template <typename T>
 static nb_status index_add_det(const nb_cuda_ctx *ctx, const nb_kview *out, int axis,
                                const nb_kview *idx, const nb_kview *src) {
   int64_t J = src->shape[axis], lim = out->shape[axis];
-  if (J >= ((int64_t)1 << 32) || lim >= ((int64_t)1 << 31))
+  if (J >= ((int64_t)1 << 31) || lim >= ((int64_t)1 << 31))
     return nb_error_set(NB_ERR_UNSUPPORTED, "cuda index_add: deterministic path needs fewer "
-                        "than 2^32 indices and an axis below 2^31");
-  int64_t n_pad = NB_SORT_TILE;
-  while (n_pad < J) n_pad <<= 1;
-  size_t bytes = (size_t)n_pad * sizeof(uint64_t);
-  uint64_t *keys = (uint64_t *)nb_cuda_scratch(ctx, bytes);
-  if (!keys) return nb_last_status();
+                        "than 2^31 indices and an axis below 2^31");
+  int bits = idx_bits(lim);
+  size_t sort_bytes = 0;
+  NB_CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint32_t *)NULL,
+                                              (uint32_t *)NULL, (const uint32_t *)NULL,
+                                              (uint32_t *)NULL, (int)J, 0, bits, ctx->stream),
+              "index_add (sort size)");
+  size_t arr = ((size_t)J * sizeof(uint32_t) + 255) & ~(size_t)255;
+  size_t bytes = 4 * arr + sort_bytes;
+  char *scratch = (char *)nb_cuda_scratch(ctx, bytes);
+  if (!scratch) return nb_last_status();
+  uint32_t *keys_in = (uint32_t *)scratch, *keys = (uint32_t *)(scratch + arr);
+  uint32_t *pos_in = (uint32_t *)(scratch + 2 * arr), *pos = (uint32_t *)(scratch + 3 * arr);
   int64_t sidx = idx->ndim ? idx->strides[0] : 0;
-  nb_index_keys_kernel<<<nb_cuda_blocks(ctx, n_pad, NB_CUDA_THREADS), NB_CUDA_THREADS, 0,
-                         ctx->stream>>>(keys, n_pad, (const char *)idx->data, idx->dtype, sidx, J,
-                                        lim, nb_cuda_flag(ctx));
+  nb_index_keys_kernel<<<nb_cuda_blocks(ctx, J, NB_CUDA_THREADS), NB_CUDA_THREADS, 0,
+                         ctx->stream>>>(keys_in, pos_in, (const char *)idx->data, idx->dtype, sidx,
+                                        J, lim, nb_cuda_flag(ctx));
   nb_status st = nb_cuda_launch_check("index_add (keys)");
-  if (!st) st = sort_keys(ctx, keys, n_pad);
-  if (!st) {
+  if (!st)
+    st = nb_cuda_status(cub::DeviceRadixSort::SortPairs(scratch + 4 * arr, sort_bytes, keys_in, keys,
+                                                        pos_in, pos, (int)J, 0, bits, ctx->stream),
+                        "index_add (sort)");
+  int64_t L;
+  if (!st && idx_rows(out, src, axis, &L)) {
+    st = add_rows<T>(ctx, out, src, keys, pos, J, (uint32_t)lim, L);
+  } else if (!st) {
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, src->shape, sizeof shape);
     shape[axis] = 1; /* lanes: every axis but the indexed one */
     const int64_t *strides[2] = {out->strides, src->strides};
     nb_iter lanes;
     nb_iter_make(&lanes, src->ndim, shape, 2, strides);
-    int64_t L = nb_shape_numel(src->ndim, shape);
+    L = nb_shape_numel(src->ndim, shape);
     nb_index_add_det_kernel<T><<<nb_cuda_blocks(ctx, J * L, NB_CUDA_THREADS), NB_CUDA_THREADS, 0,
-                                 ctx->stream>>>((T *)out->data, (const T *)src->data, keys, J,
-                                                out->strides[axis], src->strides[axis], lanes, L);
+                                 ctx->stream>>>((T *)out->data, (const T *)src->data, keys, pos, J,
+                                                (uint32_t)lim, out->strides[axis],
+                                                src->strides[axis], lanes, L);
     st = nb_cuda_launch_check("index_add (accumulate)");
   }
-  nb_cuda_scratch_free(ctx, keys, bytes);
+  nb_cuda_scratch_free(ctx, scratch, bytes);
   return st;
 }
 

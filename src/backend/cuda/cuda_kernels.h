@@ -74,6 +74,9 @@ nb_status nb_cuda_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kvie
 nb_status nb_cuda_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *buf, double lr,
                            double momentum, double dampening, int nesterov,
                            double weight_decay);
+nb_status nb_cuda_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                              const nb_kview *v, double lr, double beta1, double beta2, double eps,
+                              double weight_decay, int64_t step);
 
 #ifdef __cplusplus
 }

@@ -3,10 +3,11 @@
  * f32 (f64 when the parameter is f64); the CPU reference computes in double,
  * so f32 results agree to rounding. Same formulas as the CPU kernels:
  *   AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
- *          p = p (1 - lr wd) - lr (m/c1) / (sqrt(v/c2) + eps)
+ *          p = p (1 - lr wd) - (lr/c1) m / (sqrt(v) / sqrt(c2) + eps)
  *   SGD:   d = g + wd p; with momentum buf = mom buf + (1-damp) d,
  *          d = nesterov ? d + mom buf : buf; p -= lr d. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -15,23 +16,154 @@
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);         \
        i += (int64_t)gridDim.x * blockDim.x)
 
-struct nb_adamw_args {
-  double lr, b1, b2, eps, decay, c1, c2;
+/* AdamW constants in the compute type C, derived once on the host:
+ * omb = 1 - beta, step_size = lr / c1, isc2 = 1 / sqrt(c2) (c1, c2 the bias
+ * corrections), decay = 1 - lr wd. */
+template <typename C> struct nb_adamw_k {
+  C b1, omb1, b2, omb2, eps, decay, step_size, isc2;
 };
 
+template <typename C>
+static nb_adamw_k<C> nb_adamw_consts(double lr, double beta1, double beta2, double eps,
+                                     double weight_decay, int64_t step) {
+  double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
+  nb_adamw_k<C> k;
+  k.b1 = (C)beta1;
+  k.omb1 = (C)(1.0 - beta1);
+  k.b2 = (C)beta2;
+  k.omb2 = (C)(1.0 - beta2);
+  k.eps = (C)eps;
+  k.decay = (C)(1.0 - lr * weight_decay);
+  k.step_size = (C)(lr / c1);
+  k.isc2 = (C)(1.0 / sqrt(c2));
+  return k;
+}
+
+/* Correctly rounded operations named explicitly, so that neither fast math
+ * nor FMA contraction can round the per-tensor and the multi-tensor kernels
+ * differently: both call nb_adamw_elem and give the same bits. */
+__device__ __forceinline__ float nb_am_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double nb_am_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
+__device__ __forceinline__ float nb_am_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double nb_am_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float nb_am_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double nb_am_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float nb_am_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double nb_am_div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float nb_am_sqrt(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double nb_am_sqrt(double a) { return __dsqrt_rn(a); }
+
+/* One element: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p = p decay - step_size m / (sqrt(v) isc2 + eps). */
+template <typename C>
+__device__ __forceinline__ void nb_adamw_elem(const nb_adamw_k<C> &k, C g, C &p, C &m, C &v) {
+  m = nb_am_fma(k.b1, m, nb_am_mul(k.omb1, g));
+  v = nb_am_fma(k.b2, v, nb_am_mul(nb_am_mul(k.omb2, g), g));
+  C den = nb_am_fma(nb_am_sqrt(v), k.isc2, k.eps);
+  p = nb_am_sub(nb_am_mul(p, k.decay), nb_am_div(nb_am_mul(k.step_size, m), den));
+}
+
 template <typename T, typename M>
-__global__ void nb_adamw_kernel(T *p, const T *g, M *m, M *v, int64_t n, nb_adamw_args a) {
+__global__ void nb_adamw_kernel(T *p, const T *g, M *m, M *v, int64_t n,
+                                nb_adamw_k<typename nb_acc<T>::type> k) {
   typedef typename nb_acc<T>::type C;
-  const C b1 = (C)a.b1, b2 = (C)a.b2, lr = (C)a.lr, eps = (C)a.eps, decay = (C)a.decay;
-  const C ic1 = (C)(1.0 / a.c1), ic2 = (C)(1.0 / a.c2);
   NB_GRID_LOOP(i, n) {
-    C gi = (C)nb_to_f(g[i]);
-    C mi = b1 * (C)nb_to_f(m[i]) + ((C)1 - b1) * gi;
-    C vi = b2 * (C)nb_to_f(v[i]) + ((C)1 - b2) * gi * gi;
-    C pi = (C)nb_to_f(p[i]) * decay - lr * (mi * ic1) / (sqrt(vi * ic2) + eps);
+    C pi = (C)nb_to_f(p[i]), mi = (C)nb_to_f(m[i]), vi = (C)nb_to_f(v[i]);
+    nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
     m[i] = nb_from_d<M>((double)mi);
     v[i] = nb_from_d<M>((double)vi);
     p[i] = nb_from_d<T>((double)pi);
+  }
+}
+
+/* ---- multi-tensor AdamW ------------------------------------------------------
+ * One launch updates up to NB_AM_MAX tensors of one parameter dtype T with
+ * f32 state. The table travels in the kernel's parameters (under 4 KB).
+ * Each block owns NB_AM_CHUNK consecutive elements of one tensor; blk[t] is
+ * the first block of tensor t, found by binary search. A thread handles
+ * NB_AM_UNROLL groups of 4 elements, every load issued before any update,
+ * with 16-byte loads of f32 data where the tensor's pointers allow. */
+#define NB_AM_MAX 64
+#define NB_AM_THREADS 256
+#define NB_AM_UNROLL 2
+#define NB_AM_CHUNK (NB_AM_THREADS * 4 * NB_AM_UNROLL)
+
+template <typename T> struct nb_am_table {
+  int n;
+  int blk[NB_AM_MAX + 1];
+  unsigned char vec[NB_AM_MAX]; /* p, g aligned to 4 elements, m, v to 16 bytes */
+  int64_t numel[NB_AM_MAX];
+  T *p[NB_AM_MAX];
+  const T *g[NB_AM_MAX];
+  float *m[NB_AM_MAX], *v[NB_AM_MAX];
+};
+
+template <typename T> struct alignas(4 * sizeof(T)) nb_am4 { T x[4]; };
+
+template <typename T>
+__global__ void __launch_bounds__(NB_AM_THREADS)
+nb_adamw_multi_kernel(const __grid_constant__ nb_am_table<T> tab,
+                      nb_adamw_k<typename nb_acc<T>::type> k) {
+  typedef typename nb_acc<T>::type C;
+  int lo = 0, hi = tab.n - 1, b = (int)blockIdx.x;
+  while (lo < hi) { /* last t with blk[t] <= b */
+    int mid = (lo + hi + 1) >> 1;
+    if (tab.blk[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const int t = lo;
+  const int64_t n = tab.numel[t], e0 = (int64_t)(b - tab.blk[t]) * NB_AM_CHUNK;
+  T *p = tab.p[t];
+  const T *g = tab.g[t];
+  float *m = tab.m[t], *v = tab.v[t];
+  if (tab.vec[t]) {
+    nb_am4<T> pp[NB_AM_UNROLL], gg[NB_AM_UNROLL];
+    float4 mm[NB_AM_UNROLL], vv[NB_AM_UNROLL];
+#pragma unroll
+    for (int u = 0; u < NB_AM_UNROLL; u++) {
+      int64_t e = e0 + 4 * ((int64_t)u * NB_AM_THREADS + threadIdx.x);
+      if (e + 4 <= n) {
+        pp[u] = *(const nb_am4<T> *)(p + e);
+        gg[u] = *(const nb_am4<T> *)(g + e);
+        mm[u] = *(const float4 *)(m + e);
+        vv[u] = *(const float4 *)(v + e);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < NB_AM_UNROLL; u++) {
+      int64_t e = e0 + 4 * ((int64_t)u * NB_AM_THREADS + threadIdx.x);
+      if (e + 4 <= n) {
+        float *mf = &mm[u].x, *vf = &vv[u].x;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          C pj = (C)nb_to_f(pp[u].x[j]), mj = (C)mf[j], vj = (C)vf[j];
+          nb_adamw_elem<C>(k, (C)nb_to_f(gg[u].x[j]), pj, mj, vj);
+          mf[j] = (float)mj;
+          vf[j] = (float)vj;
+          pp[u].x[j] = nb_from_d<T>((double)pj);
+        }
+        *(nb_am4<T> *)(p + e) = pp[u];
+        *(float4 *)(m + e) = mm[u];
+        *(float4 *)(v + e) = vv[u];
+      } else {
+        for (int64_t i = e; i < n && i < e + 4; i++) { /* the tensor's last partial group */
+          C pi = (C)nb_to_f(p[i]), mi = (C)m[i], vi = (C)v[i];
+          nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
+          m[i] = (float)mi;
+          v[i] = (float)vi;
+          p[i] = nb_from_d<T>((double)pi);
+        }
+      }
+    }
+  } else {
+    int64_t end = e0 + NB_AM_CHUNK < n ? e0 + NB_AM_CHUNK : n;
+    for (int64_t i = e0 + threadIdx.x; i < end; i += NB_AM_THREADS) {
+      C pi = (C)nb_to_f(p[i]), mi = (C)m[i], vi = (C)v[i];
+      nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
+      m[i] = (float)mi;
+      v[i] = (float)vi;
+      p[i] = nb_from_d<T>((double)pi);
+    }
   }
 }
 
@@ -60,15 +192,24 @@ static nb_status state_dtype_ok(const char *op, const nb_kview *s) {
 template <typename T>
 static nb_status adamw_run(const nb_cuda_ctx *ctx, const nb_kview *p, const nb_kview *g,
                            const nb_kview *m, const nb_kview *v, int64_t n,
-                           const nb_adamw_args *a) {
+                           const nb_adamw_k<typename nb_acc<T>::type> &k) {
   unsigned gr = nb_cuda_blocks(ctx, n, NB_CUDA_THREADS);
   if (m->dtype == NB_F64)
     nb_adamw_kernel<T, double><<<gr, NB_CUDA_THREADS, 0, ctx->stream>>>(
-        (T *)p->data, (const T *)g->data, (double *)m->data, (double *)v->data, n, *a);
+        (T *)p->data, (const T *)g->data, (double *)m->data, (double *)v->data, n, k);
   else
     nb_adamw_kernel<T, float><<<gr, NB_CUDA_THREADS, 0, ctx->stream>>>(
-        (T *)p->data, (const T *)g->data, (float *)m->data, (float *)v->data, n, *a);
+        (T *)p->data, (const T *)g->data, (float *)m->data, (float *)v->data, n, k);
   return nb_cuda_launch_check("adamw_step");
+}
+
+static nb_status adamw_state_ok(const char *op, const nb_kview *m, const nb_kview *v) {
+  nb_status st = state_dtype_ok(op, m);
+  if (!st) st = state_dtype_ok(op, v);
+  if (!st && m->dtype != v->dtype)
+    st = nb_error_set(NB_ERR_DTYPE, "cuda %s: m is %s but v is %s", op, nb_dtype_name(m->dtype),
+                      nb_dtype_name(v->dtype));
+  return st;
 }
 
 extern "C" nb_status nb_cuda_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview *m,
@@ -77,24 +218,92 @@ extern "C" nb_status nb_cuda_adamw_step(const nb_kview *p, const nb_kview *g, co
                                         int64_t step) {
   int64_t n = nb_kview_numel(p);
   if (n == 0) return NB_OK;
-  nb_status st = state_dtype_ok("adamw_step", m);
-  if (!st) st = state_dtype_ok("adamw_step", v);
-  if (!st && m->dtype != v->dtype)
-    st = nb_error_set(NB_ERR_DTYPE, "cuda adamw_step: m is %s but v is %s", nb_dtype_name(m->dtype),
-                      nb_dtype_name(v->dtype));
+  nb_status st = adamw_state_ok("adamw_step", m, v);
   if (st) return st;
   nb_cuda_ctx ctx;
   if ((st = nb_cuda_enter(p->data, "adamw_step", &ctx))) return st;
-  nb_adamw_args a;
-  a.lr = lr;
-  a.b1 = beta1;
-  a.b2 = beta2;
-  a.eps = eps;
-  a.decay = 1.0 - lr * weight_decay;
-  a.c1 = 1.0 - pow(beta1, (double)step);
-  a.c2 = 1.0 - pow(beta2, (double)step);
-  NB_CUDA_FLOAT_SWITCH(p->dtype, T, return adamw_run<T>(&ctx, p, g, m, v, n, &a));
+  NB_CUDA_FLOAT_SWITCH(p->dtype, T,
+    return adamw_run<T>(&ctx, p, g, m, v, n,
+                        nb_adamw_consts<typename nb_acc<T>::type>(lr, beta1, beta2, eps,
+                                                                  weight_decay, step)));
   return NB_OK;
+}
+
+static int am_aligned(const void *ptr, size_t a) { return ((uintptr_t)ptr & (a - 1)) == 0; }
+
+/* Launches the table's kernel (blk[] filled here) and empties the table. */
+template <typename T>
+static nb_status adamw_multi_flush(const nb_cuda_ctx *ctx, nb_am_table<T> *tab,
+                                   const nb_adamw_k<typename nb_acc<T>::type> &k) {
+  if (!tab->n) return NB_OK;
+  int64_t blocks = 0;
+  for (int t = 0; t < tab->n; t++) {
+    tab->blk[t] = (int)blocks;
+    blocks += (tab->numel[t] + NB_AM_CHUNK - 1) / NB_AM_CHUNK;
+  }
+  tab->blk[tab->n] = (int)blocks;
+  nb_adamw_multi_kernel<T><<<(unsigned)blocks, NB_AM_THREADS, 0, ctx->stream>>>(*tab, k);
+  tab->n = 0;
+  return nb_cuda_launch_check("adamw_multi");
+}
+
+/* Every tensor of parameter dtype T with f32 state, in launches of up to
+ * NB_AM_MAX tensors (and fewer than 2^30 blocks); done[i] marks them. */
+template <typename T>
+static nb_status adamw_multi_dtype(const nb_cuda_ctx *ctx, nb_dtype dt, int n, const nb_kview *p,
+                                   const nb_kview *g, const nb_kview *m, const nb_kview *v,
+                                   const nb_adamw_k<typename nb_acc<T>::type> &k, char *done) {
+  nb_am_table<T> tab;
+  tab.n = 0;
+  int64_t blocks = 0;
+  nb_status st = NB_OK;
+  for (int i = 0; i < n && !st; i++) {
+    if (done[i] || p[i].dtype != dt || m[i].dtype != NB_F32 || v[i].dtype != NB_F32) continue;
+    done[i] = 1;
+    int64_t ne = nb_kview_numel(&p[i]), nb = (ne + NB_AM_CHUNK - 1) / NB_AM_CHUNK;
+    if (ne == 0) continue;
+    if (tab.n == NB_AM_MAX || blocks + nb >= ((int64_t)1 << 30)) {
+      st = adamw_multi_flush<T>(ctx, &tab, k);
+      blocks = 0;
+    }
+    int t = tab.n++;
+    tab.numel[t] = ne;
+    tab.p[t] = (T *)p[i].data;
+    tab.g[t] = (const T *)g[i].data;
+    tab.m[t] = (float *)m[i].data;
+    tab.v[t] = (float *)v[i].data;
+    tab.vec[t] = am_aligned(p[i].data, 4 * sizeof(T)) && am_aligned(g[i].data, 4 * sizeof(T)) &&
+                 am_aligned(m[i].data, 16) && am_aligned(v[i].data, 16);
+    blocks += nb;
+  }
+  if (!st) st = adamw_multi_flush<T>(ctx, &tab, k);
+  return st;
+}
+
+extern "C" nb_status nb_cuda_adamw_multi(int n, const nb_kview *p, const nb_kview *g,
+                                         const nb_kview *m, const nb_kview *v, double lr,
+                                         double beta1, double beta2, double eps,
+                                         double weight_decay, int64_t step) {
+  if (n <= 0) return NB_OK;
+  nb_status st = NB_OK;
+  for (int i = 0; i < n && !st; i++) st = adamw_state_ok("adamw_multi", &m[i], &v[i]);
+  if (st) return st;
+  nb_cuda_ctx ctx;
+  if ((st = nb_cuda_enter(p[0].data, "adamw_multi", &ctx))) return st;
+  char *done = (char *)calloc((size_t)n, 1);
+  if (!done) return nb_error_set(NB_ERR_OOM, "cuda adamw_multi: out of host memory");
+  nb_adamw_k<float> kf = nb_adamw_consts<float>(lr, beta1, beta2, eps, weight_decay, step);
+  nb_adamw_k<double> kd = nb_adamw_consts<double>(lr, beta1, beta2, eps, weight_decay, step);
+  st = adamw_multi_dtype<float>(&ctx, NB_F32, n, p, g, m, v, kf, done);
+  if (!st) st = adamw_multi_dtype<__nv_bfloat16>(&ctx, NB_BF16, n, p, g, m, v, kf, done);
+  if (!st) st = adamw_multi_dtype<__half>(&ctx, NB_F16, n, p, g, m, v, kf, done);
+  if (!st) st = adamw_multi_dtype<double>(&ctx, NB_F64, n, p, g, m, v, kd, done);
+  /* f64 state (not what the optimizer allocates): one kernel per tensor */
+  for (int i = 0; i < n && !st; i++)
+    if (!done[i])
+      st = nb_cuda_adamw_step(&p[i], &g[i], &m[i], &v[i], lr, beta1, beta2, eps, weight_decay, step);
+  free(done);
+  return st;
 }
 
 extern "C" nb_status nb_cuda_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *buf,
