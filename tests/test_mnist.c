@@ -18,17 +18,7 @@ static const char *bin;
 static char dir[256];
 static char out[64 * 1024];
 
-static int run(const char *args) {
-  char cmd[4096], log[300];
-  snprintf(log, sizeof log, "%s/out.txt", dir);
-  snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>&1", bin, args, log);
-  int st = system(cmd);
-  FILE *f = fopen(log, "rb");
-  size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
-  out[n] = 0;
-  if (f) fclose(f);
-  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static int run(const char *args) { return nbt_run(bin, args, dir, out, sizeof out); }
 
 static void put_be32(FILE *f, uint32_t v) {
   unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16),

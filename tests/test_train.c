@@ -17,17 +17,7 @@ static char out[64 * 1024]; /* output of the last command */
 
 /* Runs `nabla ARGS` with stdout and stderr captured in out; returns the exit
  * status (-1 if it did not exit normally). */
-static int run(const char *args) {
-  char cmd[4096], log[300];
-  snprintf(log, sizeof log, "%s/out.txt", dir);
-  snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>&1", bin, args, log);
-  int st = system(cmd);
-  FILE *f = fopen(log, "rb");
-  size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
-  out[n] = 0;
-  if (f) fclose(f);
-  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static int run(const char *args) { return nbt_run(bin, args, dir, out, sizeof out); }
 
 /* A tiny model that trains in well under a second per step, on the device
  * NABLA_TRAIN_DEVICE names (default cpu; the GPU machine sets cuda). */

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 int nbt_passed, nbt_failed;
 
@@ -140,4 +141,16 @@ int nbt_gradcheck(const char *name, nbt_fn f, void *ctx, int n, nb_tensor *const
   free(wv);
   nb_scope_end();
   return ok;
+}
+
+int nbt_run(const char *bin, const char *args, const char *dir, char *out, size_t out_size) {
+  char cmd[4096], log[300];
+  snprintf(log, sizeof log, "%s/out.txt", dir);
+  snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>&1", bin, args, log);
+  int st = system(cmd);
+  FILE *f = fopen(log, "rb");
+  size_t n = f ? fread(out, 1, out_size - 1, f) : 0;
+  out[n] = 0;
+  if (f) fclose(f);
+  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -42,6 +42,10 @@ int nbt_check_error(const char *name, int failed, nb_status st, ...);
 typedef nb_tensor *(*nbt_fn)(nb_tensor *const *inputs, void *ctx);
 int nbt_gradcheck(const char *name, nbt_fn f, void *ctx, int n, nb_tensor *const *inputs,
                   double eps, double rtol, double atol);
+/* Runs `'bin' args` with stdout and stderr captured into out (a log file in
+ * dir holds them); returns the exit status, or -1 if it did not exit. */
+int nbt_run(const char *bin, const char *args, const char *dir, char *out, size_t out_size);
+
 /* A new f64 leaf with requires_grad, filled from a normal(seed); owned by
  * the caller (nb_release) even inside a scope. */
 nb_tensor *nbt_leaf(uint64_t seed, int ndim, const int64_t *shape);
