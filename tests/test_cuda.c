@@ -312,7 +312,7 @@ static void grad_cmp(const char *name, fwd_fn f, void *ctx, int n, nb_tensor *co
     out[dv] = y;
     for (int i = 0; i < n; i++) gr[dv][i] = nb_grad(x[i]);
   }
-  char nm[96];
+  char nm[200]; /* room for any case name plus the suffix */
   snprintf(nm, sizeof nm, "%s forward", name);
   cmp(nm, dt, out[0], out[1], scale);
   for (int i = 0; i < n; i++) {
