@@ -111,6 +111,14 @@ typedef struct nb_backend {
   nb_status (*xent_bwd)(const nb_kview *dlogits, const nb_kview *dloss,
                         const nb_kview *logits, const nb_kview *targets, const nb_kview *lse,
                         int64_t ignore_index, double smoothing);
+  /* Forward and backward in one pass (a training step's cross-entropy): loss
+   * and lse as xent_fwd (lse required), and dlogits (N, C, any strides) as
+   * xent_bwd with the row gradient dloss (f32/f64 (N), any strides, stride 0
+   * for one shared scale such as 1/N_valid). Same results as xent_fwd then
+   * xent_bwd; index out of range: error. */
+  nb_status (*xent_fused)(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
+                          const nb_kview *dloss, const nb_kview *logits,
+                          const nb_kview *targets, int64_t ignore_index, double smoothing);
   /* out[.., j, ..] = x[.., idx[j], ..] along axis; idx i64 1-D. */
   nb_status (*index_select)(const nb_kview *out, const nb_kview *x, int axis,
                             const nb_kview *idx);
@@ -144,6 +152,7 @@ typedef struct nb_backend {
   nb_status (*adamw_step)(const nb_kview *p, const nb_kview *g, const nb_kview *m,
                           const nb_kview *v, double lr, double beta1, double beta2, double eps,
                           double weight_decay, int64_t step);
+  /* buf may be NULL when momentum is 0. */
   nb_status (*sgd_step)(const nb_kview *p, const nb_kview *g, const nb_kview *buf, double lr,
                         double momentum, double dampening, int nesterov, double weight_decay);
   /* adamw_step applied to each of n tensors (p[i], g[i], m[i], v[i]), the

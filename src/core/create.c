@@ -15,6 +15,8 @@ static nb_tensor *fill_new(const char *op, int ndim, const int64_t *shape, doubl
   nb_kview kv;
   nb_kview_of(t, &kv);
   if (nb_numel(t) && nb_backend_for(dev)->fill(&kv, v)) { nb_release(t); return NULL; }
+  t->storage->filled = 1;
+  t->storage->fill_value = v;
   return nb_autorelease(t);
 }
 
@@ -125,6 +127,7 @@ double nb_item(const nb_tensor *t) {
 
 void *nb_data_ptr(const nb_tensor *t) {
   if (!t || nb_device_of(t).type != NB_CPU) return NULL;
+  t->storage->filled = 0; /* the caller may write through it */
   return (char *)t->storage->data + t->offset * (int64_t)nb_dtype_size(t->dtype);
 }
 
@@ -140,6 +143,7 @@ nb_status nb_fill_(nb_tensor *dst, double value) {
   if (!dst) return nb_error_null("nb_fill_", "dst");
   nb_status st = check_inplace("nb_fill_", dst);
   if (st || !nb_numel(dst)) return st;
+  dst->storage->filled = 0;
   nb_kview kv;
   nb_kview_of(dst, &kv);
   return nb_backend_for(nb_device_of(dst))->fill(&kv, value);
@@ -150,6 +154,7 @@ nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src) {
   if (!src) return nb_error_null("nb_copy_", "src");
   nb_status st = check_inplace("nb_copy_", dst);
   if (st) return st;
+  dst->storage->filled = 0;
   char b1[200], b2[200];
   nb_kview d, s;
   nb_kview_of(dst, &d);

@@ -72,62 +72,96 @@ static nb_tensor *reduce_rows(nb_tensor *rows, const nb_tensor *trow, const nb_t
   return nb_div(s, count);
 }
 
-/* ---- cross_entropy ------------------------------------------------------ */
-enum { XENT_IP_IGNORE };
-enum { XENT_DP_SMOOTH };
+/* ---- cross_entropy ------------------------------------------------------
+ * One node from the logits rows to the reduced loss. With a gradient wanted
+ * (grad mode on, logits requiring grad) the forward runs the fused kernel,
+ * which also writes dlogits for an upstream gradient of exactly 1 (the row
+ * gradient is then 1/N_valid for mean, 1 for sum and none) and saves it; the
+ * backward returns it as is when the incoming gradient is the engine's
+ * all-ones seed (known on the host, no device read), else scales it by the
+ * incoming gradient (one elementwise pass). Without a gradient wanted the
+ * forward-only kernel runs and nothing is saved. */
+enum { XENT_IP_RED };
 
 static nb_status xent_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  const nb_tensor *x = n->inputs[0], *t = n->inputs[1], *lse = n->saved[0];
-  nb_scope_begin();
-  nb_tensor *dloss = nb_contiguous(nb_cast(g, lse->dtype));
-  nb_tensor *dx = dloss ? nb_tensor_alloc(x->ndim, x->shape, x->dtype, nb_device_of(x)) : NULL;
-  if (dx && nb_numel(dx)) {
-    nb_kview kdx, kdl, kx, kt, kl;
-    nb_kview_of(dx, &kdx);
-    nb_kview_of(dloss, &kdl);
-    nb_kview_of(x, &kx);
-    nb_kview_of(t, &kt);
-    nb_kview_of(lse, &kl);
-    if (nb_backend_for(nb_device_of(x))->xent_bwd(&kdx, &kdl, &kx, &kt, &kl, n->ip[XENT_IP_IGNORE],
-                                                  n->dp[XENT_DP_SMOOTH])) {
-      nb_release(dx);
-      dx = NULL;
-    }
+  nb_tensor *dx = n->saved[0];
+  const nb_storage *gs = g->storage;
+  /* the fast path hands out the saved buffer; under create_graph the result
+   * must be a fresh tensor carrying a node, so it scales instead */
+  if (gs->filled && gs->fill_value == 1.0 && !g->requires_grad && !nb_grad_enabled()) {
+    gin[0] = nb_retain(dx);
+    return NB_OK;
   }
-  if (dx) nb_record("cross_entropy_backward", no_double_bw, 2, (const nb_tensor *const[]){dloss, x}, dx);
+  nb_scope_begin();
+  nb_tensor *gr = n->ip[XENT_IP_RED] == NB_REDUCE_NONE
+                      ? nb_reshape(g, 2, (int64_t[]){dx->shape[0], 1}) : g;
+  nb_no_grad_begin();
+  nb_tensor *out = nb_mul(dx, nb_cast(gr, dx->dtype));
+  nb_no_grad_end();
+  /* a second derivative would need d(dlogits)/dlogits: refuse it */
+  if (out) nb_record("cross_entropy_backward", no_double_bw, 2,
+                     (const nb_tensor *const[]){g, n->inputs[0]}, out);
+  gin[0] = nb_keep(out);
   nb_scope_end();
-  gin[0] = dx;
-  return dx ? NB_OK : nb_last_status();
+  return gin[0] ? NB_OK : nb_last_status();
 }
 
-/* Per-row losses of x (M, C) and targets (M) i64, from one kernel pass.
- * The loss and log-sum-exp are f32 (f64 for f64 logits, which keeps the
- * float64 reference path exact). */
-static nb_tensor *xent_rows(const nb_tensor *x, const nb_tensor *t, int64_t ignore, double smooth) {
+/* N_valid as a loss-dtype scalar: the rows whose target is not ignored. */
+static nb_tensor *xent_count(const nb_tensor *t, int64_t ignore, nb_dtype sdt) {
+  nb_tensor *valid = nb_ne(t, nb_scalar((double)ignore, NB_I64, nb_device_of(t)));
+  return nb_sum(nb_cast(valid, sdt), 0, NULL, 0);
+}
+
+/* Per-row losses (f32; f64 for f64 logits) of x (M, C) and targets (M) i64;
+ * with dx set, also dlogits for row gradient dloss (a loss-dtype scalar). */
+static nb_tensor *xent_kernel(const nb_tensor *x, const nb_tensor *t, int64_t ignore,
+                              double smooth, nb_tensor *dx, const nb_tensor *dloss) {
   int64_t M = x->shape[0];
   nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_device dev = nb_device_of(x);
-  nb_tensor *loss = nb_tensor_alloc(1, &M, sdt, dev);
+  nb_tensor *loss = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
   nb_tensor *lse = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
-  if (!loss || !lse) { nb_release(loss); return NULL; }
-  if (M) {
-    nb_kview kloss, klse, kx, kt;
-    nb_kview_of(loss, &kloss);
-    nb_kview_of(lse, &klse);
-    nb_kview_of(x, &kx);
-    nb_kview_of(t, &kt);
-    if (nb_backend_for(dev)->xent_fwd(&kloss, &klse, &kx, &kt, ignore, smooth)) {
-      nb_release(loss);
-      return NULL;
-    }
+  if (!loss || !lse) return NULL;
+  if (!M) return loss;
+  nb_kview kloss, klse, kx, kt, kdx, kdl;
+  nb_kview_of(loss, &kloss);
+  nb_kview_of(lse, &klse);
+  nb_kview_of(x, &kx);
+  nb_kview_of(t, &kt);
+  const nb_backend *be = nb_backend_for(dev);
+  nb_status st;
+  if (dx) {
+    nb_kview_of(dx, &kdx);
+    nb_kview_broadcast(dloss, 1, &M, &kdl); /* one scale for every row: stride 0 */
+    st = be->xent_fused(&kloss, &klse, &kdx, &kdl, &kx, &kt, ignore, smooth);
+  } else {
+    st = be->xent_fwd(&kloss, &klse, &kx, &kt, ignore, smooth);
   }
-  nb_node *n = nb_record("cross_entropy", xent_bw, 2, (const nb_tensor *const[]){x, t}, loss);
-  if (n) {
-    n->ip[XENT_IP_IGNORE] = ignore;
-    n->dp[XENT_DP_SMOOTH] = smooth;
-    nb_node_save(n, 0, lse);
+  return st ? NULL : loss;
+}
+
+/* The loss of rows x (M, C), targets t (M): reduced in the loss dtype, then
+ * rounded once to the logits' dtype; nothing recorded. *dx receives dlogits
+ * when want_grad. */
+static nb_tensor *xent_forward(const nb_tensor *x, const nb_tensor *t, const nb_tensor *targets,
+                               nb_reduction red, int64_t ignore, double smooth, int want_grad,
+                               nb_tensor **dx) {
+  nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
+  nb_device dev = nb_device_of(x);
+  nb_tensor *count = red == NB_REDUCE_MEAN ? xent_count(t, ignore, sdt) : NULL;
+  nb_tensor *dloss = NULL;
+  *dx = NULL;
+  if (want_grad) {
+    dloss = count ? nb_div(nb_scalar(1.0, sdt, dev), count) : nb_scalar(1.0, sdt, dev);
+    *dx = nb_autorelease(nb_tensor_alloc(x->ndim, x->shape, x->dtype, dev));
+    if (!dloss || !*dx) return NULL;
   }
-  return nb_autorelease(loss);
+  nb_tensor *rows = xent_kernel(x, t, ignore, smooth, *dx, dloss);
+  if (!rows) return NULL;
+  nb_tensor *out = red == NB_REDUCE_NONE ? nb_reshape(rows, targets->ndim, targets->shape)
+                                         : nb_sum(rows, 0, NULL, 0);
+  if (count) out = nb_div(out, count); /* 0/0 = NaN when every row is ignored */
+  return nb_cast(out, x->dtype);
 }
 
 nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
@@ -141,11 +175,21 @@ nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
     return NULL;
   }
   nb_scope_begin();
-  nb_tensor *x, *t, *out = NULL;
+  nb_tensor *x, *t, *out = NULL, *dx = NULL;
   if (class_rows(logits, targets, &x, &t)) {
-    nb_tensor *rows = nb_cast(xent_rows(x, t, ignore_index, label_smoothing), logits->dtype);
-    out = rows ? nb_keep(reduce_rows(rows, t, targets, red, ignore_index)) : NULL;
+    int want = nb_grad_enabled() && x->requires_grad;
+    nb_no_grad_begin();
+    out = xent_forward(x, t, targets, red, ignore_index, label_smoothing, want, &dx);
+    nb_no_grad_end();
   }
+  if (out && dx) {
+    nb_node *n = nb_record("cross_entropy", xent_bw, 2, (const nb_tensor *const[]){x, t}, out);
+    if (n) {
+      n->ip[XENT_IP_RED] = red;
+      nb_node_save(n, 0, dx);
+    }
+  }
+  out = nb_keep(out);
   nb_scope_end();
   return nb_autorelease(out);
 }

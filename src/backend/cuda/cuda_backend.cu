@@ -26,6 +26,7 @@ static const nb_backend nb_cuda_table = {
   nb_cuda_norm_bwd,
   nb_cuda_xent_fwd,
   nb_cuda_xent_bwd,
+  nb_cuda_xent_fused,
   nb_cuda_index_select,
   nb_cuda_index_add,
   nb_cuda_gather,
@@ -44,6 +45,6 @@ static const nb_backend nb_cuda_table = {
 
 /* Positional initialisation (C++ has no designated initialisers for every
  * member in order before C++20): this checks the member count stays put. */
-static_assert(sizeof(nb_backend) == sizeof(void *) * 37, "nb_backend changed: update the table");
+static_assert(sizeof(nb_backend) == sizeof(void *) * 38, "nb_backend changed: update the table");
 
 extern "C" const nb_backend *nb_cuda_backend(void) { return &nb_cuda_table; }
