@@ -335,6 +335,16 @@ static nb_status optim_adamw_all(nb_optim *o) {
   return st;
 }
 
+/* The kernels wrote parameters and state in place: what the core knew of
+ * their contents (a constant fill, from nb_zeros or nb_ones) no longer holds. */
+static void optim_forget_fills(nb_optim *o) {
+  for (int i = 0; i < o->n_slots; i++) {
+    nb_params_get(o->params, i)->storage->filled = 0;
+    for (int k = 0; k < 2; k++)
+      if (o->slots[i].state[k]) o->slots[i].state[k]->storage->filled = 0;
+  }
+}
+
 nb_status nb_optim_step(nb_optim *o) {
   if (!o) return nb_error_null("nb_optim_step", "o");
   nb_status st = optim_sync_slots(o);
@@ -347,6 +357,7 @@ nb_status nb_optim_step(nb_optim *o) {
     for (int i = 0; i < o->n_slots && !st; i++) st = optim_update(o, i);
   nb_no_grad_end();
   nb_scope_end();
+  optim_forget_fills(o);
   return st;
 }
 
