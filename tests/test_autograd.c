@@ -27,6 +27,23 @@ static void test_accumulation(void) {
   nb_scope_end();
 }
 
+/* One gradient tensor reaching two leaves (a + b) must not become a shared
+ * buffer: an in-place update of one leaf's .grad leaves the other alone. */
+static void test_leaf_grads_not_aliased(void) {
+  nb_scope_begin();
+  nb_tensor *a = nbt_leaf(21, 1, (int64_t[]){3}), *b = nbt_leaf(22, 1, (int64_t[]){3});
+  nb_tensor *w = nbt_randn(23, 1, (int64_t[]){3}, NB_F64);
+  NBT_CHECK(nb_backward(nb_sum(nb_mul(nb_add(a, b), w), 0, NULL, 0), NULL) == NB_OK, "backward");
+  NBT_CHECK(!nb_shares_storage(nb_grad(a), nb_grad(b)), "leaf gradients have their own buffers");
+  nb_fill_(nb_grad(a), 0.0);
+  double *wv = nbt_f64(w);
+  nbt_check_close("the other leaf's gradient is untouched", nb_grad(b), wv, 0, 0);
+  free(wv);
+  nb_release(a);
+  nb_release(b);
+  nb_scope_end();
+}
+
 static void test_no_grad_detach(void) {
   nb_scope_begin();
   nb_tensor *x = nbt_leaf(2, 1, (int64_t[]){3});
@@ -108,6 +125,7 @@ static void test_requires_grad_rules(void) {
 
 int main(void) {
   test_accumulation();
+  test_leaf_grads_not_aliased();
   test_no_grad_detach();
   test_nonscalar_and_retain();
   test_second_derivative();

@@ -163,6 +163,19 @@ static nb_tensor *fit_to(nb_tensor *g, const nb_tensor *like) {
   return g;
 }
 
+/* Whether the pass may keep graph state (retain_graph or create_graph). */
+static _Thread_local int pass_keeps_graph;
+
+/* g can become a leaf's .grad without a copy: nothing else can see its
+ * memory (one tensor on the storage, covering all of it), it has no
+ * history, and the graph (whose saved tensors it might be) is freed after
+ * this pass, so later in-place updates of .grad (clipping) touch nothing else. */
+static int grad_exclusive(const nb_tensor *g) {
+  return !pass_keeps_graph && !g->grad_fn && !g->requires_grad && g->storage->refcount == 1 &&
+         g->offset == 0 && nb_is_contiguous(g) &&
+         (size_t)nb_numel(g) * nb_dtype_size(g->dtype) == g->storage->nbytes;
+}
+
 typedef struct {
   int n_targets;              /* nb_autograd_grad: capture grads of these */
   nb_tensor *const *targets;
@@ -183,6 +196,10 @@ static nb_status deliver(nb_tensor *in, nb_tensor *g, grad_sink *sink) {
   if (in->grad_fn) return accumulate(&in->grad_fn->gacc, g);
   /* a leaf: its .grad is its own contiguous buffer, never an alias */
   if (!in->grad) {
+    if (grad_exclusive(g)) { /* a header of its own: the storage count now says "shared" */
+      in->grad = nb_tensor_view_of(g, g->ndim, g->shape, g->strides, 0);
+      return in->grad ? NB_OK : nb_last_status();
+    }
     nb_tensor *c = nb_clone(g);
     if (!c) return nb_last_status();
     in->grad = nb_keep(c);
@@ -229,6 +246,7 @@ static nb_status run_backward(nb_tensor *t, const nb_tensor *grad, int retain, i
   nb_status st = check_root(t, grad);
   if (st) return st;
   if (!create) nb_no_grad_begin();
+  pass_keeps_graph = retain || create;
   nb_scope_begin();
   nb_tensor *g0 = grad ? (nb_tensor *)grad : nb_ones_like(t);
   if (grad && grad->dtype != t->dtype) g0 = nb_cast(grad, t->dtype);
