@@ -11,6 +11,8 @@
  * one uniform batch stride (0 for a broadcast operand) becomes cuBLASLt's
  * strided batch, further batch axes a loop of calls. */
 #include <cublasLt.h>
+#include <pthread.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -92,6 +94,51 @@ static nb_status lt_layout(cublasLtMatrixLayout_t *l, const nb_lt_types *t, cons
   return st;
 }
 
+/* The heuristic query costs far more than a small matmul's launch, and a
+ * training step repeats the same shapes: its answer is cached per problem
+ * (types, operations, layouts, batch, alignments; one device, one
+ * workspace size), so each shape is looked up once per process. */
+typedef struct { int64_t v[20]; } lt_key;
+
+static void lt_key_of(lt_key *k, const nb_lt_types *t, const nb_lt_call *c, const uint32_t *al) {
+  memset(k, 0, sizeof *k);
+  int64_t *v = k->v;
+  v[0] = t->dt; v[1] = t->compute; v[2] = t->scale;
+  v[3] = c->A.op; v[4] = c->A.rows; v[5] = c->A.cols; v[6] = c->A.ld;
+  v[7] = c->B.op; v[8] = c->B.rows; v[9] = c->B.cols; v[10] = c->B.ld;
+  v[11] = c->D.rows; v[12] = c->D.cols; v[13] = c->D.ld;
+  v[14] = c->count; v[15] = c->sA; v[16] = c->sB; v[17] = c->sD;
+  v[18] = al[0] | (int64_t)al[1] << 16 | (int64_t)al[2] << 32;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  v[19] = dev;
+}
+
+#define LT_CACHE 512
+static pthread_mutex_t lt_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  lt_key key[LT_CACHE];
+  cublasLtMatmulHeuristicResult_t heur[LT_CACHE];
+  int n, next;
+} lt_cache; /* guarded by lt_cache_lock */
+
+static int lt_cache_find(const lt_key *k, cublasLtMatmulHeuristicResult_t *out) {
+  int hit = 0;
+  pthread_mutex_lock(&lt_cache_lock);
+  for (int i = 0; i < lt_cache.n && !hit; i++)
+    if (!memcmp(&lt_cache.key[i], k, sizeof *k)) { *out = lt_cache.heur[i]; hit = 1; }
+  pthread_mutex_unlock(&lt_cache_lock);
+  return hit;
+}
+
+static void lt_cache_put(const lt_key *k, const cublasLtMatmulHeuristicResult_t *h) {
+  pthread_mutex_lock(&lt_cache_lock);
+  int i = lt_cache.n < LT_CACHE ? lt_cache.n++ : (lt_cache.next++ % LT_CACHE); /* round robin when full */
+  lt_cache.key[i] = *k;
+  lt_cache.heur[i] = *h;
+  pthread_mutex_unlock(&lt_cache_lock);
+}
+
 static nb_status lt_run(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_lt_call *c) {
   void *ws;
   size_t ws_bytes;
@@ -120,7 +167,13 @@ static nb_status lt_run(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_l
                                                        &ws_bytes, sizeof ws_bytes), "workspace");
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
-  if (!st) st = lt_check(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found), "heuristic");
+  lt_key key;
+  lt_key_of(&key, t, c, al);
+  if (!st && lt_cache_find(&key, &heur)) found = 1;
+  else if (!st) {
+    st = lt_check(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found), "heuristic");
+    if (!st && found) lt_cache_put(&key, &heur);
+  }
   if (!st && !found)
     st = nb_error_set(NB_ERR_UNSUPPORTED, "cuda matmul: cuBLASLt has no algorithm for (%lld x %lld) "
                       "@ (%lld x %lld), batch %lld", (long long)c->m, (long long)c->k,
