@@ -121,6 +121,12 @@ nb_tensor *nb_arange(double start, double end, double step, nb_dtype dt, nb_devi
 /* Copies numel elements of dtype dt from a host buffer. */
 nb_tensor *nb_from_buffer(const void *data, int ndim, const int64_t *shape,
                           nb_dtype dt, nb_device dev);
+/* A CPU tensor in page-locked (pinned) memory when a CUDA device is present,
+ * in ordinary memory otherwise (its contents are uninitialised). A copy from
+ * it to a GPU (nb_to_device, nb_copy_) is queued without waiting: write into
+ * it again only after nb_device_synchronize of that GPU. */
+nb_tensor *nb_empty_pinned(int ndim, const int64_t *shape, nb_dtype dt);
+int nb_is_pinned(const nb_tensor *t);
 nb_tensor *nb_zeros_like(const nb_tensor *t);
 nb_tensor *nb_ones_like(const nb_tensor *t);
 /* Copies the tensor, in its dtype, in row-major order into a host buffer of

@@ -74,6 +74,10 @@ static void test_creation(void) {
   nb_to_host(tt, backt, sizeof backt);
   NBT_CHECK(backt[0] == 1 && backt[1] == 4 && backt[2] == 2 && backt[5] == 6, "to_host of a transposed view is row-major");
   NBT_CHECK(nb_item(nb_full(0, NULL, 7.5, NB_BF16, NB_DEVICE_CPU)) == 7.5, "0-d full item");
+  /* pinned memory: page-locked with a GPU, ordinary memory without one */
+  nb_tensor *pin = nb_empty_pinned(2, (int64_t[]){2, 3}, NB_F32);
+  NBT_CHECK(pin && nb_is_pinned(pin) == (nb_cuda_available() > 0), "empty_pinned");
+  NBT_CHECK(nb_copy_(pin, t) == NB_OK && nb_get(pin, (int64_t[]){1, 2}) == 6, "a pinned tensor is an ordinary CPU tensor");
   nb_tensor *z = nb_zeros(3, (int64_t[]){2, 0, 3}, NB_F32, NB_DEVICE_CPU);
   NBT_CHECK(z && nb_numel(z) == 0, "empty tensor");
   nb_scope_end();

@@ -57,6 +57,12 @@ typedef struct nb_backend {
   nb_status (*upload)(nb_device dev, void *dst, const void *src, size_t nbytes);
   nb_status (*download)(nb_device dev, void *dst, const void *src, size_t nbytes);
   nb_status (*synchronize)(nb_device dev);
+  /* Page-locked host memory (NULL entries on backends without it), and an
+   * upload from it that returns without waiting: the caller keeps src
+   * unchanged until the device's queued work has run. */
+  void *(*host_alloc)(size_t nbytes);
+  void (*host_free)(void *p);
+  nb_status (*upload_async)(nb_device dev, void *dst, const void *src, size_t nbytes);
 
   /* elementwise: every view has out's shape (inputs broadcast by strides). */
   nb_status (*fill)(const nb_kview *out, double value);

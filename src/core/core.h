@@ -15,6 +15,7 @@ typedef struct nb_storage {
   size_t nbytes;
   nb_device device;
   int borrowed; /* data not owned (never freed by nabla) */
+  int pinned;   /* page-locked host memory from a GPU backend's host_alloc */
   /* Host-side knowledge: every element holds fill_value (set by nb_zeros,
    * nb_ones, nb_full; cleared by nb_fill_, nb_copy_ and nb_data_ptr). Lets a
    * backward rule recognise the engine's all-ones seed without a device read. */

@@ -195,6 +195,8 @@ nb_tensor *nb_to_device(const nb_tensor *t, nb_device dev) {
     const void *src = (char *)c->storage->data + c->offset * (int64_t)nb_dtype_size(c->dtype);
     nb_status st = NB_OK;
     if (!nbytes) st = NB_OK;
+    else if (from.type == NB_CPU && c->storage->pinned && nb_backend_for(dev)->upload_async)
+      st = nb_backend_for(dev)->upload_async(dev, out->storage->data, src, nbytes); /* no wait */
     else if (from.type == NB_CPU) st = nb_backend_for(dev)->upload(dev, out->storage->data, src, nbytes);
     else if (dev.type == NB_CPU) st = nb_backend_for(from)->download(from, out->storage->data, src, nbytes);
     else { /* device to device through the host */

@@ -90,9 +90,18 @@ static nb_storage *storage_new(size_t nbytes, nb_device dev) {
   return s;
 }
 
+/* The backend that provides pinned host memory (the CUDA one), or NULL. */
+static const nb_backend *pinned_backend(void) {
+  if (nb_cuda_available() <= 0) return NULL;
+  const nb_backend *be = nb_backend_for(nb_device_cuda(0));
+  return be && be->host_alloc ? be : NULL;
+}
+
 static void storage_release(nb_storage *s) {
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (!s->borrowed) {
+  if (s->pinned) {
+    pinned_backend()->host_free(s->data);
+  } else if (!s->borrowed) {
     const nb_backend *be = nb_backend_for(s->device);
     if (be) be->free(s->device, s->data, s->nbytes);
   }
@@ -137,6 +146,22 @@ nb_tensor *nb_tensor_alloc(int ndim, const int64_t *shape, nb_dtype dt, nb_devic
   if (!t->storage) { nb_release(t); return NULL; }
   return t;
 }
+
+/* A CPU tensor in page-locked memory where a GPU backend provides it, else
+ * in ordinary memory: copies from it to a GPU can then run asynchronously. */
+nb_tensor *nb_empty_pinned(int ndim, const int64_t *shape, nb_dtype dt) {
+  const nb_backend *pb = pinned_backend();
+  nb_tensor *t = nb_tensor_alloc(ndim, shape, dt, NB_DEVICE_CPU);
+  if (!t || !pb) return nb_autorelease(t);
+  void *p = pb->host_alloc(t->storage->nbytes);
+  if (!p) { nb_release(t); return NULL; }
+  nb_cpu_backend.free(NB_DEVICE_CPU, t->storage->data, t->storage->nbytes);
+  t->storage->data = p;
+  t->storage->pinned = 1;
+  return nb_autorelease(t);
+}
+
+int nb_is_pinned(const nb_tensor *t) { return t && t->storage->pinned; }
 
 nb_tensor *nb_tensor_view_of(const nb_tensor *base, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset) {

@@ -9,6 +9,9 @@ static const nb_backend nb_cuda_table = {
   nb_cuda_upload_entry,
   nb_cuda_download_entry,
   nb_cuda_sync_entry,
+  nb_cuda_host_alloc_entry,
+  nb_cuda_host_free_entry,
+  nb_cuda_upload_async_entry,
   nb_cuda_fill,
   nb_cuda_arange,
   nb_cuda_copy,
@@ -45,6 +48,6 @@ static const nb_backend nb_cuda_table = {
 
 /* Positional initialisation (C++ has no designated initialisers for every
  * member in order before C++20): this checks the member count stays put. */
-static_assert(sizeof(nb_backend) == sizeof(void *) * 38, "nb_backend changed: update the table");
+static_assert(sizeof(nb_backend) == sizeof(void *) * 41, "nb_backend changed: update the table");
 
 extern "C" const nb_backend *nb_cuda_backend(void) { return &nb_cuda_table; }

@@ -14,6 +14,9 @@ void nb_cuda_free_entry(nb_device dev, void *p, size_t nbytes);
 nb_status nb_cuda_upload_entry(nb_device dev, void *dst, const void *src, size_t nbytes);
 nb_status nb_cuda_download_entry(nb_device dev, void *dst, const void *src, size_t nbytes);
 nb_status nb_cuda_sync_entry(nb_device dev);
+void *nb_cuda_host_alloc_entry(size_t nbytes);
+void nb_cuda_host_free_entry(void *p);
+nb_status nb_cuda_upload_async_entry(nb_device dev, void *dst, const void *src, size_t nbytes);
 /* cuda_elementwise.cu */
 nb_status nb_cuda_fill(const nb_kview *out, double value);
 nb_status nb_cuda_arange(const nb_kview *out, double start, double step);

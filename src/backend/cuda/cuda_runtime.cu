@@ -459,4 +459,28 @@ nb_status nb_cuda_download_entry(nb_device dev, void *dst, const void *src, size
   return cuda_download(dev, dst, src, nbytes);
 }
 nb_status nb_cuda_sync_entry(nb_device dev) { return cuda_synchronize(dev); }
+
+/* Pinned host memory for nb_empty_pinned: portable across devices, so any
+ * device's stream can copy from it asynchronously. */
+void *nb_cuda_host_alloc_entry(size_t nbytes) {
+  void *p = NULL;
+  cudaError_t e = cudaHostAlloc(&p, nbytes ? nbytes : 1, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    nb_error_set(NB_ERR_OOM, "cuda: cannot allocate %zu bytes of pinned host memory: %s", nbytes,
+                 cudaGetErrorString(e));
+    return NULL;
+  }
+  return p;
+}
+void nb_cuda_host_free_entry(void *p) {
+  if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+}
+nb_status nb_cuda_upload_async_entry(nb_device dev, void *dst, const void *src, size_t nbytes) {
+  nb_status st = dev_use(dev.index, "cuda upload_async");
+  if (st || !nbytes) return st;
+  NB_CUDA_TRY(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, g_dev[dev.index].stream),
+              "upload_async (cudaMemcpyAsync)");
+  return NB_OK;
+}
 }
