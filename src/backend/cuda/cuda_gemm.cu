@@ -16,6 +16,25 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/gemm_sm90.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* GEMM backend: 0 cuBLASLt, 1 nabla's own kernels (gemm_sm90.cu) where they
+ * apply, cuBLASLt otherwise. NABLA_GEMM=own|cublaslt, read at first use;
+ * nb_cuda_set_gemm_backend overrides it. */
+static int lt_backend = -1;
+
+extern "C" void nb_cuda_set_gemm_backend(int own) { lt_backend = own ? 1 : 0; }
+
+static int lt_use_own(void) {
+  if (lt_backend < 0) {
+    const char *e = getenv("NABLA_GEMM");
+    lt_backend = e && !strcmp(e, "own") ? 1 : 0;
+  }
+  return lt_backend;
+}
 
 /* A logical R x C matrix (element (r, c) at r*sr + c*sc) as op(S), S
  * column-major rows x cols with leading dimension ld. */
@@ -303,6 +322,7 @@ extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, cons
   nb_cuda_ctx ctx;
   nb_status st = nb_cuda_enter(out->data, "matmul", &ctx);
   if (st) return st;
+  if (lt_use_own() && nb_sm90_matmul(&ctx, out, a, b, &st)) return st;
   nb_lt_call c;
   int need_a = 0, need_b = 0, form = lt_plan(&p, &c, &need_a, &need_b);
   if (form && !need_a && !need_b) {
