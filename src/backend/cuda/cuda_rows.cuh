@@ -89,6 +89,38 @@ template <typename T> struct nb_vec_width { enum { value = 16 / sizeof(T) }; };
 __device__ __forceinline__ float nb_fast_exp(float x) { return exp2f(x * 1.4426950408889634f); }
 __device__ __forceinline__ double nb_fast_exp(double x) { return exp(x); }
 
+/* exp(f - m) for softmax rows: f32 through one ex2.approx.ftz (flushing
+ * results below 2^-126 to zero, which a probability of that size is in
+ * every 16- and 32-bit output after the final scaling anyway), f64 exact.
+ * The non-ftz exp2f adds a denormal-range rescale around every ex2. */
+__device__ __forceinline__ float nb_row_exp(float f, float m) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"((f - m) * 1.4426950408889634f));
+  return y;
+}
+__device__ __forceinline__ double nb_row_exp(double f, double m) { return exp(f - m); }
+
+/* Pack loads and stores for rows read once and written once. 16-byte packs
+ * load through the non-coherent path without L1 allocation (the operands
+ * are read-only for the kernel's life) and, with STREAM, store with the
+ * evict-first hint (output larger than what L2 would keep anyway). Other
+ * packs take plain accesses. */
+template <typename P> __device__ __forceinline__ P nb_ld_row(const P *p) {
+  if (sizeof(P) == 16) {
+    uint4 u;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    P r;
+    *reinterpret_cast<uint4 *>(&r) = u;
+    return r;
+  }
+  return *p;
+}
+template <int STREAM, typename P> __device__ __forceinline__ void nb_st_row(P *p, const P &v) {
+  if (STREAM && sizeof(P) == 16) __stcs(reinterpret_cast<uint4 *>(p), *reinterpret_cast<const uint4 *>(&v));
+  else *p = v;
+}
+
 /* Named barrier over nthreads (a multiple of 32) threads of the block. */
 __device__ __forceinline__ void nb_bar_sync(int id, int nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
