@@ -355,7 +355,8 @@ static void test_dropout(void) {
   NBT_CHECK(gbad == 0, "dropout gradient is mask/(1-p)*g (%lld mismatches)", (long long)gbad);
   free(gv); free(lv); free(dv); free(gr);
   drop_ctx c = {0.4, 99, 5};
-  nbt_gradcheck("dropout", drop_apply, &c, 1, &l, 1e-6, 1e-6, 1e-9);
+  /* dropout is linear in x, so a wide step is exact up to rounding */
+  nbt_gradcheck("dropout", drop_apply, &c, 1, &l, 1e-2, 1e-6, 1e-9);
   /* p = 0 returns x itself; p = 1 zeroes everything */
   NBT_CHECK(nb_dropout(l, 0.0, &r3) == l, "dropout p=0 returns x");
   nb_tensor *z = nb_dropout(l, 1.0, &r3);
