@@ -15,8 +15,9 @@ ARCHS=${CUDA_ARCHS:-"90a-real;80-real"}
 JOBS=${JOBS:-16}
 
 # STEPS selects parts (default all): cpu (the CPU ctest suite), cuda
-# (test_cuda), sanitize (memcheck + racecheck), bench (nabla bench + torch).
-STEPS=${STEPS:-cpu,cuda,sanitize,bench}
+# (test_cuda), sanitize (memcheck + racecheck), train (the main job, `make
+# run`, on the GPU), bench (nabla bench + torch).
+STEPS=${STEPS:-cpu,cuda,sanitize,train,bench}
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
 
 declare -a names results secs
@@ -69,6 +70,9 @@ if [ "$built" -eq 0 ]; then
   else
     skip test-cuda "$BUILD/tests/test_cuda not built"
   fi
+  if want train; then
+    step train 1 timeout 600 "$BUILD/nabla" train --device cuda --log-every 100 --svg "$OUT/loss.svg"
+  fi
   if want bench; then step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"; fi
   if ! want bench; then :
   elif [ -f bench/compare_torch.py ] && [ -f "$OUT/bench.json" ]; then
@@ -92,6 +96,7 @@ for i in "${!names[@]}"; do
     case "$n" in
       test-cuda|memcheck|racecheck) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
+      train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
     esac
     case "$n" in
       memcheck|racecheck) detail="$detail $(grep -E 'ERROR SUMMARY' "$OUT/$n.log" | tail -1)" ;;
