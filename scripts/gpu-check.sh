@@ -72,6 +72,9 @@ if [ "$built" -eq 0 ]; then
   fi
   if want train; then
     step train 1 timeout 600 "$BUILD/nabla" train --device cuda --log-every 100 --svg "$OUT/loss.svg"
+    if python3 -c "import torch" 2>/dev/null; then
+      step train-compare 0 timeout 600 scripts/train-compare.sh "$BUILD"
+    fi
   fi
   if want bench; then step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"; fi
   if ! want bench; then :
@@ -96,6 +99,7 @@ for i in "${!names[@]}"; do
     case "$n" in
       test-cuda|memcheck|racecheck) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
+      train-compare) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \([^)]*\): //') ;;
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
     esac
     case "$n" in
