@@ -12,20 +12,21 @@
 #endif
 
 /* ---- input layouts ------------------------------------------------------ */
-typedef enum { L_CONTIG, L_TRANSPOSED, L_SLICED, L_SIZE1, L_ODD, L_COUNT } layout;
-static const char *layout_names[] = {"contiguous", "transposed", "sliced", "size-1", "odd"};
+typedef enum { L_CONTIG, L_TRANSPOSED, L_SLICED, L_BROADCAST, L_SIZE1, L_ODD, L_COUNT } layout;
+static const char *layout_names[] = {"contiguous", "transposed", "sliced", "broadcast", "size-1", "odd"};
 
 /* A view of the given layout over a base tensor made for it. */
 static nb_tensor *layout_view(nb_tensor *base, layout l) {
   switch (l) {
   case L_TRANSPOSED: return nb_transpose(base, 0, 1);
   case L_SLICED: return nb_slice(nb_slice(base, 0, 1, 9, 2), 1, 0, 7, 3);
+  case L_BROADCAST: return nb_expand(base, 2, (int64_t[]){5, -1}); /* (1, 7) -> (5, 7), stride 0 */
   default: return base;
   }
 }
 
 static void layout_base_shape(layout l, int64_t *shape) {
-  static const int64_t s[L_COUNT][2] = {{4, 6}, {6, 4}, {9, 7}, {1, 1}, {13, 7}};
+  static const int64_t s[L_COUNT][2] = {{4, 6}, {6, 4}, {9, 7}, {1, 7}, {1, 1}, {13, 7}};
   shape[0] = s[l][0];
   shape[1] = s[l][1];
 }
@@ -69,14 +70,16 @@ static const unary_case unary_cases[] = {
 
 typedef struct { const unary_case *uc; layout l; } unary_ctx;
 
-/* Domain-restricted ops see |x| + 0.5, so every test point is valid. */
+/* Domain-restricted ops see |x| + 0.5, so every test point is valid. The
+ * shift is applied to the base before the layout's view, so that the op
+ * itself receives the strided (or stride-0) view. */
 static nb_tensor *unary_input(nb_tensor *x, int positive) {
   return positive ? nb_add_scalar(nb_abs(x), 0.5) : x;
 }
 
 static nb_tensor *unary_apply(nb_tensor *const *in, void *vctx) {
   unary_ctx *c = vctx;
-  return c->uc->fn(unary_input(layout_view(in[0], c->l), c->uc->positive));
+  return c->uc->fn(layout_view(unary_input(in[0], c->uc->positive), c->l));
 }
 
 static void test_unary(void) {
@@ -90,7 +93,9 @@ static void test_unary(void) {
       layout_base_shape((layout)l, shape);
       for (int d = 0; d < 4; d++) {
         nb_tensor *base = nbt_randn(100 + k * 7 + l, 2, shape, NB_F64);
-        nb_tensor *x = unary_input(layout_view(nb_cast(base, dts[d]), (layout)l), uc->positive);
+        nb_tensor *x = layout_view(unary_input(nb_cast(base, dts[d]), uc->positive), (layout)l);
+        NBT_CHECK(l == L_CONTIG || l == L_SIZE1 || l == L_ODD || !nb_is_contiguous(x),
+                  "%s %s: the op sees a strided view", uc->name, layout_names[l]);
         /* the reference sees the same rounded inputs */
         double *xv = nbt_f64(x);
         int64_t n = nb_numel(x);
@@ -137,24 +142,32 @@ static const binary_case binary_cases[] = {
   {"minimum", nb_minimum, min_r, 0, 0},
 };
 
-/* shape pairs: same, row broadcast, outer broadcast, transposed b, size-1, odd */
-typedef struct { int na, nb; int64_t a[3], b[3]; int transpose_b; } bshape;
+/* shape pairs: same, row broadcast, outer broadcast, transposed b, size-1,
+ * odd, sliced a (rows 1:7:2, columns 0:5:2 of a (7, 5) leaf) with a stride-0
+ * b expanded from (1, 3) */
+typedef struct { int na, nb; int64_t a[3], b[3]; int transpose_b, slice_a, expand_b; } bshape;
 static const bshape bshapes[] = {
-  {2, 2, {3, 4}, {3, 4}, 0}, {2, 1, {3, 4}, {4}, 0}, {2, 2, {3, 1}, {1, 5}, 0},
-  {2, 2, {3, 4}, {4, 3}, 1}, {2, 0, {1, 1}, {0}, 0}, {3, 2, {2, 7, 5}, {7, 1}, 0},
+  {2, 2, {3, 4}, {3, 4}, 0, 0, 0}, {2, 1, {3, 4}, {4}, 0, 0, 0}, {2, 2, {3, 1}, {1, 5}, 0, 0, 0},
+  {2, 2, {3, 4}, {4, 3}, 1, 0, 0}, {2, 0, {1, 1}, {0}, 0, 0, 0}, {3, 2, {2, 7, 5}, {7, 1}, 0, 0, 0},
+  {2, 2, {7, 5}, {1, 3}, 0, 1, 1},
 };
 
 typedef struct { const binary_case *bc; const bshape *bs; } binary_ctx;
 
-static nb_tensor *prep_b(nb_tensor *b, const binary_case *bc) {
-  return bc->away_b ? nb_add_scalar(nb_abs(b), 0.5) : b; /* keep |b| >= 0.5 */
+/* Domain shifts are applied before the views, so the op sees the views. */
+static nb_tensor *prep_a(nb_tensor *a, const binary_case *bc, const bshape *bs) {
+  if (bc->positive_a) a = nb_add_scalar(nb_abs(a), 0.5);
+  return bs->slice_a ? nb_slice(nb_slice(a, 0, 1, 7, 2), 1, 0, 5, 2) : a;
+}
+static nb_tensor *prep_b(nb_tensor *b, const binary_case *bc, const bshape *bs) {
+  if (bc->away_b) b = nb_add_scalar(nb_abs(b), 0.5); /* keep |b| >= 0.5 */
+  if (bs->transpose_b) b = nb_transpose(b, 0, 1);
+  return bs->expand_b ? nb_expand(b, 2, (int64_t[]){3, -1}) : b;
 }
 
 static nb_tensor *binary_apply(nb_tensor *const *in, void *vctx) {
   binary_ctx *c = vctx;
-  nb_tensor *a = c->bc->positive_a ? nb_add_scalar(nb_abs(in[0]), 0.5) : in[0];
-  nb_tensor *b = c->bs->transpose_b ? nb_transpose(in[1], 0, 1) : in[1];
-  return c->bc->fn(a, prep_b(b, c->bc));
+  return c->bc->fn(prep_a(in[0], c->bc, c->bs), prep_b(in[1], c->bc, c->bs));
 }
 
 static void broadcast_index(const int64_t *oshape, int ond, int64_t flat, const int64_t *shape, int nd,
@@ -180,9 +193,8 @@ static void test_binary(void) {
       /* forward in f64 and f32 against the reference */
       nb_tensor *ins[2] = {la, lb};
       nb_tensor *y = binary_apply(ins, &ctx);
-      nb_tensor *a = bc->positive_a ? nb_add_scalar(nb_abs(la), 0.5) : la;
-      nb_tensor *b = prep_b(bs->transpose_b ? nb_transpose(lb, 0, 1) : lb, bc);
-      b = nb_contiguous(b);
+      nb_tensor *a = nb_contiguous(prep_a(la, bc, bs));
+      nb_tensor *b = nb_contiguous(prep_b(lb, bc, bs));
       double *av = nbt_f64(a), *bv = nbt_f64(b);
       int64_t n = nb_numel(y);
       double *ref = malloc((size_t)n * sizeof *ref);
@@ -195,10 +207,10 @@ static void test_binary(void) {
       char name[128];
       snprintf(name, sizeof name, "%s case %zu f64", bc->name, s);
       nbt_check_close(name, y, ref, 1e-12, 1e-12);
-      nb_tensor *y32 = bc->fn(nb_cast(a, NB_F32), nb_cast(b, NB_F32));
+      nb_tensor *y32 = bc->fn(prep_a(nb_cast(la, NB_F32), bc, bs), prep_b(nb_cast(lb, NB_F32), bc, bs));
       snprintf(name, sizeof name, "%s case %zu f32", bc->name, s);
       nbt_check_close(name, y32, ref, 1e-5, 1e-5);
-      nb_tensor *ybf = bc->fn(nb_cast(a, NB_BF16), nb_cast(b, NB_BF16));
+      nb_tensor *ybf = bc->fn(prep_a(nb_cast(la, NB_BF16), bc, bs), prep_b(nb_cast(lb, NB_BF16), bc, bs));
       snprintf(name, sizeof name, "%s case %zu bf16", bc->name, s);
       nbt_check_close(name, ybf, ref, 3e-2, 3e-2);
       free(av); free(bv); free(ref);
@@ -209,6 +221,113 @@ static void test_binary(void) {
       nb_scope_end();
     }
   }
+}
+
+/* ---- scalar forms ----------------------------------------------------------- */
+typedef nb_tensor *(*scalar_fn)(const nb_tensor *, double);
+typedef struct {
+  const char *name;
+  scalar_fn fn;
+  double s;
+  double (*ref)(double, double); /* ref(x, s) */
+  int positive;                  /* domain x > 0 */
+} scalar_case;
+
+static double rsub_r(double a, double b) { return b - a; }
+
+static const scalar_case scalar_cases[] = {
+  {"add_scalar", nb_add_scalar, 1.75, add_r, 0}, {"sub_scalar", nb_sub_scalar, -0.6, sub_r, 0},
+  {"rsub_scalar", nb_rsub_scalar, 2.5, rsub_r, 0}, {"mul_scalar", nb_mul_scalar, -1.3, mul_r, 0},
+  {"div_scalar", nb_div_scalar, 0.7, div_r, 0}, {"pow_scalar 2.5", nb_pow_scalar, 2.5, pow, 1},
+  {"pow_scalar -1.5", nb_pow_scalar, -1.5, pow, 1}, {"pow_scalar 3", nb_pow_scalar, 3, pow, 0},
+  {"maximum_scalar", nb_maximum_scalar, 0.2, max_r, 0}, {"minimum_scalar", nb_minimum_scalar, -0.1, min_r, 0},
+};
+
+typedef struct { const scalar_case *sc; layout l; } scalar_ctx;
+
+static nb_tensor *scalar_apply(nb_tensor *const *in, void *vctx) {
+  scalar_ctx *c = vctx;
+  return c->sc->fn(layout_view(unary_input(in[0], c->sc->positive), c->l), c->sc->s);
+}
+
+/* Forward on f64/f32/bf16 views against (x op s) in float64, and gradients
+ * on every layout. */
+static void test_scalar_forms(void) {
+  static const nb_dtype dts[] = {NB_F64, NB_F32, NB_BF16};
+  static const double tol[] = {1e-12, 2e-6, 1e-2};
+  for (size_t k = 0; k < sizeof scalar_cases / sizeof scalar_cases[0]; k++) {
+    const scalar_case *sc = &scalar_cases[k];
+    for (int l = 0; l < L_COUNT; l++) {
+      nb_scope_begin();
+      int64_t shape[2];
+      layout_base_shape((layout)l, shape);
+      for (int d = 0; d < 3; d++) {
+        nb_tensor *x = layout_view(unary_input(nbt_randn(1100 + k * 7 + l, 2, shape, dts[d]), sc->positive), (layout)l);
+        double *xv = nbt_f64(x);
+        int64_t n = nb_numel(x);
+        double *ref = malloc((size_t)n * sizeof *ref);
+        for (int64_t i = 0; i < n; i++) ref[i] = sc->ref(xv[i], sc->s);
+        nb_tensor *y = sc->fn(x, sc->s);
+        char name[128];
+        snprintf(name, sizeof name, "%s %s %s", sc->name, nb_dtype_name(dts[d]), layout_names[l]);
+        nbt_check_close(name, y, ref, tol[d], tol[d]);
+        NBT_CHECK(y && nb_dtype_of(y) == dts[d], "%s keeps dtype", name);
+        free(xv);
+        free(ref);
+      }
+      nb_tensor *leaf = nbt_leaf(1200 + k * 7 + l, 2, shape);
+      scalar_ctx ctx = {sc, (layout)l};
+      char name[128];
+      snprintf(name, sizeof name, "grad %s %s", sc->name, layout_names[l]);
+      nbt_gradcheck(name, scalar_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
+      nb_release(leaf);
+      nb_scope_end();
+    }
+  }
+  /* an integer tensor with an integral scalar stays integer */
+  nb_scope_begin();
+  nb_tensor *i = nb_arange(-3, 3, 1, NB_I64, NB_DEVICE_CPU);
+  nb_tensor *r = nb_rsub_scalar(i, 2);
+  NBT_CHECK(r && nb_dtype_of(r) == NB_I64, "i64 rsub_scalar(2) stays i64");
+  nbt_check_close("i64 rsub_scalar", r, (double[]){5, 4, 3, 2, 1, 0}, 0, 0);
+  nbt_check_close("i64 maximum_scalar", nb_maximum_scalar(i, 0), (double[]){0, 0, 0, 0, 1, 2}, 0, 0);
+  nb_scope_end();
+}
+
+/* broadcast_to and sum_to_shape, its adjoint (the backward of broadcasting) */
+static nb_tensor *bto_apply(nb_tensor *const *in, void *ctx) {
+  return nb_broadcast_to(nb_transpose(in[0], 0, 1), 3, (int64_t[]){2, 3, 4}); /* (4,3)^T -> (2,3,4) */
+}
+static nb_tensor *sts_apply(nb_tensor *const *in, void *ctx) {
+  return nb_sum_to_shape(nb_transpose(in[0], 0, 2), 2, (int64_t[]){3, 1}); /* (4,3,2)^T -> (3,1) */
+}
+
+static void test_broadcast_to_sum_to_shape(void) {
+  nb_scope_begin();
+  nb_tensor *a = nbt_leaf(41, 2, (int64_t[]){4, 3}), *b = nbt_leaf(42, 3, (int64_t[]){4, 3, 2});
+  double *av = nbt_f64(a), *bv = nbt_f64(b), ref[24], ref2[3] = {0};
+  for (int n = 0; n < 2; n++)
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 4; j++) ref[(n * 3 + i) * 4 + j] = av[j * 3 + i];
+  nb_tensor *y = bto_apply(&a, NULL);
+  NBT_CHECK(y && nb_strides(y)[0] == 0 && nb_shares_storage(y, a), "broadcast_to is a stride-0 view");
+  nbt_check_close("broadcast_to", y, ref, 0, 0);
+  /* the transposed (2,3,4) view summed to (3,1): over axes 0 and 2 */
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++)
+      for (int k = 0; k < 2; k++) ref2[j] += bv[(i * 3 + j) * 2 + k];
+  nbt_check_close("sum_to_shape", sts_apply(&b, NULL), ref2, 1e-12, 1e-12);
+  nbt_gradcheck("grad broadcast_to", bto_apply, NULL, 1, &a, 1e-6, 1e-5, 1e-7);
+  nbt_gradcheck("grad sum_to_shape", sts_apply, NULL, 1, &b, 1e-6, 1e-5, 1e-7);
+  nbt_check_error("broadcast_to incompatible", nb_broadcast_to(a, 2, (int64_t[]){4, 5}) == NULL, NB_ERR_SHAPE,
+                  "broadcast_to", "[4, 3]", "[4, 5]", NULL);
+  nbt_check_error("sum_to_shape incompatible", nb_sum_to_shape(b, 2, (int64_t[]){4, 2}) == NULL, NB_ERR_SHAPE,
+                  "sum_to_shape", NULL);
+  free(av);
+  free(bv);
+  nb_release(a);
+  nb_release(b);
+  nb_scope_end();
 }
 
 static void test_compare_where_clamp(void) {
@@ -506,6 +625,8 @@ static void test_join_and_view_grads(void) {
 int main(void) {
   test_unary();
   test_binary();
+  test_scalar_forms();
+  test_broadcast_to_sum_to_shape();
   test_compare_where_clamp();
   test_where_clamp_grads();
   test_reductions();
