@@ -1,6 +1,7 @@
 /* Every foundation op: forward against a naive float64 reference (f64, f32,
  * bf16), and gradients against central finite differences in float64, on
- * contiguous, transposed, sliced, broadcast, size-1 and odd-sized inputs. */
+ * contiguous, transposed, sliced, broadcast, size-1 and odd-sized inputs
+ * (the op itself receives the strided or stride-0 view). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,10 +373,98 @@ static void test_where_clamp_grads(void) {
   nb_scope_end();
 }
 
+/* Comparisons, where, clamp, argmax/argmin and split on strided, sliced and
+ * broadcast views, against references computed from the row-major values. */
+static nb_tensor *clamp_views_apply(nb_tensor *const *in, void *ctx) {
+  nb_tensor *t = nb_transpose(nb_slice(in[0], 0, 1, 9, 2), 0, 1); /* (9,7) -> rows 1,3,5,7 -> (7,4) */
+  return nb_clamp(t, -0.4, 0.6);
+}
+
+static void test_views_misc(void) {
+  nb_scope_begin();
+  nb_tensor *base = nbt_randn(61, 2, (int64_t[]){5, 4}, NB_F64);
+  nb_tensor *x = nb_transpose(base, 0, 1);                                    /* (4, 5) strided */
+  nb_tensor *row = nb_expand(nbt_randn(62, 2, (int64_t[]){1, 5}, NB_F64), 2, (int64_t[]){4, 5});
+  double *xv = nbt_f64(x), *rv = nbt_f64(row), ref[20];
+  struct { const char *name; binary_fn fn; } cmps[] = {
+    {"lt", nb_lt}, {"le", nb_le}, {"gt", nb_gt}, {"ge", nb_ge}, {"eq", nb_eq}, {"ne", nb_ne},
+  };
+  for (size_t c = 0; c < sizeof cmps / sizeof cmps[0]; c++) {
+    for (int i = 0; i < 20; i++) {
+      double a = xv[i], b = rv[i];
+      const char *n = cmps[c].name;
+      ref[i] = !strcmp(n, "lt") ? a < b : !strcmp(n, "le") ? a <= b : !strcmp(n, "gt") ? a > b
+             : !strcmp(n, "ge") ? a >= b : !strcmp(n, "eq") ? a == b : a != b;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%s on transposed vs expanded", cmps[c].name);
+    nbt_check_close(name, cmps[c].fn(x, row), ref, 0, 0);
+  }
+  /* eq/ne need equal values: x against itself through another view */
+  nb_tensor *xc = nb_contiguous(x);
+  nbt_check_close("eq of a view and its copy", nb_sum(nb_cast(nb_eq(x, xc), NB_I64), 0, NULL, 0), (double[]){20}, 0, 0);
+  /* where: condition broadcast over rows, branches transposed and sliced */
+  nb_tensor *cond = nb_gt(nbt_randn(63, 1, (int64_t[]){5}, NB_F64), nb_scalar(0, NB_F64, NB_DEVICE_CPU));
+  nb_tensor *other = nb_slice(nbt_randn(64, 2, (int64_t[]){8, 5}, NB_F64), 0, 0, 8, 2); /* (4, 5) */
+  double *cv = nbt_f64(cond), *ov = nbt_f64(other);
+  for (int i = 0; i < 20; i++) ref[i] = cv[i % 5] != 0 ? xv[i] : ov[i];
+  nbt_check_close("where on views", nb_where(cond, x, other), ref, 0, 0);
+  nbt_check_close("where on f32 views", nb_where(cond, nb_transpose(nb_cast(base, NB_F32), 0, 1), other), ref, 1e-6, 1e-6);
+  /* clamp forward on a view */
+  for (int i = 0; i < 20; i++) ref[i] = xv[i] < -0.3 ? -0.3 : xv[i] > 0.2 ? 0.2 : xv[i];
+  nbt_check_close("clamp on a transposed view", nb_clamp(x, -0.3, 0.2), ref, 0, 0);
+  /* argmax / argmin along each axis of the transposed view */
+  for (int axis = 0; axis < 2; axis++)
+    for (int mx = 0; mx < 2; mx++) {
+      int64_t n_out = axis ? 4 : 5, n_red = axis ? 5 : 4;
+      double aref[5];
+      for (int64_t o = 0; o < n_out; o++) {
+        int64_t best = 0;
+        for (int64_t j = 1; j < n_red; j++) {
+          double v = axis ? xv[o * 5 + j] : xv[j * 5 + o], bv = axis ? xv[o * 5 + best] : xv[best * 5 + o];
+          if (mx ? v > bv : v < bv) best = j;
+        }
+        aref[o] = (double)best;
+      }
+      char name[64];
+      snprintf(name, sizeof name, "%s axis %d of a transposed view", mx ? "argmax" : "argmin", axis);
+      nbt_check_close(name, mx ? nb_argmax(x, axis, 0) : nb_argmin(x, axis, 0), aref, 0, 0);
+    }
+  /* split and chunk of a transposed view: the parts hold the right values */
+  nb_tensor *parts[4];
+  int np = nb_split(x, 2, 1, parts, 4); /* widths 2, 2, 1 */
+  NBT_CHECK(np == 3, "split of a view into 3 parts (got %d)", np);
+  for (int p = 0; p < np && np == 3; p++) {
+    int64_t w = p < 2 ? 2 : 1;
+    double pref[8];
+    for (int i = 0; i < 4; i++)
+      for (int64_t j = 0; j < w; j++) pref[i * w + j] = xv[i * 5 + 2 * p + j];
+    char name[64];
+    snprintf(name, sizeof name, "split part %d of a transposed view", p);
+    nbt_check_close(name, parts[p], pref, 0, 0);
+  }
+  np = nb_chunk(x, 3, 0, parts, 4); /* 4 rows into chunks of 2, 2 */
+  NBT_CHECK(np == 2, "chunk of a view (got %d)", np);
+  if (np == 2) nbt_check_close("chunk 1 of a transposed view", parts[1], xv + 10, 0, 0);
+  free(xv); free(rv); free(cv); free(ov);
+  nb_tensor *leaf = nbt_leaf(65, 2, (int64_t[]){9, 7});
+  nbt_gradcheck("grad clamp on a sliced transposed view", clamp_views_apply, NULL, 1, &leaf, 1e-6, 1e-5, 1e-7);
+  nb_release(leaf);
+  nb_scope_end();
+}
+
 /* ---- reductions ------------------------------------------------------------ */
-typedef struct { int n; int axes[3]; int keep; int transposed; } rcase;
+/* Input views of a reduction: the leaf itself, a permuted leaf, a strided
+ * slice of a larger leaf, or a (d0, 1, d2) leaf expanded along axis 1. */
+enum { RV_PLAIN, RV_PERMUTED, RV_SLICED, RV_BROADCAST };
+typedef struct { int n; int axes[3]; int keep; int view; int64_t shape[3]; } rcase;
 static const rcase rcases[] = {
-  {0, {0}, 0, 0}, {1, {0}, 0, 0}, {1, {-1}, 1, 0}, {2, {0, 2}, 0, 0}, {2, {2, 0}, 1, 1}, {1, {1}, 0, 1},
+  {0, {0}, 0, RV_PLAIN, {3, 4, 5}}, {1, {0}, 0, RV_PLAIN, {3, 4, 5}}, {1, {-1}, 1, RV_PLAIN, {3, 4, 5}},
+  {2, {0, 2}, 0, RV_PLAIN, {3, 4, 5}}, {2, {2, 0}, 1, RV_PERMUTED, {3, 4, 5}}, {1, {1}, 0, RV_PERMUTED, {3, 4, 5}},
+  {1, {2}, 0, RV_SLICED, {3, 4, 5}}, {2, {0, 1}, 1, RV_SLICED, {3, 4, 5}}, {0, {0}, 0, RV_SLICED, {3, 4, 5}},
+  {1, {1}, 0, RV_BROADCAST, {3, 4, 5}}, {1, {2}, 1, RV_BROADCAST, {3, 4, 5}}, {0, {0}, 0, RV_BROADCAST, {3, 4, 5}},
+  {1, {0}, 0, RV_PLAIN, {1, 4, 1}}, {2, {0, 2}, 1, RV_PLAIN, {1, 4, 1}}, {1, {1}, 0, RV_PLAIN, {7, 13, 3}},
+  {2, {1, 2}, 0, RV_PERMUTED, {5, 9, 11}},
 };
 
 /* Reference: reduce a (3,4,5) float64 array over the axes. */
@@ -423,14 +512,14 @@ static void ref_reduce(const char *op, const double *x, const int64_t *shape, co
     else if (!strcmp(op, "mean")) out[o] = mean;
     else if (!strcmp(op, "max")) out[o] = mx;
     else if (!strcmp(op, "min")) out[o] = mn;
-    else if (!strcmp(op, "var")) out[o] = var / (cnt - corr);
-    else if (!strcmp(op, "std")) out[o] = sqrt(var / (cnt - corr));
+    else if (!strcmp(op, "var") || !strcmp(op, "var0")) out[o] = var / (cnt - corr);
+    else if (!strcmp(op, "std") || !strcmp(op, "std0")) out[o] = sqrt(var / (cnt - corr));
     else if (!strcmp(op, "logsumexp")) out[o] = mx + log(lse);
     else if (!strcmp(op, "norm")) out[o] = sqrt(sq);
   }
 }
 
-static const char *rops[] = {"sum", "mean", "max", "min", "var", "std", "logsumexp", "norm"};
+static const char *rops[] = {"sum", "mean", "max", "min", "var", "std", "var0", "std0", "logsumexp", "norm"};
 
 static nb_tensor *run_rop(const char *op, const nb_tensor *x, const rcase *rc) {
   if (!strcmp(op, "sum")) return nb_sum(x, rc->n, rc->axes, rc->keep);
@@ -439,15 +528,31 @@ static nb_tensor *run_rop(const char *op, const nb_tensor *x, const rcase *rc) {
   if (!strcmp(op, "min")) return nb_min(x, rc->n, rc->axes, rc->keep);
   if (!strcmp(op, "var")) return nb_var(x, rc->n, rc->axes, 1.0, rc->keep);
   if (!strcmp(op, "std")) return nb_std(x, rc->n, rc->axes, 1.0, rc->keep);
+  if (!strcmp(op, "var0")) return nb_var(x, rc->n, rc->axes, 0.0, rc->keep);
+  if (!strcmp(op, "std0")) return nb_std(x, rc->n, rc->axes, 0.0, rc->keep);
   if (!strcmp(op, "logsumexp")) return nb_logsumexp(x, rc->n, rc->axes, rc->keep);
   return nb_norm(x, 2.0, rc->n, rc->axes, rc->keep);
 }
 
 typedef struct { const char *op; const rcase *rc; } rctx;
 
-/* transposed cases reduce a permuted view of a (5,4,3) leaf */
+/* The leaf's shape for a case whose logical input has shape rc->shape. */
+static void rleaf_shape(const rcase *rc, int64_t *ls) {
+  const int64_t *s = rc->shape;
+  switch (rc->view) {
+  case RV_PERMUTED: ls[0] = s[2], ls[1] = s[1], ls[2] = s[0]; break;
+  case RV_SLICED: ls[0] = 2 * s[0] + 1, ls[1] = s[1], ls[2] = 3 * s[2]; break;
+  case RV_BROADCAST: ls[0] = s[0], ls[1] = 1, ls[2] = s[2]; break;
+  default: ls[0] = s[0], ls[1] = s[1], ls[2] = s[2];
+  }
+}
 static nb_tensor *rview(nb_tensor *leaf, const rcase *rc) {
-  return rc->transposed ? nb_permute(leaf, (int[]){2, 1, 0}) : leaf;
+  switch (rc->view) {
+  case RV_PERMUTED: return nb_permute(leaf, (int[]){2, 1, 0});
+  case RV_SLICED: return nb_slice(nb_slice(leaf, 0, 1, 2 * rc->shape[0] + 1, 2), 2, 2, 3 * rc->shape[2], 3);
+  case RV_BROADCAST: return nb_expand(leaf, 3, rc->shape);
+  default: return leaf;
+  }
 }
 static nb_tensor *reduce_apply(nb_tensor *const *in, void *vctx) {
   rctx *c = vctx;
@@ -459,27 +564,37 @@ static void test_reductions(void) {
     for (size_t r = 0; r < sizeof rcases / sizeof rcases[0]; r++) {
       nb_scope_begin();
       const rcase *rc = &rcases[r];
-      int64_t shape[3] = {3, 4, 5}, tshape[3] = {5, 4, 3};
-      nb_tensor *leaf = nbt_leaf(700 + k * 10 + r, 3, rc->transposed ? tshape : shape);
+      int64_t ls[3];
+      rleaf_shape(rc, ls);
+      nb_tensor *leaf = nbt_leaf(700 + k * 20 + r, 3, ls);
       nb_tensor *x = rview(leaf, rc);
-      double *xv = nbt_f64(x), ref[60];
+      NBT_CHECK(nb_size(x, 0) == rc->shape[0] && nb_size(x, 1) == rc->shape[1] && nb_size(x, 2) == rc->shape[2],
+                "reduction case %zu: view shape", r);
+      double *xv = nbt_f64(x), ref[512];
       int64_t nref;
-      ref_reduce(rops[k], xv, shape, rc, 1.0, ref, &nref);
+      ref_reduce(rops[k], xv, rc->shape, rc, rops[k][3] == '0' ? 0.0 : 1.0, ref, &nref);
       char name[128];
       snprintf(name, sizeof name, "%s case %zu", rops[k], r);
       nb_tensor *y = run_rop(rops[k], x, rc);
       NBT_CHECK(y && nb_numel(y) == nref, "%s: %lld elements (expected %lld)", name, (long long)nb_numel(y), (long long)nref);
       nbt_check_close(name, y, ref, 1e-12, 1e-12);
-      nb_tensor *y32 = run_rop(rops[k], nb_cast(x, NB_F32), rc);
+      /* f32 and bf16 through the same view of a cast leaf */
+      nb_tensor *y32 = run_rop(rops[k], rview(nb_cast(leaf, NB_F32), rc), rc);
       snprintf(name, sizeof name, "%s case %zu f32", rops[k], r);
       nbt_check_close(name, y32, ref, 1e-5, 1e-5);
-      nb_tensor *ybf = run_rop(rops[k], nb_cast(x, NB_BF16), rc);
+      nb_tensor *ybf = run_rop(rops[k], rview(nb_cast(leaf, NB_BF16), rc), rc);
       snprintf(name, sizeof name, "%s case %zu bf16", rops[k], r);
       nbt_check_close(name, ybf, ref, 4e-2, 4e-2);
       free(xv);
+      /* no derivative where the value is NaN (var of one element with
+       * correction 1) or where std is 0 (a reduction along the broadcast
+       * axis, or over one element) */
+      int smooth = 1;
+      for (int64_t i = 0; i < nref; i++)
+        smooth &= isfinite(ref[i]) && !(rops[k][0] == 's' && rops[k][1] == 't' && ref[i] < 1e-9);
       rctx ctx = {rops[k], rc};
       snprintf(name, sizeof name, "grad %s case %zu", rops[k], r);
-      nbt_gradcheck(name, reduce_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
+      if (smooth) nbt_gradcheck(name, reduce_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
       nb_release(leaf);
       nb_scope_end();
     }
@@ -506,8 +621,15 @@ static void test_reductions(void) {
 }
 
 /* ---- matmul ------------------------------------------------------------------- */
+/* Operand views (ta, tb): 0 the leaf, 1 its last two axes transposed, 2 every
+ * other column (inner stride 2), 3 rows 1..n-2 (a storage offset), 4 the
+ * leaf expanded to a batch of 4 (batch stride 0). */
 typedef struct { int na, nb; int64_t a[4], b[4]; int ta, tb; } mcase;
 static const mcase mcases[] = {
+  {2, 2, {5, 14}, {9, 3}, 2, 3},         /* column-strided a, offset b */
+  {3, 2, {4, 5, 7}, {7, 3}, 0, 4},       /* b expanded over the batch */
+  {2, 2, {7, 5}, {7, 6}, 1, 2},          /* transposed a, column-strided b */
+  {2, 3, {6, 5}, {2, 5, 8}, 3, 2},       /* offset a, strided batched b */
   {2, 2, {5, 7}, {7, 3}, 0, 0},          /* plain, odd */
   {2, 2, {7, 5}, {3, 7}, 1, 1},          /* both transposed views */
   {4, 3, {2, 1, 5, 7}, {3, 7, 4}, 0, 0}, /* batch broadcast */
@@ -518,7 +640,20 @@ static const mcase mcases[] = {
   {3, 3, {3, 9, 4}, {1, 4, 6}, 0, 0},
 };
 
-static nb_tensor *mview(nb_tensor *t, int tr) { return tr ? nb_transpose(t, -1, -2) : t; }
+static nb_tensor *mview(nb_tensor *t, int mode) {
+  int nd = nb_ndim(t);
+  switch (mode) {
+  case 1: return nb_transpose(t, -1, -2);
+  case 2: return nb_slice(t, nd - 1, 0, nb_size(t, nd - 1), 2);
+  case 3: return nb_slice(t, nd - 2, 1, nb_size(t, nd - 2) - 1, 1);
+  case 4: {
+    int64_t shape[8] = {4};
+    for (int i = 0; i < nd; i++) shape[i + 1] = nb_size(t, i);
+    return nb_expand(t, nd + 1, shape);
+  }
+  default: return t;
+  }
+}
 static nb_tensor *matmul_apply(nb_tensor *const *in, void *vctx) {
   const mcase *mc = vctx;
   return nb_matmul(mview(in[0], mc->ta), mview(in[1], mc->tb));
@@ -629,6 +764,7 @@ int main(void) {
   test_broadcast_to_sum_to_shape();
   test_compare_where_clamp();
   test_where_clamp_grads();
+  test_views_misc();
   test_reductions();
   test_matmul();
   test_join_and_view_grads();
