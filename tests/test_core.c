@@ -35,6 +35,41 @@ static void test_f16_bf16(void) {
   NBT_CHECK(nb_bf16_to_f32(nb_f32_to_bf16(-INFINITY)) == -INFINITY, "bf16 -inf kept");
 }
 
+/* float64 to f16/bf16 rounds once: values just off a tie of the narrow type
+ * must not be rounded to the tie in f32 first (double rounding). */
+static void test_f64_to_half(void) {
+  nb_scope_begin();
+  const double u = ldexp(1.0, -40); /* far below f32's precision at 1 */
+  const double h = ldexp(1.0, -11), b = ldexp(1.0, -8); /* half an ulp at 1 of f16, bf16 */
+  double v[] = {1 + h + u, -(1 + h + u), 1 + h - u, 1 + h, 1 + 3 * h, 1 + 3 * h - u, 65519.99, 1e300, ldexp(1.0, -25) + u};
+  uint16_t f16[] = {0x3c01, 0xbc01, 0x3c00, 0x3c00, 0x3c02, 0x3c01, 0x7bff, 0x7c00, 0x0001};
+  double w[] = {1 + b + u, -(1 + b + u), 1 + b - u, 1 + b, 1 + 3 * b, 1 + 3 * b - u, 1e300, 1e-300};
+  uint16_t bf16[] = {0x3f81, 0xbf81, 0x3f80, 0x3f80, 0x3f82, 0x3f81, 0x7f80, 0x0000};
+  int n16 = (int)(sizeof v / sizeof v[0]), nbf = (int)(sizeof w / sizeof w[0]);
+  uint16_t got[16];
+  nb_tensor *t = nb_cast(nb_from_buffer(v, 1, (int64_t[]){n16}, NB_F64, NB_DEVICE_CPU), NB_F16);
+  NBT_CHECK(t && nb_to_host(t, got, sizeof(uint16_t) * (size_t)n16) == NB_OK, "f64 -> f16 cast");
+  for (int i = 0; t && i < n16; i++)
+    NBT_CHECK(got[i] == f16[i], "f64 %.17g -> f16 0x%04x (expected 0x%04x)", v[i], got[i], f16[i]);
+  /* a strided f64 view goes through the iterator's store, not the flat cast */
+  nb_tensor *vs = nb_slice(nb_from_buffer(v, 1, (int64_t[]){n16}, NB_F64, NB_DEVICE_CPU), 0, 0, n16, 2);
+  nb_tensor *ts = nb_cast(vs, NB_F16);
+  NBT_CHECK(ts && nb_to_host(ts, got, sizeof(uint16_t) * (size_t)nb_numel(ts)) == NB_OK, "strided f64 -> f16");
+  for (int i = 0; ts && i < nb_numel(ts); i++)
+    NBT_CHECK(got[i] == f16[2 * i], "strided f64 %.17g -> f16 0x%04x (expected 0x%04x)", v[2 * i], got[i], f16[2 * i]);
+  nb_tensor *tb = nb_cast(nb_from_buffer(w, 1, (int64_t[]){nbf}, NB_F64, NB_DEVICE_CPU), NB_BF16);
+  NBT_CHECK(tb && nb_to_host(tb, got, sizeof(uint16_t) * (size_t)nbf) == NB_OK, "f64 -> bf16 cast");
+  for (int i = 0; tb && i < nbf; i++)
+    NBT_CHECK(got[i] == bf16[i], "f64 %.17g -> bf16 0x%04x (expected 0x%04x)", w[i], got[i], bf16[i]);
+  /* an f64 result stored into an f16 output: the sum 1 + (2^-11 + 2^-40) */
+  nb_tensor *s = nb_add(nb_full(1, (int64_t[]){1}, 1.0, NB_F16, NB_DEVICE_CPU),
+                        nb_full(1, (int64_t[]){1}, h + u, NB_F64, NB_DEVICE_CPU));
+  NBT_CHECK(s && nb_dtype_of(s) == NB_F64, "f16 + f64 is f64");
+  NBT_CHECK(nb_copy_(t, nb_expand(s, 1, (int64_t[]){n16})) == NB_OK && nb_get(t, (int64_t[]){0}) == 1 + 2 * h,
+            "copy_ of an f64 value into f16 rounds once (got %.10g)", nb_get(t, (int64_t[]){0}));
+  nb_scope_end();
+}
+
 static void test_promotion(void) {
   NBT_CHECK(nb_promote(NB_F32, NB_F64) == NB_F64, "f32+f64");
   NBT_CHECK(nb_promote(NB_F16, NB_BF16) == NB_F32, "f16+bf16");
@@ -170,6 +205,7 @@ static void test_rng(void) {
 
 int main(void) {
   test_f16_bf16();
+  test_f64_to_half();
   test_promotion();
   test_creation();
   test_views();

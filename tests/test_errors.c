@@ -72,8 +72,42 @@ static void test_classes(void) {
   nb_scope_end();
 }
 
+/* Inputs on two devices: every op that takes several tensors refuses them
+ * with a device error naming both (needs a GPU; skipped without one). */
+static void test_device_mismatch(void) {
+  if (nb_cuda_available() <= 0) {
+    printf("note: no CUDA device; the device-mismatch checks need one\n");
+    return;
+  }
+  nb_scope_begin();
+  nb_device gpu = nb_device_cuda(0);
+  nb_tensor *x = nb_ones(2, (int64_t[]){2, 3}, NB_F32, NB_DEVICE_CPU);
+  nb_tensor *xg = nb_to_device(x, gpu);
+  nb_tensor *w = nb_ones(2, (int64_t[]){4, 3}, NB_F32, NB_DEVICE_CPU);
+  nb_tensor *t = nb_zeros(1, (int64_t[]){2}, NB_I64, NB_DEVICE_CPU);
+  nbt_check_error("add across devices", nb_add(x, xg) == NULL, NB_ERR_DEVICE, "add", "different devices",
+                  "f32[2, 3]", "@cuda:0", NULL);
+  nbt_check_error("matmul across devices", nb_matmul(xg, nb_transpose(x, 0, 1)) == NULL, NB_ERR_DEVICE,
+                  "matmul", "cuda:0", NULL);
+  nbt_check_error("where across devices", nb_where(nb_gt(x, x), x, xg) == NULL, NB_ERR_DEVICE, "where", NULL);
+  nb_tensor *parts[2] = {x, xg};
+  nbt_check_error("cat across devices", nb_cat(2, parts, 0) == NULL, NB_ERR_DEVICE, "cat", NULL);
+  nbt_check_error("linear across devices", nb_linear(xg, w, NULL) == NULL, NB_ERR_DEVICE, "linear", NULL);
+  nbt_check_error("cross_entropy across devices", nb_cross_entropy(xg, t, NB_REDUCE_MEAN, -100, 0) == NULL,
+                  NB_ERR_DEVICE, "cross_entropy", NULL);
+  nbt_check_error("embedding across devices", nb_embedding(nb_to_device(w, gpu), t) == NULL, NB_ERR_DEVICE,
+                  "embedding", NULL);
+  nb_tensor *leaf = nb_ones(1, (int64_t[]){3}, NB_F32, NB_DEVICE_CPU);
+  nb_set_requires_grad(leaf, 1);
+  nb_tensor *g = nb_ones(1, (int64_t[]){3}, NB_F32, gpu);
+  nbt_check_error("backward with a gradient on another device", nb_backward(nb_exp(leaf), g) != NB_OK,
+                  NB_ERR_DEVICE, "backward", "another device", NULL);
+  nb_scope_end();
+}
+
 int main(void) {
   test_null_propagation();
   test_classes();
+  test_device_mismatch();
   return nbt_finish();
 }

@@ -484,6 +484,42 @@ static nb_tensor *at_apply(nb_tensor *const *in, void *vc) {
   return nb_scaled_dot_product_attention(in[0], in[1], in[2], mask, c->causal, 0.0, NULL, c->scale);
 }
 
+#define AT_DROP_P 0.3
+#define AT_DROP_SEED 4242
+#define AT_DROP_OFFSET 17
+
+static nb_tensor *at_drop_apply(nb_tensor *const *in, void *vc) {
+  const at_ctx *c = vc;
+  nb_rng rng = {AT_DROP_SEED, AT_DROP_OFFSET};
+  return nb_scaled_dot_product_attention(in[0], in[1], in[2], NULL, c->causal, AT_DROP_P, &rng, c->scale);
+}
+
+static void at_drop_ref(double *const *in, double *out, void *vc) {
+  const at_ctx *c = vc;
+  double sc = c->scale > 0 ? c->scale : 1 / sqrt((double)c->D), s[16];
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t i = 0; i < c->Lq; i++) {
+      double m = -INFINITY, z = 0;
+      for (int64_t j = 0; j < c->Lk; j++) {
+        double d = 0;
+        for (int64_t e = 0; e < c->D; e++) d += in[0][(b * c->Lq + i) * c->D + e] * in[1][(b * c->Lk + j) * c->D + e];
+        s[j] = c->causal && j > i ? -INFINITY : d * sc;
+        m = fmax(m, s[j]);
+      }
+      for (int64_t j = 0; j < c->Lk; j++) z += (s[j] = exp(s[j] - m));
+      for (int64_t j = 0; j < c->Lk; j++) {
+        uint32_t w[4];
+        nb_philox4x32(AT_DROP_SEED, AT_DROP_OFFSET + (uint64_t)((b * c->Lq + i) * c->Lk + j), w);
+        s[j] = nb_philox_u01(w[0]) >= AT_DROP_P ? s[j] / z / (1 - AT_DROP_P) : 0;
+      }
+      for (int64_t e = 0; e < c->Dv; e++) {
+        double acc = 0;
+        for (int64_t j = 0; j < c->Lk; j++) acc += s[j] * in[2][(b * c->Lk + j) * c->Dv + e];
+        out[(b * c->Lq + i) * c->Dv + e] = acc;
+      }
+    }
+}
+
 static void test_attention(void) {
   at_ctx cases[] = {
     {0, 0, 0, 2, 3, 5, 4, 6, 0}, {1, 0, 0, 2, 3, 5, 4, 6, 0}, {0, 1, 0, 2, 3, 5, 4, 6, 0},
@@ -499,6 +535,18 @@ static void test_attention(void) {
     snprintf(name, sizeof name, "attention %s", names[i]);
     nnt_check_forward(name, at_apply, at_ref, c, 3, ins);
     nbt_gradcheck(name, at_apply, c, 3, ins, 1e-6, 1e-5, 1e-8);
+    nnt_release_all(3, ins);
+  }
+  /* dropout inside attention, causal: against a reference that drops the
+   * attention weights with the Philox mask of (seed, offset + i), i the
+   * row-major index into (B, Lq, Lk), and gradients (the mask is fixed by
+   * the rng state, so the function is deterministic) */
+  {
+    at_ctx c = {1, 0, 0, 2, 4, 5, 3, 2, 0};
+    nb_tensor *ins[3] = {nbt_leaf(190, 3, (int64_t[]){2, 4, 3}), nbt_leaf(191, 3, (int64_t[]){2, 5, 3}),
+                         nbt_leaf(192, 3, (int64_t[]){2, 5, 2})};
+    nnt_check_forward("attention causal dropout", at_drop_apply, at_drop_ref, &c, 3, ins);
+    nbt_gradcheck("attention causal dropout", at_drop_apply, &c, 3, ins, 1e-6, 1e-5, 1e-8);
     nnt_release_all(3, ins);
   }
   /* dropout inside attention: reproducible, and p = 1 gives zeros */

@@ -1,6 +1,7 @@
 /* Every foundation op: forward against a naive float64 reference (f64, f32,
  * bf16), and gradients against central finite differences in float64, on
- * contiguous, transposed, sliced, broadcast, size-1 and odd-sized inputs. */
+ * contiguous, transposed, sliced, broadcast, size-1 and odd-sized inputs
+ * (the op itself receives the strided or stride-0 view). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,20 +13,21 @@
 #endif
 
 /* ---- input layouts ------------------------------------------------------ */
-typedef enum { L_CONTIG, L_TRANSPOSED, L_SLICED, L_SIZE1, L_ODD, L_COUNT } layout;
-static const char *layout_names[] = {"contiguous", "transposed", "sliced", "size-1", "odd"};
+typedef enum { L_CONTIG, L_TRANSPOSED, L_SLICED, L_BROADCAST, L_SIZE1, L_ODD, L_COUNT } layout;
+static const char *layout_names[] = {"contiguous", "transposed", "sliced", "broadcast", "size-1", "odd"};
 
 /* A view of the given layout over a base tensor made for it. */
 static nb_tensor *layout_view(nb_tensor *base, layout l) {
   switch (l) {
   case L_TRANSPOSED: return nb_transpose(base, 0, 1);
   case L_SLICED: return nb_slice(nb_slice(base, 0, 1, 9, 2), 1, 0, 7, 3);
+  case L_BROADCAST: return nb_expand(base, 2, (int64_t[]){5, -1}); /* (1, 7) -> (5, 7), stride 0 */
   default: return base;
   }
 }
 
 static void layout_base_shape(layout l, int64_t *shape) {
-  static const int64_t s[L_COUNT][2] = {{4, 6}, {6, 4}, {9, 7}, {1, 1}, {13, 7}};
+  static const int64_t s[L_COUNT][2] = {{4, 6}, {6, 4}, {9, 7}, {1, 7}, {1, 1}, {13, 7}};
   shape[0] = s[l][0];
   shape[1] = s[l][1];
 }
@@ -69,14 +71,16 @@ static const unary_case unary_cases[] = {
 
 typedef struct { const unary_case *uc; layout l; } unary_ctx;
 
-/* Domain-restricted ops see |x| + 0.5, so every test point is valid. */
+/* Domain-restricted ops see |x| + 0.5, so every test point is valid. The
+ * shift is applied to the base before the layout's view, so that the op
+ * itself receives the strided (or stride-0) view. */
 static nb_tensor *unary_input(nb_tensor *x, int positive) {
   return positive ? nb_add_scalar(nb_abs(x), 0.5) : x;
 }
 
 static nb_tensor *unary_apply(nb_tensor *const *in, void *vctx) {
   unary_ctx *c = vctx;
-  return c->uc->fn(unary_input(layout_view(in[0], c->l), c->uc->positive));
+  return c->uc->fn(layout_view(unary_input(in[0], c->uc->positive), c->l));
 }
 
 static void test_unary(void) {
@@ -90,7 +94,9 @@ static void test_unary(void) {
       layout_base_shape((layout)l, shape);
       for (int d = 0; d < 4; d++) {
         nb_tensor *base = nbt_randn(100 + k * 7 + l, 2, shape, NB_F64);
-        nb_tensor *x = unary_input(layout_view(nb_cast(base, dts[d]), (layout)l), uc->positive);
+        nb_tensor *x = layout_view(unary_input(nb_cast(base, dts[d]), uc->positive), (layout)l);
+        NBT_CHECK(l == L_CONTIG || l == L_SIZE1 || l == L_ODD || !nb_is_contiguous(x),
+                  "%s %s: the op sees a strided view", uc->name, layout_names[l]);
         /* the reference sees the same rounded inputs */
         double *xv = nbt_f64(x);
         int64_t n = nb_numel(x);
@@ -137,24 +143,32 @@ static const binary_case binary_cases[] = {
   {"minimum", nb_minimum, min_r, 0, 0},
 };
 
-/* shape pairs: same, row broadcast, outer broadcast, transposed b, size-1, odd */
-typedef struct { int na, nb; int64_t a[3], b[3]; int transpose_b; } bshape;
+/* shape pairs: same, row broadcast, outer broadcast, transposed b, size-1,
+ * odd, sliced a (rows 1:7:2, columns 0:5:2 of a (7, 5) leaf) with a stride-0
+ * b expanded from (1, 3) */
+typedef struct { int na, nb; int64_t a[3], b[3]; int transpose_b, slice_a, expand_b; } bshape;
 static const bshape bshapes[] = {
-  {2, 2, {3, 4}, {3, 4}, 0}, {2, 1, {3, 4}, {4}, 0}, {2, 2, {3, 1}, {1, 5}, 0},
-  {2, 2, {3, 4}, {4, 3}, 1}, {2, 0, {1, 1}, {0}, 0}, {3, 2, {2, 7, 5}, {7, 1}, 0},
+  {2, 2, {3, 4}, {3, 4}, 0, 0, 0}, {2, 1, {3, 4}, {4}, 0, 0, 0}, {2, 2, {3, 1}, {1, 5}, 0, 0, 0},
+  {2, 2, {3, 4}, {4, 3}, 1, 0, 0}, {2, 0, {1, 1}, {0}, 0, 0, 0}, {3, 2, {2, 7, 5}, {7, 1}, 0, 0, 0},
+  {2, 2, {7, 5}, {1, 3}, 0, 1, 1},
 };
 
 typedef struct { const binary_case *bc; const bshape *bs; } binary_ctx;
 
-static nb_tensor *prep_b(nb_tensor *b, const binary_case *bc) {
-  return bc->away_b ? nb_add_scalar(nb_abs(b), 0.5) : b; /* keep |b| >= 0.5 */
+/* Domain shifts are applied before the views, so the op sees the views. */
+static nb_tensor *prep_a(nb_tensor *a, const binary_case *bc, const bshape *bs) {
+  if (bc->positive_a) a = nb_add_scalar(nb_abs(a), 0.5);
+  return bs->slice_a ? nb_slice(nb_slice(a, 0, 1, 7, 2), 1, 0, 5, 2) : a;
+}
+static nb_tensor *prep_b(nb_tensor *b, const binary_case *bc, const bshape *bs) {
+  if (bc->away_b) b = nb_add_scalar(nb_abs(b), 0.5); /* keep |b| >= 0.5 */
+  if (bs->transpose_b) b = nb_transpose(b, 0, 1);
+  return bs->expand_b ? nb_expand(b, 2, (int64_t[]){3, -1}) : b;
 }
 
 static nb_tensor *binary_apply(nb_tensor *const *in, void *vctx) {
   binary_ctx *c = vctx;
-  nb_tensor *a = c->bc->positive_a ? nb_add_scalar(nb_abs(in[0]), 0.5) : in[0];
-  nb_tensor *b = c->bs->transpose_b ? nb_transpose(in[1], 0, 1) : in[1];
-  return c->bc->fn(a, prep_b(b, c->bc));
+  return c->bc->fn(prep_a(in[0], c->bc, c->bs), prep_b(in[1], c->bc, c->bs));
 }
 
 static void broadcast_index(const int64_t *oshape, int ond, int64_t flat, const int64_t *shape, int nd,
@@ -180,9 +194,8 @@ static void test_binary(void) {
       /* forward in f64 and f32 against the reference */
       nb_tensor *ins[2] = {la, lb};
       nb_tensor *y = binary_apply(ins, &ctx);
-      nb_tensor *a = bc->positive_a ? nb_add_scalar(nb_abs(la), 0.5) : la;
-      nb_tensor *b = prep_b(bs->transpose_b ? nb_transpose(lb, 0, 1) : lb, bc);
-      b = nb_contiguous(b);
+      nb_tensor *a = nb_contiguous(prep_a(la, bc, bs));
+      nb_tensor *b = nb_contiguous(prep_b(lb, bc, bs));
       double *av = nbt_f64(a), *bv = nbt_f64(b);
       int64_t n = nb_numel(y);
       double *ref = malloc((size_t)n * sizeof *ref);
@@ -195,10 +208,10 @@ static void test_binary(void) {
       char name[128];
       snprintf(name, sizeof name, "%s case %zu f64", bc->name, s);
       nbt_check_close(name, y, ref, 1e-12, 1e-12);
-      nb_tensor *y32 = bc->fn(nb_cast(a, NB_F32), nb_cast(b, NB_F32));
+      nb_tensor *y32 = bc->fn(prep_a(nb_cast(la, NB_F32), bc, bs), prep_b(nb_cast(lb, NB_F32), bc, bs));
       snprintf(name, sizeof name, "%s case %zu f32", bc->name, s);
       nbt_check_close(name, y32, ref, 1e-5, 1e-5);
-      nb_tensor *ybf = bc->fn(nb_cast(a, NB_BF16), nb_cast(b, NB_BF16));
+      nb_tensor *ybf = bc->fn(prep_a(nb_cast(la, NB_BF16), bc, bs), prep_b(nb_cast(lb, NB_BF16), bc, bs));
       snprintf(name, sizeof name, "%s case %zu bf16", bc->name, s);
       nbt_check_close(name, ybf, ref, 3e-2, 3e-2);
       free(av); free(bv); free(ref);
@@ -209,6 +222,113 @@ static void test_binary(void) {
       nb_scope_end();
     }
   }
+}
+
+/* ---- scalar forms ----------------------------------------------------------- */
+typedef nb_tensor *(*scalar_fn)(const nb_tensor *, double);
+typedef struct {
+  const char *name;
+  scalar_fn fn;
+  double s;
+  double (*ref)(double, double); /* ref(x, s) */
+  int positive;                  /* domain x > 0 */
+} scalar_case;
+
+static double rsub_r(double a, double b) { return b - a; }
+
+static const scalar_case scalar_cases[] = {
+  {"add_scalar", nb_add_scalar, 1.75, add_r, 0}, {"sub_scalar", nb_sub_scalar, -0.6, sub_r, 0},
+  {"rsub_scalar", nb_rsub_scalar, 2.5, rsub_r, 0}, {"mul_scalar", nb_mul_scalar, -1.3, mul_r, 0},
+  {"div_scalar", nb_div_scalar, 0.7, div_r, 0}, {"pow_scalar 2.5", nb_pow_scalar, 2.5, pow, 1},
+  {"pow_scalar -1.5", nb_pow_scalar, -1.5, pow, 1}, {"pow_scalar 3", nb_pow_scalar, 3, pow, 0},
+  {"maximum_scalar", nb_maximum_scalar, 0.2, max_r, 0}, {"minimum_scalar", nb_minimum_scalar, -0.1, min_r, 0},
+};
+
+typedef struct { const scalar_case *sc; layout l; } scalar_ctx;
+
+static nb_tensor *scalar_apply(nb_tensor *const *in, void *vctx) {
+  scalar_ctx *c = vctx;
+  return c->sc->fn(layout_view(unary_input(in[0], c->sc->positive), c->l), c->sc->s);
+}
+
+/* Forward on f64/f32/bf16 views against (x op s) in float64, and gradients
+ * on every layout. */
+static void test_scalar_forms(void) {
+  static const nb_dtype dts[] = {NB_F64, NB_F32, NB_BF16};
+  static const double tol[] = {1e-12, 2e-6, 1e-2};
+  for (size_t k = 0; k < sizeof scalar_cases / sizeof scalar_cases[0]; k++) {
+    const scalar_case *sc = &scalar_cases[k];
+    for (int l = 0; l < L_COUNT; l++) {
+      nb_scope_begin();
+      int64_t shape[2];
+      layout_base_shape((layout)l, shape);
+      for (int d = 0; d < 3; d++) {
+        nb_tensor *x = layout_view(unary_input(nbt_randn(1100 + k * 7 + l, 2, shape, dts[d]), sc->positive), (layout)l);
+        double *xv = nbt_f64(x);
+        int64_t n = nb_numel(x);
+        double *ref = malloc((size_t)n * sizeof *ref);
+        for (int64_t i = 0; i < n; i++) ref[i] = sc->ref(xv[i], sc->s);
+        nb_tensor *y = sc->fn(x, sc->s);
+        char name[128];
+        snprintf(name, sizeof name, "%s %s %s", sc->name, nb_dtype_name(dts[d]), layout_names[l]);
+        nbt_check_close(name, y, ref, tol[d], tol[d]);
+        NBT_CHECK(y && nb_dtype_of(y) == dts[d], "%s keeps dtype", name);
+        free(xv);
+        free(ref);
+      }
+      nb_tensor *leaf = nbt_leaf(1200 + k * 7 + l, 2, shape);
+      scalar_ctx ctx = {sc, (layout)l};
+      char name[128];
+      snprintf(name, sizeof name, "grad %s %s", sc->name, layout_names[l]);
+      nbt_gradcheck(name, scalar_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
+      nb_release(leaf);
+      nb_scope_end();
+    }
+  }
+  /* an integer tensor with an integral scalar stays integer */
+  nb_scope_begin();
+  nb_tensor *i = nb_arange(-3, 3, 1, NB_I64, NB_DEVICE_CPU);
+  nb_tensor *r = nb_rsub_scalar(i, 2);
+  NBT_CHECK(r && nb_dtype_of(r) == NB_I64, "i64 rsub_scalar(2) stays i64");
+  nbt_check_close("i64 rsub_scalar", r, (double[]){5, 4, 3, 2, 1, 0}, 0, 0);
+  nbt_check_close("i64 maximum_scalar", nb_maximum_scalar(i, 0), (double[]){0, 0, 0, 0, 1, 2}, 0, 0);
+  nb_scope_end();
+}
+
+/* broadcast_to and sum_to_shape, its adjoint (the backward of broadcasting) */
+static nb_tensor *bto_apply(nb_tensor *const *in, void *ctx) {
+  return nb_broadcast_to(nb_transpose(in[0], 0, 1), 3, (int64_t[]){2, 3, 4}); /* (4,3)^T -> (2,3,4) */
+}
+static nb_tensor *sts_apply(nb_tensor *const *in, void *ctx) {
+  return nb_sum_to_shape(nb_transpose(in[0], 0, 2), 2, (int64_t[]){3, 1}); /* (4,3,2)^T -> (3,1) */
+}
+
+static void test_broadcast_to_sum_to_shape(void) {
+  nb_scope_begin();
+  nb_tensor *a = nbt_leaf(41, 2, (int64_t[]){4, 3}), *b = nbt_leaf(42, 3, (int64_t[]){4, 3, 2});
+  double *av = nbt_f64(a), *bv = nbt_f64(b), ref[24], ref2[3] = {0};
+  for (int n = 0; n < 2; n++)
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 4; j++) ref[(n * 3 + i) * 4 + j] = av[j * 3 + i];
+  nb_tensor *y = bto_apply(&a, NULL);
+  NBT_CHECK(y && nb_strides(y)[0] == 0 && nb_shares_storage(y, a), "broadcast_to is a stride-0 view");
+  nbt_check_close("broadcast_to", y, ref, 0, 0);
+  /* the transposed (2,3,4) view summed to (3,1): over axes 0 and 2 */
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++)
+      for (int k = 0; k < 2; k++) ref2[j] += bv[(i * 3 + j) * 2 + k];
+  nbt_check_close("sum_to_shape", sts_apply(&b, NULL), ref2, 1e-12, 1e-12);
+  nbt_gradcheck("grad broadcast_to", bto_apply, NULL, 1, &a, 1e-6, 1e-5, 1e-7);
+  nbt_gradcheck("grad sum_to_shape", sts_apply, NULL, 1, &b, 1e-6, 1e-5, 1e-7);
+  nbt_check_error("broadcast_to incompatible", nb_broadcast_to(a, 2, (int64_t[]){4, 5}) == NULL, NB_ERR_SHAPE,
+                  "broadcast_to", "[4, 3]", "[4, 5]", NULL);
+  nbt_check_error("sum_to_shape incompatible", nb_sum_to_shape(b, 2, (int64_t[]){4, 2}) == NULL, NB_ERR_SHAPE,
+                  "sum_to_shape", NULL);
+  free(av);
+  free(bv);
+  nb_release(a);
+  nb_release(b);
+  nb_scope_end();
 }
 
 static void test_compare_where_clamp(void) {
@@ -253,10 +373,98 @@ static void test_where_clamp_grads(void) {
   nb_scope_end();
 }
 
+/* Comparisons, where, clamp, argmax/argmin and split on strided, sliced and
+ * broadcast views, against references computed from the row-major values. */
+static nb_tensor *clamp_views_apply(nb_tensor *const *in, void *ctx) {
+  nb_tensor *t = nb_transpose(nb_slice(in[0], 0, 1, 9, 2), 0, 1); /* (9,7) -> rows 1,3,5,7 -> (7,4) */
+  return nb_clamp(t, -0.4, 0.6);
+}
+
+static void test_views_misc(void) {
+  nb_scope_begin();
+  nb_tensor *base = nbt_randn(61, 2, (int64_t[]){5, 4}, NB_F64);
+  nb_tensor *x = nb_transpose(base, 0, 1);                                    /* (4, 5) strided */
+  nb_tensor *row = nb_expand(nbt_randn(62, 2, (int64_t[]){1, 5}, NB_F64), 2, (int64_t[]){4, 5});
+  double *xv = nbt_f64(x), *rv = nbt_f64(row), ref[20];
+  struct { const char *name; binary_fn fn; } cmps[] = {
+    {"lt", nb_lt}, {"le", nb_le}, {"gt", nb_gt}, {"ge", nb_ge}, {"eq", nb_eq}, {"ne", nb_ne},
+  };
+  for (size_t c = 0; c < sizeof cmps / sizeof cmps[0]; c++) {
+    for (int i = 0; i < 20; i++) {
+      double a = xv[i], b = rv[i];
+      const char *n = cmps[c].name;
+      ref[i] = !strcmp(n, "lt") ? a < b : !strcmp(n, "le") ? a <= b : !strcmp(n, "gt") ? a > b
+             : !strcmp(n, "ge") ? a >= b : !strcmp(n, "eq") ? a == b : a != b;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%s on transposed vs expanded", cmps[c].name);
+    nbt_check_close(name, cmps[c].fn(x, row), ref, 0, 0);
+  }
+  /* eq/ne need equal values: x against itself through another view */
+  nb_tensor *xc = nb_contiguous(x);
+  nbt_check_close("eq of a view and its copy", nb_sum(nb_cast(nb_eq(x, xc), NB_I64), 0, NULL, 0), (double[]){20}, 0, 0);
+  /* where: condition broadcast over rows, branches transposed and sliced */
+  nb_tensor *cond = nb_gt(nbt_randn(63, 1, (int64_t[]){5}, NB_F64), nb_scalar(0, NB_F64, NB_DEVICE_CPU));
+  nb_tensor *other = nb_slice(nbt_randn(64, 2, (int64_t[]){8, 5}, NB_F64), 0, 0, 8, 2); /* (4, 5) */
+  double *cv = nbt_f64(cond), *ov = nbt_f64(other);
+  for (int i = 0; i < 20; i++) ref[i] = cv[i % 5] != 0 ? xv[i] : ov[i];
+  nbt_check_close("where on views", nb_where(cond, x, other), ref, 0, 0);
+  nbt_check_close("where on f32 views", nb_where(cond, nb_transpose(nb_cast(base, NB_F32), 0, 1), other), ref, 1e-6, 1e-6);
+  /* clamp forward on a view */
+  for (int i = 0; i < 20; i++) ref[i] = xv[i] < -0.3 ? -0.3 : xv[i] > 0.2 ? 0.2 : xv[i];
+  nbt_check_close("clamp on a transposed view", nb_clamp(x, -0.3, 0.2), ref, 0, 0);
+  /* argmax / argmin along each axis of the transposed view */
+  for (int axis = 0; axis < 2; axis++)
+    for (int mx = 0; mx < 2; mx++) {
+      int64_t n_out = axis ? 4 : 5, n_red = axis ? 5 : 4;
+      double aref[5];
+      for (int64_t o = 0; o < n_out; o++) {
+        int64_t best = 0;
+        for (int64_t j = 1; j < n_red; j++) {
+          double v = axis ? xv[o * 5 + j] : xv[j * 5 + o], bv = axis ? xv[o * 5 + best] : xv[best * 5 + o];
+          if (mx ? v > bv : v < bv) best = j;
+        }
+        aref[o] = (double)best;
+      }
+      char name[64];
+      snprintf(name, sizeof name, "%s axis %d of a transposed view", mx ? "argmax" : "argmin", axis);
+      nbt_check_close(name, mx ? nb_argmax(x, axis, 0) : nb_argmin(x, axis, 0), aref, 0, 0);
+    }
+  /* split and chunk of a transposed view: the parts hold the right values */
+  nb_tensor *parts[4];
+  int np = nb_split(x, 2, 1, parts, 4); /* widths 2, 2, 1 */
+  NBT_CHECK(np == 3, "split of a view into 3 parts (got %d)", np);
+  for (int p = 0; p < np && np == 3; p++) {
+    int64_t w = p < 2 ? 2 : 1;
+    double pref[8];
+    for (int i = 0; i < 4; i++)
+      for (int64_t j = 0; j < w; j++) pref[i * w + j] = xv[i * 5 + 2 * p + j];
+    char name[64];
+    snprintf(name, sizeof name, "split part %d of a transposed view", p);
+    nbt_check_close(name, parts[p], pref, 0, 0);
+  }
+  np = nb_chunk(x, 3, 0, parts, 4); /* 4 rows into chunks of 2, 2 */
+  NBT_CHECK(np == 2, "chunk of a view (got %d)", np);
+  if (np == 2) nbt_check_close("chunk 1 of a transposed view", parts[1], xv + 10, 0, 0);
+  free(xv); free(rv); free(cv); free(ov);
+  nb_tensor *leaf = nbt_leaf(65, 2, (int64_t[]){9, 7});
+  nbt_gradcheck("grad clamp on a sliced transposed view", clamp_views_apply, NULL, 1, &leaf, 1e-6, 1e-5, 1e-7);
+  nb_release(leaf);
+  nb_scope_end();
+}
+
 /* ---- reductions ------------------------------------------------------------ */
-typedef struct { int n; int axes[3]; int keep; int transposed; } rcase;
+/* Input views of a reduction: the leaf itself, a permuted leaf, a strided
+ * slice of a larger leaf, or a (d0, 1, d2) leaf expanded along axis 1. */
+enum { RV_PLAIN, RV_PERMUTED, RV_SLICED, RV_BROADCAST };
+typedef struct { int n; int axes[3]; int keep; int view; int64_t shape[3]; } rcase;
 static const rcase rcases[] = {
-  {0, {0}, 0, 0}, {1, {0}, 0, 0}, {1, {-1}, 1, 0}, {2, {0, 2}, 0, 0}, {2, {2, 0}, 1, 1}, {1, {1}, 0, 1},
+  {0, {0}, 0, RV_PLAIN, {3, 4, 5}}, {1, {0}, 0, RV_PLAIN, {3, 4, 5}}, {1, {-1}, 1, RV_PLAIN, {3, 4, 5}},
+  {2, {0, 2}, 0, RV_PLAIN, {3, 4, 5}}, {2, {2, 0}, 1, RV_PERMUTED, {3, 4, 5}}, {1, {1}, 0, RV_PERMUTED, {3, 4, 5}},
+  {1, {2}, 0, RV_SLICED, {3, 4, 5}}, {2, {0, 1}, 1, RV_SLICED, {3, 4, 5}}, {0, {0}, 0, RV_SLICED, {3, 4, 5}},
+  {1, {1}, 0, RV_BROADCAST, {3, 4, 5}}, {1, {2}, 1, RV_BROADCAST, {3, 4, 5}}, {0, {0}, 0, RV_BROADCAST, {3, 4, 5}},
+  {1, {0}, 0, RV_PLAIN, {1, 4, 1}}, {2, {0, 2}, 1, RV_PLAIN, {1, 4, 1}}, {1, {1}, 0, RV_PLAIN, {7, 13, 3}},
+  {2, {1, 2}, 0, RV_PERMUTED, {5, 9, 11}},
 };
 
 /* Reference: reduce a (3,4,5) float64 array over the axes. */
@@ -304,14 +512,14 @@ static void ref_reduce(const char *op, const double *x, const int64_t *shape, co
     else if (!strcmp(op, "mean")) out[o] = mean;
     else if (!strcmp(op, "max")) out[o] = mx;
     else if (!strcmp(op, "min")) out[o] = mn;
-    else if (!strcmp(op, "var")) out[o] = var / (cnt - corr);
-    else if (!strcmp(op, "std")) out[o] = sqrt(var / (cnt - corr));
+    else if (!strcmp(op, "var") || !strcmp(op, "var0")) out[o] = var / (cnt - corr);
+    else if (!strcmp(op, "std") || !strcmp(op, "std0")) out[o] = sqrt(var / (cnt - corr));
     else if (!strcmp(op, "logsumexp")) out[o] = mx + log(lse);
     else if (!strcmp(op, "norm")) out[o] = sqrt(sq);
   }
 }
 
-static const char *rops[] = {"sum", "mean", "max", "min", "var", "std", "logsumexp", "norm"};
+static const char *rops[] = {"sum", "mean", "max", "min", "var", "std", "var0", "std0", "logsumexp", "norm"};
 
 static nb_tensor *run_rop(const char *op, const nb_tensor *x, const rcase *rc) {
   if (!strcmp(op, "sum")) return nb_sum(x, rc->n, rc->axes, rc->keep);
@@ -320,15 +528,31 @@ static nb_tensor *run_rop(const char *op, const nb_tensor *x, const rcase *rc) {
   if (!strcmp(op, "min")) return nb_min(x, rc->n, rc->axes, rc->keep);
   if (!strcmp(op, "var")) return nb_var(x, rc->n, rc->axes, 1.0, rc->keep);
   if (!strcmp(op, "std")) return nb_std(x, rc->n, rc->axes, 1.0, rc->keep);
+  if (!strcmp(op, "var0")) return nb_var(x, rc->n, rc->axes, 0.0, rc->keep);
+  if (!strcmp(op, "std0")) return nb_std(x, rc->n, rc->axes, 0.0, rc->keep);
   if (!strcmp(op, "logsumexp")) return nb_logsumexp(x, rc->n, rc->axes, rc->keep);
   return nb_norm(x, 2.0, rc->n, rc->axes, rc->keep);
 }
 
 typedef struct { const char *op; const rcase *rc; } rctx;
 
-/* transposed cases reduce a permuted view of a (5,4,3) leaf */
+/* The leaf's shape for a case whose logical input has shape rc->shape. */
+static void rleaf_shape(const rcase *rc, int64_t *ls) {
+  const int64_t *s = rc->shape;
+  switch (rc->view) {
+  case RV_PERMUTED: ls[0] = s[2], ls[1] = s[1], ls[2] = s[0]; break;
+  case RV_SLICED: ls[0] = 2 * s[0] + 1, ls[1] = s[1], ls[2] = 3 * s[2]; break;
+  case RV_BROADCAST: ls[0] = s[0], ls[1] = 1, ls[2] = s[2]; break;
+  default: ls[0] = s[0], ls[1] = s[1], ls[2] = s[2];
+  }
+}
 static nb_tensor *rview(nb_tensor *leaf, const rcase *rc) {
-  return rc->transposed ? nb_permute(leaf, (int[]){2, 1, 0}) : leaf;
+  switch (rc->view) {
+  case RV_PERMUTED: return nb_permute(leaf, (int[]){2, 1, 0});
+  case RV_SLICED: return nb_slice(nb_slice(leaf, 0, 1, 2 * rc->shape[0] + 1, 2), 2, 2, 3 * rc->shape[2], 3);
+  case RV_BROADCAST: return nb_expand(leaf, 3, rc->shape);
+  default: return leaf;
+  }
 }
 static nb_tensor *reduce_apply(nb_tensor *const *in, void *vctx) {
   rctx *c = vctx;
@@ -340,27 +564,37 @@ static void test_reductions(void) {
     for (size_t r = 0; r < sizeof rcases / sizeof rcases[0]; r++) {
       nb_scope_begin();
       const rcase *rc = &rcases[r];
-      int64_t shape[3] = {3, 4, 5}, tshape[3] = {5, 4, 3};
-      nb_tensor *leaf = nbt_leaf(700 + k * 10 + r, 3, rc->transposed ? tshape : shape);
+      int64_t ls[3];
+      rleaf_shape(rc, ls);
+      nb_tensor *leaf = nbt_leaf(700 + k * 20 + r, 3, ls);
       nb_tensor *x = rview(leaf, rc);
-      double *xv = nbt_f64(x), ref[60];
+      NBT_CHECK(nb_size(x, 0) == rc->shape[0] && nb_size(x, 1) == rc->shape[1] && nb_size(x, 2) == rc->shape[2],
+                "reduction case %zu: view shape", r);
+      double *xv = nbt_f64(x), ref[512];
       int64_t nref;
-      ref_reduce(rops[k], xv, shape, rc, 1.0, ref, &nref);
+      ref_reduce(rops[k], xv, rc->shape, rc, rops[k][3] == '0' ? 0.0 : 1.0, ref, &nref);
       char name[128];
       snprintf(name, sizeof name, "%s case %zu", rops[k], r);
       nb_tensor *y = run_rop(rops[k], x, rc);
       NBT_CHECK(y && nb_numel(y) == nref, "%s: %lld elements (expected %lld)", name, (long long)nb_numel(y), (long long)nref);
       nbt_check_close(name, y, ref, 1e-12, 1e-12);
-      nb_tensor *y32 = run_rop(rops[k], nb_cast(x, NB_F32), rc);
+      /* f32 and bf16 through the same view of a cast leaf */
+      nb_tensor *y32 = run_rop(rops[k], rview(nb_cast(leaf, NB_F32), rc), rc);
       snprintf(name, sizeof name, "%s case %zu f32", rops[k], r);
       nbt_check_close(name, y32, ref, 1e-5, 1e-5);
-      nb_tensor *ybf = run_rop(rops[k], nb_cast(x, NB_BF16), rc);
+      nb_tensor *ybf = run_rop(rops[k], rview(nb_cast(leaf, NB_BF16), rc), rc);
       snprintf(name, sizeof name, "%s case %zu bf16", rops[k], r);
       nbt_check_close(name, ybf, ref, 4e-2, 4e-2);
       free(xv);
+      /* no derivative where the value is NaN (var of one element with
+       * correction 1) or where std is 0 (a reduction along the broadcast
+       * axis, or over one element) */
+      int smooth = 1;
+      for (int64_t i = 0; i < nref; i++)
+        smooth &= isfinite(ref[i]) && !(rops[k][0] == 's' && rops[k][1] == 't' && ref[i] < 1e-9);
       rctx ctx = {rops[k], rc};
       snprintf(name, sizeof name, "grad %s case %zu", rops[k], r);
-      nbt_gradcheck(name, reduce_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
+      if (smooth) nbt_gradcheck(name, reduce_apply, &ctx, 1, &leaf, 1e-6, 1e-5, 1e-7);
       nb_release(leaf);
       nb_scope_end();
     }
@@ -387,8 +621,15 @@ static void test_reductions(void) {
 }
 
 /* ---- matmul ------------------------------------------------------------------- */
+/* Operand views (ta, tb): 0 the leaf, 1 its last two axes transposed, 2 every
+ * other column (inner stride 2), 3 rows 1..n-2 (a storage offset), 4 the
+ * leaf expanded to a batch of 4 (batch stride 0). */
 typedef struct { int na, nb; int64_t a[4], b[4]; int ta, tb; } mcase;
 static const mcase mcases[] = {
+  {2, 2, {5, 14}, {9, 3}, 2, 3},         /* column-strided a, offset b */
+  {3, 2, {4, 5, 7}, {7, 3}, 0, 4},       /* b expanded over the batch */
+  {2, 2, {7, 5}, {7, 6}, 1, 2},          /* transposed a, column-strided b */
+  {2, 3, {6, 5}, {2, 5, 8}, 3, 2},       /* offset a, strided batched b */
   {2, 2, {5, 7}, {7, 3}, 0, 0},          /* plain, odd */
   {2, 2, {7, 5}, {3, 7}, 1, 1},          /* both transposed views */
   {4, 3, {2, 1, 5, 7}, {3, 7, 4}, 0, 0}, /* batch broadcast */
@@ -399,7 +640,20 @@ static const mcase mcases[] = {
   {3, 3, {3, 9, 4}, {1, 4, 6}, 0, 0},
 };
 
-static nb_tensor *mview(nb_tensor *t, int tr) { return tr ? nb_transpose(t, -1, -2) : t; }
+static nb_tensor *mview(nb_tensor *t, int mode) {
+  int nd = nb_ndim(t);
+  switch (mode) {
+  case 1: return nb_transpose(t, -1, -2);
+  case 2: return nb_slice(t, nd - 1, 0, nb_size(t, nd - 1), 2);
+  case 3: return nb_slice(t, nd - 2, 1, nb_size(t, nd - 2) - 1, 1);
+  case 4: {
+    int64_t shape[8] = {4};
+    for (int i = 0; i < nd; i++) shape[i + 1] = nb_size(t, i);
+    return nb_expand(t, nd + 1, shape);
+  }
+  default: return t;
+  }
+}
 static nb_tensor *matmul_apply(nb_tensor *const *in, void *vctx) {
   const mcase *mc = vctx;
   return nb_matmul(mview(in[0], mc->ta), mview(in[1], mc->tb));
@@ -506,8 +760,11 @@ static void test_join_and_view_grads(void) {
 int main(void) {
   test_unary();
   test_binary();
+  test_scalar_forms();
+  test_broadcast_to_sum_to_shape();
   test_compare_where_clamp();
   test_where_clamp_grads();
+  test_views_misc();
   test_reductions();
   test_matmul();
   test_join_and_view_grads();

@@ -1,6 +1,7 @@
 /* nn helpers: parameter lists, optimizers against hand-written float64
  * references over several steps, optimizer state and checkpoint restore,
- * gradient clipping, LR schedules, and initialiser statistics. */
+ * gradient clipping, gradient accumulation over micro-batches, LR schedules,
+ * and initialiser statistics. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -531,6 +532,68 @@ static void test_adamw_multi(void) {
   nb_scope_end();
 }
 
+/* ---- gradient accumulation over micro-batches ------------------------------
+ * Backward adds into the leaves' gradients, so k micro-batches, each with its
+ * mean loss scaled by 1/k, leave the full batch's mean-loss gradient; clipping
+ * and an AdamW step then act as on the full batch. A linear classifier on a
+ * batch of 12 rows, in 1, 3 and 4 micro-batches. */
+static nb_params *accum_params(void) {
+  nb_params *ps = nb_params_new();
+  nb_scope_begin();
+  nb_params_add(ps, "w", nbt_randn(81, 2, (int64_t[]){5, 6}, NB_F64));
+  nb_params_add(ps, "b", nbt_randn(82, 1, (int64_t[]){5}, NB_F64));
+  nb_scope_end();
+  return ps;
+}
+
+static void accum_backward(nb_params *ps, const nb_tensor *x, const nb_tensor *t, int k) {
+  int64_t rows = nb_size(x, 0) / k;
+  for (int m = 0; m < k; m++) {
+    nb_scope_begin();
+    nb_tensor *xm = nb_narrow(x, 0, m * rows, rows), *tm = nb_narrow(t, 0, m * rows, rows);
+    nb_tensor *logits = nb_linear(xm, nb_params_get(ps, 0), nb_params_get(ps, 1));
+    nb_tensor *loss = nb_mul_scalar(nb_cross_entropy(logits, tm, NB_REDUCE_MEAN, -100, 0), 1.0 / k);
+    NBT_CHECK(nb_backward(loss, NULL) == NB_OK, "micro-batch backward: %s", nb_last_error());
+    nb_scope_end();
+  }
+}
+
+static void test_grad_accumulation(void) {
+  nb_scope_begin();
+  nb_tensor *x = nbt_randn(83, 2, (int64_t[]){12, 6}, NB_F64);
+  nb_rng rng = nb_rng_new(84);
+  nb_tensor *t = nb_randint(&rng, 1, (int64_t[]){12}, 0, 5, NB_I64, NB_DEVICE_CPU);
+  nb_params *full = accum_params();
+  accum_backward(full, x, t, 1);
+  double *gw = nbt_f64(nb_grad(nb_params_get(full, 0))), *gb = nbt_f64(nb_grad(nb_params_get(full, 1)));
+  nb_optim *of = nb_adamw_new(full, 0.05, 0.9, 0.99, 1e-8, 0.1);
+  NBT_CHECK(nb_clip_grad_norm(full, 0.1) > 0 && nb_optim_step(of) == NB_OK, "full-batch step");
+  for (int k = 3; k <= 4; k++) {
+    nb_params *ps = accum_params();
+    accum_backward(ps, x, t, k);
+    char name[96];
+    snprintf(name, sizeof name, "weight gradient accumulated over %d micro-batches", k);
+    nbt_check_close(name, nb_grad(nb_params_get(ps, 0)), gw, 1e-12, 1e-14);
+    snprintf(name, sizeof name, "bias gradient accumulated over %d micro-batches", k);
+    nbt_check_close(name, nb_grad(nb_params_get(ps, 1)), gb, 1e-12, 1e-14);
+    nb_optim *o = nb_adamw_new(ps, 0.05, 0.9, 0.99, 1e-8, 0.1);
+    NBT_CHECK(nb_clip_grad_norm(ps, 0.1) > 0 && nb_optim_step(o) == NB_OK, "accumulated step");
+    for (int i = 0; i < 2; i++) {
+      double *want = nbt_f64(nb_params_get(full, i));
+      snprintf(name, sizeof name, "%s after clip + AdamW, %d micro-batches", nb_params_name(ps, i), k);
+      nbt_check_close(name, nb_params_get(ps, i), want, 1e-10, 1e-12);
+      free(want);
+    }
+    nb_optim_free(o);
+    nb_params_free(ps);
+  }
+  free(gw);
+  free(gb);
+  nb_optim_free(of);
+  nb_params_free(full);
+  nb_scope_end();
+}
+
 int main(void) {
   int64_t live = nb_live_tensors();
   test_params();
@@ -540,6 +603,7 @@ int main(void) {
   test_skip_and_strided();
   test_restore();
   test_clip();
+  test_grad_accumulation();
   test_schedules();
   test_init();
   NBT_CHECK(nb_live_tensors() == live, "no tensors leaked overall (%lld live, %lld at start)",

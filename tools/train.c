@@ -132,6 +132,28 @@ static nb_tensor *train_loss_of(const trainer *tr, int B, const int64_t *x, cons
   return gpt_loss(tr->model, xt, yt);
 }
 
+/* Forward and backward of the batch in o->accum micro-batches of equal size.
+ * Each micro-batch's mean loss is scaled by 1/accum, so the gradients that
+ * backward accumulates in the leaves sum to the full batch's mean-loss
+ * gradient, while only one micro-batch's activations are alive at a time.
+ * Stores the batch's loss in *value. Returns 1 on success. */
+static int train_accumulate(trainer *tr, const int64_t *x, const int64_t *y, double *value) {
+  const train_opts *o = &tr->o;
+  int micro = o->batch / o->accum, ok = 1;
+  int64_t stride = (int64_t)micro * train_seq_len(tr);
+  double sum = 0;
+  for (int m = 0; ok && m < o->accum; m++) {
+    nb_scope_begin();
+    nb_tensor *loss = train_loss_of(tr, micro, x + m * stride, y + m * stride);
+    if (loss && o->accum > 1) loss = nb_mul_scalar(loss, 1.0 / o->accum);
+    ok = loss && nb_backward(loss, NULL) == NB_OK;
+    if (ok) sum += nb_item(loss);
+    nb_scope_end();
+  }
+  *value = sum;
+  return ok;
+}
+
 /* One optimizer step; stores the batch's loss. Returns 0, or -1 on a
  * library error. */
 static int train_step(trainer *tr, int64_t *x, int64_t *y, double *value) {
@@ -140,13 +162,10 @@ static int train_step(trainer *tr, int64_t *x, int64_t *y, double *value) {
   double lr = nb_lr_cosine(tr->step, o->warmup, o->steps, o->lr, o->lr / 10);
   int ok = 0;
   nb_scope_begin();
-  nb_tensor *loss = train_loss_of(tr, o->batch, x, y);
-  if (loss && nb_backward(loss, NULL) == NB_OK &&
-      nb_clip_grad_norm(tr->model->all, TRAIN_CLIP) >= 0) {
+  if (train_accumulate(tr, x, y, value) && nb_clip_grad_norm(tr->model->all, TRAIN_CLIP) >= 0) {
     nb_optim_set_lr(tr->opt_decay, lr);
     nb_optim_set_lr(tr->opt_plain, lr);
     ok = nb_optim_step(tr->opt_decay) == NB_OK && nb_optim_step(tr->opt_plain) == NB_OK;
-    *value = nb_item(loss);
   }
   nb_params_zero_grad(tr->model->all);
   nb_scope_end();
@@ -261,6 +280,11 @@ static int train_check_options(trainer *tr) {
             o->context, o->digits, tr->add.context);
     return NB_TOOL_EXIT_USAGE;
   }
+  if (o->accum < 1 || o->batch % o->accum) {
+    fprintf(stderr, "nabla train: --accum %d must divide --batch %d (micro-batches of equal size)\n",
+            o->accum, o->batch);
+    return NB_TOOL_EXIT_USAGE;
+  }
   if (tr->step >= o->steps) {
     fprintf(stderr, "nabla train: the checkpoint is at step %lld of --steps %lld; pass a larger "
             "--steps to train further\n", (long long)tr->step, (long long)o->steps);
@@ -342,8 +366,10 @@ static void train_describe(const trainer *tr) {
   printf("model: %d layers, %d heads, dim %d, context %d, vocab %d: %lld parameters on %s\n",
          o->layers, o->heads, o->dim, o->context, tr->model->cfg.vocab,
          (long long)nb_params_numel(tr->model->all), dev);
-  printf("training: %lld steps of %d x %d tokens, AdamW lr %g (warm-up %lld, cosine)%s\n",
-         (long long)o->steps, o->batch, train_seq_len(tr), o->lr, (long long)o->warmup,
+  char accum[64] = "";
+  if (o->accum > 1) snprintf(accum, sizeof accum, " in %d micro-batches", o->accum);
+  printf("training: %lld steps of %d x %d tokens%s, AdamW lr %g (warm-up %lld, cosine)%s\n",
+         (long long)o->steps, o->batch, train_seq_len(tr), accum, o->lr, (long long)o->warmup,
          tr->step ? ", resumed" : "");
   if (tr->step) printf("resumed at step %lld from %s\n", (long long)tr->step, o->resume);
   fflush(stdout);

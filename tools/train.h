@@ -14,12 +14,14 @@
 enum {
   OPT_LAYERS = 1 << 0, OPT_HEADS = 1 << 1, OPT_DIM = 1 << 2, OPT_CONTEXT = 1 << 3,
   OPT_BATCH = 1 << 4, OPT_STEPS = 1 << 5, OPT_LR = 1 << 6, OPT_WARMUP = 1 << 7,
-  OPT_DIGITS = 1 << 8, OPT_SEED = 1 << 9, OPT_LOG_EVERY = 1 << 10, OPT_EVAL_EVERY = 1 << 11
+  OPT_DIGITS = 1 << 8, OPT_SEED = 1 << 9, OPT_LOG_EVERY = 1 << 10, OPT_EVAL_EVERY = 1 << 11,
+  OPT_ACCUM = 1 << 12
 };
 
 typedef struct {
   const char *data, *save, *resume, *svg, *device;
   int digits, layers, heads, dim, context, batch;
+  int accum; /* micro-batches per step (gradient accumulation); divides batch */
   int64_t steps, stop_at, warmup, eval_every, log_every;
   double lr;
   uint64_t seed;

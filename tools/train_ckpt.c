@@ -48,6 +48,7 @@ static void ckpt_fill_meta(const trainer *tr, ckpt_meta *m, char *vocab_hex) {
   meta_put(m, "heads", "%d", o->heads);
   meta_put(m, "dim", "%d", o->dim);
   meta_put(m, "batch", "%d", o->batch);
+  meta_put(m, "accum", "%d", o->accum);
   meta_put(m, "steps", "%lld", (long long)o->steps);
   meta_put(m, "warmup", "%lld", (long long)o->warmup);
   meta_put(m, "lr", "%.17g", o->lr);
@@ -188,6 +189,14 @@ static int ckpt_read_schedule(trainer *tr) {
       ckpt_sched_i64(tr, "batch", OPT_BATCH, &batch) || ckpt_meta_u64(tr, "seed", &seed))
     return NB_TOOL_EXIT_USAGE;
   tr->o.batch = (int)batch;
+  /* micro-batches per step; checkpoints written before --accum have none (1) */
+  if (!(tr->o.set & OPT_ACCUM)) {
+    int64_t accum = 1;
+    if (nb_st_metadata(tr->resume, "accum") && ckpt_sched_i64(tr, "accum", OPT_ACCUM, &accum))
+      return NB_TOOL_EXIT_USAGE;
+    tr->o.accum = accum >= 1 && accum <= (1 << 20) ? (int)accum : 0; /* 0 is refused later */
+    tr->o.set |= OPT_ACCUM;
+  }
   if (!(tr->o.set & OPT_SEED)) tr->o.seed = seed;
   if (!lr) return ckpt_fail(tr, "missing metadata entry ", "lr");
   if (!(tr->o.set & OPT_LR)) tr->o.lr = strtod(lr, NULL), tr->o.set |= OPT_LR;

@@ -25,6 +25,8 @@ void train_usage(FILE *f) {
     "  --dim N            model width\n"
     "  --context N        longest input sequence (addition: at least 3*digits+2)\n"
     "  --batch N          sequences per step\n"
+    "  --accum N          split each step's batch into N micro-batches whose\n"
+    "                     gradients accumulate before the update (default 1)\n"
     "  --steps N          total optimizer steps (the LR schedule's length)\n"
     "  --stop-at N        stop after step N (the schedule still spans --steps)\n"
     "  --lr X             peak learning rate (AdamW, cosine decay to lr/10)\n"
@@ -101,6 +103,7 @@ static int opt_value(train_opts *o, const char *name, const char *v) {
   if (OPT_IS("--context"))
     return o->set |= OPT_CONTEXT, opt_small_int(name, v, 1, 1 << 20, &o->context);
   if (OPT_IS("--batch")) return o->set |= OPT_BATCH, opt_small_int(name, v, 1, 1 << 20, &o->batch);
+  if (OPT_IS("--accum")) return o->set |= OPT_ACCUM, opt_small_int(name, v, 1, 1 << 20, &o->accum);
   if (OPT_IS("--steps")) return o->set |= OPT_STEPS, opt_int(name, v, 1, BIG, &o->steps);
   if (OPT_IS("--stop-at")) return opt_int(name, v, 1, BIG, &o->stop_at);
   if (OPT_IS("--warmup")) return o->set |= OPT_WARMUP, opt_int(name, v, 0, BIG, &o->warmup);
@@ -128,7 +131,7 @@ static int opt_flag(train_opts *o, const char *name) {
 static int opt_takes_value(const char *name) {
   static const char *const names[] = {
       "--data", "--save", "--resume", "--svg", "--device", "--digits", "--layers",
-      "--heads", "--dim", "--context", "--batch", "--steps", "--stop-at", "--warmup",
+      "--heads", "--dim", "--context", "--batch", "--accum", "--steps", "--stop-at", "--warmup",
       "--eval-every", "--log-every", "--lr", "--seed"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (!strcmp(name, names[i])) return 1;
@@ -187,6 +190,7 @@ void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
     DEFAULT(OPT_LR, lr, 1e-3);
     DEFAULT(OPT_CONTEXT, context, on_gpu ? 256 : 64);
   }
+  DEFAULT(OPT_ACCUM, accum, 1);
   DEFAULT(OPT_WARMUP, warmup, o->steps / 20 < 100 ? o->steps / 20 : 100);
   DEFAULT(OPT_EVAL_EVERY, eval_every, o->steps >= 10 ? o->steps / 5 : 0);
   DEFAULT(OPT_LOG_EVERY, log_every, o->steps >= 20 ? o->steps / 20 : 1);

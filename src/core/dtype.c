@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/half.h"
 
 static const size_t dtype_sizes[NB_DTYPE_COUNT] = {8, 4, 2, 2, 8, 4, 1, 1};
 static const char *const dtype_names[NB_DTYPE_COUNT] = {"f64", "f32", "f16", "bf16",
@@ -107,8 +108,8 @@ void nb_store_f64(void *p, nb_dtype dt, double v) {
   switch (dt) {
   case NB_F64: *(double *)p = v; break;
   case NB_F32: *(float *)p = (float)v; break;
-  case NB_F16: *(uint16_t *)p = nb_f32_to_f16((float)v); break;
-  case NB_BF16: *(uint16_t *)p = nb_f32_to_bf16((float)v); break;
+  case NB_F16: *(uint16_t *)p = nb_f64_to_f16(v); break;
+  case NB_BF16: *(uint16_t *)p = nb_f64_to_bf16(v); break;
   case NB_I64: *(int64_t *)p = sat_i64(v, -9223372036854775808.0, 9223372036854774784.0); break;
   case NB_I32: *(int32_t *)p = (int32_t)sat_i64(v, -2147483648.0, 2147483647.0); break;
   case NB_U8: *(uint8_t *)p = (uint8_t)sat_i64(v, 0.0, 255.0); break;

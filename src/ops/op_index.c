@@ -209,6 +209,7 @@ nb_tensor *nb_embedding(const nb_tensor *weight, const nb_tensor *indices) {
     return NULL;
   }
   if (!index_dtype_ok("embedding", indices)) return NULL;
+  if (nb_op_same_device("embedding", 2, (const nb_tensor *const[]){weight, indices})) return NULL;
   if (indices->ndim >= NB_MAX_DIMS) {
     nb_error_set(NB_ERR_SHAPE, "embedding: indices %s have too many axes (at most %d)",
                  nb_describe(indices, b, sizeof b), NB_MAX_DIMS - 1);

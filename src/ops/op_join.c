@@ -53,7 +53,11 @@ nb_tensor *nb_cat(int n, nb_tensor *const *ts, int axis) {
   nb_scope_begin();
   nb_tensor *out = nb_tensor_alloc(ts[0]->ndim, shape, dt, nb_device_of(ts[0]));
   const nb_tensor **cs = calloc((size_t)n, sizeof *cs);
-  if (!cs) abort();
+  if (!cs) {
+    nb_error_set(NB_ERR_OOM, "cat: out of host memory for %d inputs", n);
+    nb_scope_end();
+    return NULL;
+  }
   int64_t off = 0;
   for (int i = 0; i < n && out; i++) {
     cs[i] = nb_cast(ts[i], dt);
@@ -94,7 +98,11 @@ nb_tensor *nb_stack(int n, nb_tensor *const *ts, int axis) {
   if (a < 0) return NULL;
   nb_scope_begin();
   nb_tensor **us = calloc((size_t)n, sizeof *us);
-  if (!us) abort();
+  if (!us) {
+    nb_error_set(NB_ERR_OOM, "stack: out of host memory for %d inputs", n);
+    nb_scope_end();
+    return NULL;
+  }
   int ok = 1;
   for (int i = 0; i < n && ok; i++) ok = (us[i] = nb_unsqueeze(ts[i], a)) != NULL;
   nb_tensor *out = ok ? nb_keep(nb_cat(n, us, a)) : NULL;

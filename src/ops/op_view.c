@@ -285,8 +285,9 @@ static nb_status expand_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-nb_tensor *nb_expand(const nb_tensor *t, int ndim, const int64_t *shape) {
-  CHECK_NULL("nb_expand", t);
+/* expand under the public name `op`, so that errors name the call made. */
+static nb_tensor *expand_as(const char *op, const nb_tensor *t, int ndim, const int64_t *shape) {
+  CHECK_NULL(op, t);
   if (ndim < t->ndim || ndim > NB_MAX_DIMS || (ndim && !shape)) goto bad;
   int64_t sh[NB_MAX_DIMS];
   for (int i = 0; i < ndim; i++) {
@@ -301,13 +302,17 @@ nb_tensor *nb_expand(const nb_tensor *t, int ndim, const int64_t *shape) {
   return nb_autorelease(out);
 bad:;
   char b1[200], b2[200];
-  nb_error_set(NB_ERR_SHAPE, "nb_expand: %s cannot be broadcast to %s", nb_describe(t, b1, sizeof b1),
+  nb_error_set(NB_ERR_SHAPE, "%s: %s cannot be broadcast to %s", op, nb_describe(t, b1, sizeof b1),
                shape ? nb_shape_str(ndim, shape, b2, sizeof b2) : "NULL");
   return NULL;
 }
 
+nb_tensor *nb_expand(const nb_tensor *t, int ndim, const int64_t *shape) {
+  return expand_as("nb_expand", t, ndim, shape);
+}
+
 nb_tensor *nb_broadcast_to(const nb_tensor *t, int ndim, const int64_t *shape) {
-  return nb_expand(t, ndim, shape);
+  return expand_as("nb_broadcast_to", t, ndim, shape);
 }
 
 nb_tensor *nb_squeeze(const nb_tensor *t, int axis) {

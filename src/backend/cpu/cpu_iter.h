@@ -19,6 +19,7 @@
 #endif
 
 #include "backend/backend.h"
+#include "core/half.h"
 
 #define NB_CPU_MAXOPS 4
 /* Below this many elements one thread does the whole walk: starting a
@@ -198,8 +199,9 @@ static inline void nb_cpu_put_i64(char *p, nb_dtype dt, int64_t v) {
   case NB_BOOL: *(uint8_t *)p = v != 0; break;
   case NB_F64: *(double *)p = (double)v; break;
   case NB_F32: *(float *)p = (float)v; break;
-  case NB_F16: *(uint16_t *)p = nb_f32_to_f16((float)v); break;
-  case NB_BF16: *(uint16_t *)p = nb_cpu_f32_bf16((float)v); break;
+  /* via double: exact below 2^53, then correctly rounded (core/half.h) */
+  case NB_F16: *(uint16_t *)p = nb_f64_to_f16((double)v); break;
+  case NB_BF16: *(uint16_t *)p = nb_cpu_f32_bf16(nb_f64_to_f32_odd((double)v)); break;
   default: break;
   }
 }
@@ -296,8 +298,8 @@ static inline void nb_cpu_store_f64(nb_dtype dt, int64_t n, const double *buf, c
   switch (dt) {
   case NB_F64: NB_CPU_SLOOP(double, v_); break;
   case NB_F32: NB_CPU_SLOOP(float, (float)v_); break;
-  case NB_F16: NB_CPU_SLOOP(uint16_t, nb_f32_to_f16((float)v_)); break;
-  case NB_BF16: NB_CPU_SLOOP(uint16_t, nb_cpu_f32_bf16((float)v_)); break;
+  case NB_F16: NB_CPU_SLOOP(uint16_t, nb_f64_to_f16(v_)); break;
+  case NB_BF16: NB_CPU_SLOOP(uint16_t, nb_cpu_f32_bf16(nb_f64_to_f32_odd(v_))); break;
   default:
     for (int64_t j = 0; j < n; j++) nb_cpu_put_f64(p + j * s, dt, buf[j]);
   }
