@@ -32,6 +32,12 @@ typedef struct {
 nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview *b,
                           const nb_gemm_epilogue *ep);
 
+/* How many times nabla's own sm_90a GEMM kernel has been launched in this
+ * process; -1 when CUDA device `device` cannot run it (not compute
+ * capability 9.0). Lets tests check that a case reached the kernel rather
+ * than the cuBLASLt fallback. */
+int64_t nb_cuda_gemm_own_launches(int device);
+
 #ifdef __cplusplus
 }
 #endif

@@ -674,6 +674,13 @@ struct sm90_maps {
   CUtensorMap a, b, c, aux;
 };
 
+/* Launches of the own kernel, for tests that must know it ran. */
+static int64_t sm90_launches;
+
+int64_t nb_sm90_launches(int dev) {
+  return sm90_device_ok(dev) ? __atomic_load_n(&sm90_launches, __ATOMIC_RELAXED) : -1;
+}
+
 template <typename T, typename TO, int TA, int TB>
 static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const sm90_params &p) {
   auto kern = sm90_gemm_kernel<T, TO, TA, TB>;
@@ -682,6 +689,7 @@ static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const s
   int64_t grid = (int64_t)p.tiles_m * p.tiles_n;
   if (p.sk || grid > ctx->n_sm) grid = ctx->n_sm; /* persistent: one CTA per SM */
   kern<<<(unsigned)grid, kThreads, kSmem, ctx->stream>>>(m.a, m.b, m.c, m.aux, p);
+  __atomic_add_fetch(&sm90_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("sm90_gemm_kernel");
 }
 
