@@ -147,6 +147,8 @@ class Case:
             return self.make_adamw_set()
         if f == "matmul":
             return self.make_matmul_set()
+        if f.startswith("matmul_bias_gelu"):
+            return self.make_matmul_set() + (randn(self.dims[1], self.dt, self.device),)
         raise ValueError("unknown case family " + f)
 
     def make_matmul_set(self):
@@ -185,6 +187,10 @@ class Case:
             "cross_entropy_fwdbwd": lambda z, t: F.cross_entropy(z, t),
             "embedding_fwdbwd": lambda w, i: F.embedding(i, w),
             "matmul": lambda a, b: a @ b,
+            # x @ W.T + b, then GELU: both nabla cases (fused and unfused) compare with it
+            "matmul_bias_gelu": lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
+            "matmul_bias_gelu_unfused":
+                lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
         }[f]
         return self.wrap(fwd), self.wrap(self.compiled(fwd))
 

@@ -27,7 +27,9 @@
 #include "nabla.h"
 #include "tool.h"
 #ifdef NABLA_HAVE_CUDA
+#include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_timing.h"
+#include "core/core.h"
 #endif
 
 #define BENCH_MAX_SETS 64
@@ -38,7 +40,7 @@
 /* ---- the cases ------------------------------------------------------------ */
 typedef enum {
   BK_COPY, BK_ADD, BK_GELU_TANH, BK_SOFTMAX, BK_LN_FWD, BK_LN_FWDBWD, BK_XENT,
-  BK_EMBEDDING, BK_ADAMW, BK_MATMUL, BK_COUNT
+  BK_EMBEDDING, BK_ADAMW, BK_MATMUL, BK_MM_BIAS_GELU, BK_MM_BIAS_GELU_UNFUSED, BK_COUNT
 } bench_kind;
 
 /* Family names: what --only matches (by prefix) and what compare_torch.py
@@ -46,6 +48,7 @@ typedef enum {
 static const char *const bench_family[BK_COUNT] = {
   "copy", "add", "gelu_tanh", "softmax_fwd", "layer_norm_fwd", "layer_norm_fwdbwd",
   "cross_entropy_fwdbwd", "embedding_fwdbwd", "adamw", "matmul",
+  "matmul_bias_gelu", "matmul_bias_gelu_unfused",
 };
 
 /* Which ceiling a case measures. */
@@ -59,6 +62,9 @@ enum { BC_NONE, BC_COPY, BC_GEMM_CUDA, BC_GEMM_CPU };
  *   adamw                     {vocab, layers, dim, context}: a GPT-2-shaped
  *                             parameter list (124.5M at 50304, 12, 768, 1024)
  *   matmul                    {M, N, K}: (M, K) @ (K, N)
+ *   matmul_bias_gelu          {M, N, K}: gelu_tanh((M, K) @ (K, N) + bias (N,)),
+ *                             on CUDA one GEMM with the epilogue fused
+ *                             (nb_cuda_gemm_ex); _unfused: matmul, add, gelu
  * gpu: the shapes of the issue; cpu: smaller; quick: smaller still (CPU). */
 typedef struct {
   bench_kind kind;
@@ -112,6 +118,10 @@ static const bench_spec bench_specs[] = {
   BENCH_LINEAR(768, 3072, "GPT-2 mlp fc"),
   BENCH_LINEAR(3072, 768, "GPT-2 mlp proj"),
   BENCH_LINEAR(768, 50304, "GPT-2 lm head"),
+  {BK_MM_BIAS_GELU, NB_BF16, "NT", "GPT-2 mlp fc forward, fused epilogue", {GPT_M, 3072, 768},
+   {CPU_M, 3072, 768}, {QUICK_M, 3072, 768}, BC_NONE},
+  {BK_MM_BIAS_GELU_UNFUSED, NB_BF16, "NT", "the same as matmul, add, gelu_tanh",
+   {GPT_M, 3072, 768}, {CPU_M, 3072, 768}, {QUICK_M, 3072, 768}, BC_NONE},
 };
 #define BENCH_NSPECS ((int)(sizeof bench_specs / sizeof bench_specs[0]))
 
@@ -175,7 +185,7 @@ static void bench_describe(bench_case *c) {
     snprintf(c->shape, sizeof c->shape, "%.1fM in %lld", c->n_params / 1e6,
              (long long)c->n_tensors);
     break;
-  case BK_MATMUL:
+  case BK_MATMUL: case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED:
     snprintf(c->shape, sizeof c->shape, "%lldx%lldx%lld", a, b, k);
     break;
   default:
@@ -229,6 +239,13 @@ static void bench_count(bench_case *c) {
     c->bytes = (m * k + k * nn + m * nn) * s;
     c->flops = 2 * m * nn * k;
     c->set_bytes = (m * k + k * nn) * s;
+    break;
+  }
+  case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED: { /* the epilogue's FLOPs not counted */
+    double m = r, nn = w, k = (double)d[2];
+    c->bytes = (m * k + k * nn + nn + m * nn) * s;
+    c->flops = 2 * m * nn * k;
+    c->set_bytes = (m * k + k * nn + nn) * s;
     break;
   }
   default: break;
@@ -314,7 +331,8 @@ static nb_status bench_setup_matmul(bench_case *c, int s, nb_rng *rng, nb_device
   if (!t[0] || !t[1]) return bench_fail();
   t[2] = ta ? nb_transpose(t[0], 0, 1) : nb_retain(t[0]);
   t[3] = tb ? nb_transpose(t[1], 0, 1) : nb_retain(t[1]);
-  return t[2] && t[3] ? NB_OK : bench_fail();
+  if (c->spec->kind != BK_MATMUL) t[4] = nb_randn(rng, 1, &n, 0.0, 1.0, c->spec->dt, dev);
+  return t[2] && t[3] && (c->spec->kind == BK_MATMUL || t[4]) ? NB_OK : bench_fail();
 }
 
 /* Layer norm: t = {x, w, b, dy}; w near 1, b near 0. */
@@ -366,7 +384,8 @@ static nb_status bench_setup_set(bench_case *c, int s, nb_rng *rng, nb_device de
     return t[1] && t[2] ? bench_leaf(t[0]) : bench_fail();
   }
   case BK_ADAMW: return bench_setup_adamw(c, s, rng, dev);
-  case BK_MATMUL: return bench_setup_matmul(c, s, rng, dev);
+  case BK_MATMUL: case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED:
+    return bench_setup_matmul(c, s, rng, dev);
   default: return NB_ERR_UNSUPPORTED;
   }
 }
@@ -386,6 +405,26 @@ static void bench_teardown(bench_case *c) {
 
 /* ---- one run of a case -------------------------------------------------- */
 static nb_status bench_ok(const nb_tensor *t) { return t ? NB_OK : bench_fail(); }
+
+/* gelu_tanh(t[2] @ t[3] + t[4]): on CUDA one GEMM with the bias and GELU in
+ * its epilogue (an internal entry: the public API has no fused op yet). */
+static nb_status bench_mm_bias_gelu(nb_tensor **t) {
+#ifdef NABLA_HAVE_CUDA
+  if (nb_device_of(t[2]).type == NB_CUDA) {
+    int64_t shape[2] = {nb_size(t[2], 0), nb_size(t[3], 1)};
+    nb_tensor *out = nb_empty(2, shape, nb_dtype_of(t[2]), nb_device_of(t[2]));
+    if (!out) return bench_fail();
+    nb_kview ko, ka, kb, kbias;
+    nb_kview_of(out, &ko);
+    nb_kview_of(t[2], &ka);
+    nb_kview_of(t[3], &kb);
+    nb_kview_of(t[4], &kbias);
+    nb_gemm_epilogue ep = {&kbias, NULL, NULL, 1.0f, 0.0f, 1};
+    return nb_cuda_gemm_ex(&ko, &ka, &kb, &ep);
+  }
+#endif
+  return bench_ok(nb_gelu_tanh(nb_add(nb_matmul(t[2], t[3]), t[4])));
+}
 
 static nb_status bench_step(bench_case *c, int s) {
   nb_tensor **t = c->t[s];
@@ -407,6 +446,8 @@ static nb_status bench_step(bench_case *c, int s) {
     return y ? nb_autograd_grad(y, t[2], 1, t, g, 0) : bench_fail();
   case BK_ADAMW: return nb_optim_step(c->optim[s]);
   case BK_MATMUL: return bench_ok(nb_matmul(t[2], t[3]));
+  case BK_MM_BIAS_GELU: return bench_mm_bias_gelu(t);
+  case BK_MM_BIAS_GELU_UNFUSED: return bench_ok(nb_gelu_tanh(nb_add(nb_matmul(t[2], t[3]), t[4])));
   default: return NB_ERR_UNSUPPORTED;
   }
 }

@@ -22,19 +22,23 @@
 #include <string.h>
 
 /* GEMM backend: 0 cuBLASLt, 1 nabla's own kernels (gemm_sm90.cu) where they
- * apply, cuBLASLt otherwise. NABLA_GEMM=own|cublaslt, read at first use;
- * nb_cuda_set_gemm_backend overrides it. */
+ * apply, cuBLASLt otherwise; 2 unset (plain products use cuBLASLt, products
+ * with a fused epilogue the own kernel, since cuBLASLt's path runs the
+ * epilogue as a second kernel). NABLA_GEMM=own|cublaslt, read at first
+ * use; nb_cuda_set_gemm_backend overrides it. */
 static int lt_backend = -1;
 
 extern "C" void nb_cuda_set_gemm_backend(int own) { lt_backend = own ? 1 : 0; }
 
-static int lt_use_own(void) {
+static int lt_mode(void) {
   if (lt_backend < 0) {
     const char *e = getenv("NABLA_GEMM");
-    lt_backend = e && !strcmp(e, "own") ? 1 : 0;
+    lt_backend = e && !strcmp(e, "own") ? 1 : e && !strcmp(e, "cublaslt") ? 0 : 2;
   }
   return lt_backend;
 }
+
+static int lt_use_own(void) { return lt_mode() == 1; }
 
 /* A logical R x C matrix (element (r, c) at r*sr + c*sc) as op(S), S
  * column-major rows x cols with leading dimension ld. */
@@ -354,5 +358,130 @@ extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, cons
   nb_cuda_scratch_free(&ctx, ma, ba);
   nb_cuda_scratch_free(&ctx, mb, bb);
   nb_cuda_scratch_free(&ctx, mo, bo);
+  return st;
+}
+
+/* ==== GEMM with a fused epilogue (nb_cuda_gemm_ex) ==========================
+ * The own sm_90a kernel applies the epilogue in registers before its stores.
+ * Elsewhere (other devices, layouts it does not take, f32 operands) the
+ * product goes through nb_cuda_matmul into a contiguous buffer of the
+ * operands' dtype and one elementwise kernel applies the epilogue. */
+#define NB_GEMM_GELU_K 0.79788456080286535588f
+
+/* Strided 2-D view for the epilogue kernel. */
+typedef struct {
+  void *p;
+  int64_t s0, s1;
+} gx_view;
+
+static gx_view gx_of(const nb_kview *v) {
+  gx_view g = {NULL, 0, 0};
+  if (!v) return g;
+  g.p = v->data;
+  g.s0 = v->ndim == 2 ? v->strides[0] : 0;
+  g.s1 = v->strides[v->ndim - 1];
+  return g;
+}
+
+template <typename TI, typename TO>
+__global__ void gx_epilogue_kernel(const TI *prod, int64_t M, int64_t N, gx_view out, gx_view aux,
+                                   gx_view cin, gx_view bias, float alpha, float beta, int gelu) {
+  int64_t n = M * N;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / N, c = i - r * N;
+    float v = alpha * nb_to_f(prod[i]);
+    if (beta != 0.0f) v += beta * nb_to_f(((const TO *)cin.p)[r * cin.s0 + c * cin.s1]);
+    if (bias.p) v += nb_to_f(((const TO *)bias.p)[c * bias.s1]);
+    if (aux.p) ((TO *)aux.p)[r * aux.s0 + c * aux.s1] = nb_from_f<TO>(v);
+    if (gelu) {
+      float u = NB_GEMM_GELU_K * fmaf(0.044715f * v, v * v, v);
+      v = __fdividef(v, 1.0f + __expf(-2.0f * u));
+    }
+    ((TO *)out.p)[r * out.s0 + c * out.s1] = nb_from_f<TO>(v);
+  }
+}
+
+template <typename TI, typename TO>
+static nb_status gx_launch(const nb_cuda_ctx *ctx, const void *prod, int64_t M, int64_t N,
+                           const nb_kview *out, const nb_gemm_epilogue *ep) {
+  unsigned blocks = nb_cuda_blocks(ctx, M * N, NB_CUDA_THREADS);
+  gx_epilogue_kernel<TI, TO><<<blocks, NB_CUDA_THREADS, 0, ctx->stream>>>(
+      (const TI *)prod, M, N, gx_of(out), gx_of(ep->aux), gx_of(ep->beta != 0.0f ? ep->c : NULL),
+      gx_of(ep->bias), ep->alpha, ep->beta, ep->gelu);
+  return nb_cuda_launch_check("gemm epilogue");
+}
+
+static nb_status gx_apply(const nb_cuda_ctx *ctx, nb_dtype in, const void *prod, int64_t M,
+                          int64_t N, const nb_kview *out, const nb_gemm_epilogue *ep) {
+  if (out->dtype == NB_F32) {
+    if (in == NB_BF16) return gx_launch<__nv_bfloat16, float>(ctx, prod, M, N, out, ep);
+    if (in == NB_F16) return gx_launch<__half, float>(ctx, prod, M, N, out, ep);
+    return gx_launch<float, float>(ctx, prod, M, N, out, ep);
+  }
+  if (in == NB_BF16) return gx_launch<__nv_bfloat16, __nv_bfloat16>(ctx, prod, M, N, out, ep);
+  return gx_launch<__half, __half>(ctx, prod, M, N, out, ep);
+}
+
+/* Shapes and dtypes of the call; an error naming them when they are wrong. */
+static nb_status gx_check(const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                          const nb_gemm_epilogue *ep) {
+  if (out->ndim != 2 || a->ndim != 2 || b->ndim != 2)
+    return nb_error_set(NB_ERR_SHAPE, "cuda gemm_ex: out, a, b must be 2-D (got %d, %d, %d axes)",
+                        out->ndim, a->ndim, b->ndim);
+  int64_t M = out->shape[0], N = out->shape[1], K = a->shape[1];
+  if (a->shape[0] != M || b->shape[0] != K || b->shape[1] != N)
+    return nb_error_set(NB_ERR_SHAPE, "cuda gemm_ex: (%lld x %lld) @ (%lld x %lld) -> (%lld x %lld)",
+                        (long long)a->shape[0], (long long)K, (long long)b->shape[0],
+                        (long long)b->shape[1], (long long)M, (long long)N);
+  nb_dtype in = a->dtype, od = out->dtype;
+  int in_ok = in == NB_BF16 || in == NB_F16 || in == NB_F32;
+  if (!in_ok || b->dtype != in || (od != in && !(od == NB_F32 && in != NB_F32)))
+    return nb_error_set(NB_ERR_DTYPE, "cuda gemm_ex: a %s, b %s -> out %s (operands f16, bf16 or "
+                        "f32, alike; out their dtype or f32)", nb_dtype_name(in),
+                        nb_dtype_name(b->dtype), nb_dtype_name(od));
+  if (!ep) return NB_OK;
+  if (ep->bias && (ep->bias->ndim != 1 || ep->bias->shape[0] != N || ep->bias->dtype != od))
+    return nb_error_set(NB_ERR_SHAPE, "cuda gemm_ex: bias must be (%lld,) %s (got %d axes, %s)",
+                        (long long)N, nb_dtype_name(od), ep->bias->ndim, nb_dtype_name(ep->bias->dtype));
+  const nb_kview *mn[2] = {ep->c, ep->aux};
+  const char *what[2] = {"c", "aux"};
+  for (int i = 0; i < 2; i++)
+    if (mn[i] && (mn[i]->ndim != 2 || mn[i]->shape[0] != M || mn[i]->shape[1] != N ||
+                  mn[i]->dtype != od))
+      return nb_error_set(NB_ERR_SHAPE, "cuda gemm_ex: %s must be (%lld x %lld) %s (got %lld x %lld %s)",
+                          what[i], (long long)M, (long long)N, nb_dtype_name(od),
+                          (long long)mn[i]->shape[0], (long long)(mn[i]->ndim > 1 ? mn[i]->shape[1] : 0),
+                          nb_dtype_name(mn[i]->dtype));
+  if (ep->beta != 0.0f && !ep->c)
+    return nb_error_set(NB_ERR_SHAPE, "cuda gemm_ex: beta %g needs c", (double)ep->beta);
+  return NB_OK;
+}
+
+extern "C" int64_t nb_cuda_gemm_own_launches(int device) { return nb_sm90_launches(device); }
+
+extern "C" nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                                     const nb_gemm_epilogue *ep) {
+  nb_status st = gx_check(out, a, b, ep);
+  if (st) return st;
+  nb_gemm_epilogue plain = {NULL, NULL, NULL, 1.0f, 0.0f, 0};
+  if (!ep) ep = &plain;
+  int64_t M = out->shape[0], N = out->shape[1];
+  if (M * N == 0) return NB_OK;
+  nb_cuda_ctx ctx;
+  st = nb_cuda_enter(out->data, "gemm_ex", &ctx);
+  if (st) return st;
+  if (a->shape[1] > 0 && lt_mode() != 0 && nb_sm90_gemm_ex(&ctx, out, a, b, ep, &st)) return st;
+  /* product in the operands' dtype, contiguous, then the epilogue kernel */
+  nb_kview pv = *out;
+  pv.dtype = a->dtype;
+  pv.strides[0] = N;
+  pv.strides[1] = 1;
+  size_t bytes = (size_t)(M * N) * nb_dtype_size(a->dtype);
+  pv.data = nb_cuda_scratch(&ctx, bytes);
+  if (!pv.data) return nb_last_status();
+  st = nb_cuda_matmul(&pv, a, b);
+  if (!st) st = gx_apply(&ctx, a->dtype, pv.data, M, N, out, ep);
+  nb_cuda_scratch_free(&ctx, pv.data, bytes);
   return st;
 }

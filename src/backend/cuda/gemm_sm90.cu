@@ -1,5 +1,5 @@
-/* nabla's own GEMM for Hopper (sm_90a): C (M x N, row-major) = A (M x K) B (K x N)
- * for bf16 and f16 with f32 accumulation.
+/* nabla's own GEMM for Hopper (sm_90a): C (M x N, row-major) = epilogue(A (M x K) B (K x N))
+ * for bf16 and f16 operands with f32 accumulation; C in the operands' dtype or f32.
  *
  * Structure (a persistent grid of one CTA per SM, each taking 128 x 256
  * output tiles in turn in a grouped raster order; 384 threads):
@@ -19,13 +19,29 @@
  *     (transposed views): an MN-major operand is loaded as 64-wide column
  *     blocks and fed to wgmma with its transpose bit set, so NT, NN, TN and
  *     TT all run without copies.
- *   - Out-of-bounds rows/columns/k are zero-filled by TMA; the epilogue
- *     converts the f32 accumulators and stores straight to global memory
- *     with bounds checks.
+ *   - Out-of-bounds rows/columns/k are zero-filled by TMA.
+ *   - Epilogue: the accumulators get alpha, beta * C_in, bias and GELU in
+ *     registers, then go out through shared memory: each consumer writes
+ *     64 x 64 (16-bit) or 64 x 32 (f32) chunks into one of its two 8 KB
+ *     staging buffers (stmatrix / st.shared in the 128-byte swizzle, no bank
+ *     conflicts) and one thread issues a TMA store of the chunk. The stores
+ *     drain while the consumers run the next tile's main loop; a buffer is
+ *     rewritten only after the store two chunks back has read it
+ *     (cp.async.bulk.wait_group.read 1). TMA clips rows and columns past the
+ *     edges. An output TMA cannot describe is stored directly instead.
+ *   - Stream-K: when there are fewer tiles than SMs and K is long (weight
+ *     gradients), the grid's CTAs split the tiles' k-iterations evenly
+ *     instead. A CTA whose range starts inside a tile writes that partial
+ *     tile (f32) to a workspace slot of its own and raises a flag; the CTA
+ *     holding the tile's k = 0 part (it reaches it last in its range) adds
+ *     the later parts in k order and stores the tile: deterministic, no
+ *     atomics on data.
  * The device code exists only in the sm_90a pass; other passes compile an
  * empty kernel, and the host never launches it off a 9.0 device. */
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <pthread.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemm_sm90.h"
@@ -40,7 +56,27 @@ constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2;
 constexpr int kStageBytes = kABytes + kBBytes;
-constexpr size_t kSmem = (size_t)kStages * kStageBytes + 1024 + 2 * kStages * sizeof(uint64_t);
+constexpr int kOutBuf = 64 * 128; /* one staging chunk: 64 rows x 128 bytes */
+constexpr int kOutBytes = kConsumers * 2 * kOutBuf;
+constexpr size_t kSmem = (size_t)kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * sizeof(uint64_t);
+
+/* Everything but the tensor maps; passed by value. */
+struct sm90_params {
+  int M, N, K, tiles_m, tiles_n, ktiles;
+  int sk;          /* stream-K schedule */
+  int64_t work;    /* stream-K: tiles * ktiles */
+  float alpha, beta;
+  int gelu;
+  int tma_c, tma_aux;     /* store through TMA (maps valid) */
+  int pairs_c, pairs_aux; /* direct stores: 2 elements at a time */
+  void *c; int64_t ldc;
+  void *aux; int64_t ldaux;      /* NULL: no pre-activation output */
+  const void *cin; int64_t ldcin; /* read when beta != 0 */
+  const void *bias;               /* NULL: none */
+  float *ws;                      /* stream-K partial tiles, one slot per CTA */
+  unsigned *flags;                /* stream-K: per (CTA, consumer) epoch */
+  unsigned epoch;
+};
 
 #ifdef NB_SM90A_DEVICE
 constexpr int kBlock64 = 64 * 64 * 2; /* one 64 x 64 swizzled block */
@@ -72,6 +108,16 @@ __device__ __forceinline__ void sm90_tma_load(uint32_t dst, const CUtensorMap *m
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4}], [%2];"
                ::"r"(dst), "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+/* 2-D TMA store of the staged box src to (c0 inner, c1 outer), in a bulk group. */
+__device__ __forceinline__ void sm90_tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1) : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+/* Named barrier of one consumer warpgroup (ids 1, 2; 0 is __syncthreads). */
+__device__ __forceinline__ void sm90_wg_sync(int c) {
+  asm volatile("bar.sync %0, 128;" ::"r"(c + 1) : "memory");
 }
 /* wgmma shared-memory descriptor, 128-byte swizzle. K-major: 8-row groups
  * 1024 B apart (SBO), LBO unused. MN-major: 64-element column blocks
@@ -129,15 +175,6 @@ template <int TA, int TB> struct sm90_mma<__half, TA, TB> {
   }
 };
 
-__device__ __forceinline__ void sm90_store2(__nv_bfloat16 *p, float a, float b) {
-  *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
-}
-__device__ __forceinline__ void sm90_store2(__half *p, float a, float b) {
-  *(__half2 *)p = __floats2half2_rn(a, b);
-}
-__device__ __forceinline__ void sm90_store1(__nv_bfloat16 *p, float a) { *p = __float2bfloat16_rn(a); }
-__device__ __forceinline__ void sm90_store1(__half *p, float a) { *p = __float2half_rn(a); }
-
 /* Tile t of the grid in the raster order: kGroupM tile rows walk N together
  * so that their A rows and B columns stay in L2. */
 __device__ __forceinline__ void sm90_tile(int t, int tiles_m, int tiles_n, int *m0, int *n0) {
@@ -148,17 +185,52 @@ __device__ __forceinline__ void sm90_tile(int t, int tiles_m, int tiles_n, int *
   *n0 = ((t % per_group) / gsize) * kBN;
 }
 
-/* Producer: one thread streams the k-tiles of this CTA's output tiles into
- * the ring; it runs ahead into the next tile while the consumers store. */
+/* ---- schedule: the (tile, k range) segments of this CTA -------------------
+ * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ... Stream-K: CTA c
+ * owns k-iterations [c W / P, (c + 1) W / P) of the W = tiles * ktiles
+ * iterations laid end to end, cut into segments at tile boundaries. Only a
+ * CTA's first segment can start inside a tile (kb > 0). */
+__device__ __forceinline__ int64_t sm90_sk_begin(const sm90_params &p, int c) {
+  return (int64_t)c * p.work / gridDim.x;
+}
+struct sm90_walk {
+  int64_t it, end;
+  __device__ __forceinline__ explicit sm90_walk(const sm90_params &p) {
+    it = p.sk ? sm90_sk_begin(p, blockIdx.x) : blockIdx.x;
+    end = p.sk ? sm90_sk_begin(p, blockIdx.x + 1) : (int64_t)p.tiles_m * p.tiles_n;
+  }
+  /* The next segment: tile, k-tiles [kb, ke). false when done. */
+  __device__ __forceinline__ bool next(const sm90_params &p, int *tile, int *kb, int *ke) {
+    if (it >= end) return false;
+    if (!p.sk) {
+      *tile = (int)it;
+      *kb = 0;
+      *ke = p.ktiles;
+      it += gridDim.x;
+      return true;
+    }
+    *tile = (int)(it / p.ktiles);
+    *kb = (int)(it % p.ktiles);
+    int64_t left = end - it;
+    *ke = left < p.ktiles - *kb ? *kb + (int)left : p.ktiles;
+    it += *ke - *kb;
+    return true;
+  }
+};
+
+/* Producer: one thread streams the k-tiles of this CTA's segments into the
+ * ring; it runs ahead into the next tile while the consumers store. */
 template <int TA, int TB>
 __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtensorMap *mb,
-                                             uint32_t ring, uint32_t full, uint32_t empty,
-                                             int tiles_m, int tiles_n, int ktiles) {
+                                             const sm90_params &p, uint32_t ring, uint32_t full,
+                                             uint32_t empty) {
   int it = 0; /* k-tiles issued so far: selects stage and phase */
-  for (int t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
+  sm90_walk w(p);
+  int tile, kb, ke;
+  while (w.next(p, &tile, &kb, &ke)) {
     int m0, n0;
-    sm90_tile(t, tiles_m, tiles_n, &m0, &n0);
-    for (int kt = 0; kt < ktiles; kt++, it++) {
+    sm90_tile(tile, p.tiles_m, p.tiles_n, &m0, &n0);
+    for (int kt = kb; kt < ke; kt++, it++) {
       int s = it % kStages;
       uint32_t parity = (uint32_t)((it / kStages) & 1);
       sm90_bar_wait(empty + 8 * s, parity ^ 1); /* fresh barriers pass parity 1 */
@@ -208,17 +280,110 @@ __device__ __forceinline__ void sm90_consume(float *d, int c, uint32_t ring, uin
   if (lead) sm90_bar_arrive(empty + 8 * ((it0 + ktiles - 1) % kStages));
 }
 
-/* Accumulator fragment of m64nN: register i of thread (warp w, lane l) is
+/* ---- stream-K partial tiles ----------------------------------------------
+ * A slot holds one CTA's 128 x 256 f32 partial in fragment order: float4 q
+ * of consumer c's thread t at (c * 32 + q) * 128 + t, so both the write and
+ * the read are 16-byte accesses contiguous across the warpgroup. */
+__device__ __forceinline__ void sm90_partial_put(const float *d, const sm90_params &p, int c) {
+  int t = threadIdx.x % 128;
+  float4 *slot = (float4 *)(p.ws + (size_t)blockIdx.x * kBM * kBN) + c * 32 * 128;
+#pragma unroll
+  for (int q = 0; q < 32; q++)
+    __stcg(slot + q * 128 + t, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
+  __threadfence();
+  sm90_wg_sync(c);
+  if (t == 0)
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.flags + 2 * blockIdx.x + c), "r"(p.epoch)
+                 : "memory");
+}
+
+/* The head of a split tile: adds the partials of the CTAs after this one
+ * whose ranges start inside the tile, in k order (a fixed order: the sum
+ * does not depend on which CTA finished first). */
+__device__ __forceinline__ void sm90_partial_add(float *d, const sm90_params &p, int c, int tile) {
+  int t = threadIdx.x % 128;
+  int64_t tile_end = (int64_t)(tile + 1) * p.ktiles;
+  for (int o = blockIdx.x + 1; o < (int)gridDim.x; o++) {
+    int64_t b = sm90_sk_begin(p, o);
+    if (b >= tile_end) break;
+    if (sm90_sk_begin(p, o + 1) == b) continue; /* an empty range */
+    if (t == 0) {
+      const unsigned *f = p.flags + 2 * o + c;
+      unsigned v;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+      } while (v != p.epoch);
+    }
+    sm90_wg_sync(c);
+    const float4 *slot = (const float4 *)(p.ws + (size_t)o * kBM * kBN) + c * 32 * 128;
+#pragma unroll
+    for (int q = 0; q < 32; q++) {
+      float4 v = __ldcg(slot + q * 128 + t);
+      d[4 * q] += v.x; d[4 * q + 1] += v.y; d[4 * q + 2] += v.z; d[4 * q + 3] += v.w;
+    }
+  }
+}
+
+/* ---- epilogue -------------------------------------------------------------
+ * Accumulator fragment of m64nN: register i of thread (warp w, lane l) is
  * row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2. */
-template <typename T>
-__device__ __forceinline__ void sm90_epilogue(const float *d, T *C, int M, int N, int64_t ldc,
-                                              int row0, int col0, int pairs) {
+__device__ __forceinline__ float sm90_gelu(float x) {
+  /* tanh form through 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)), as the
+   * elementwise kernel computes it */
+  float u = 0.79788456080286535588f * fmaf(0.044715f * x, x * x, x);
+  return __fdividef(x, 1.0f + __expf(-2.0f * u));
+}
+
+/* d = alpha * d + beta * cin + bias, in place (row0/col0: this consumer's
+ * first row and the tile's first column). */
+template <typename TO>
+__device__ __forceinline__ void sm90_affine(float *d, const sm90_params &p, int row0, int col0) {
+  int t = threadIdx.x % 128, w = t / 32, l = t % 32;
+  const TO *bias = (const TO *)p.bias, *cin = (const TO *)p.cin;
+  int use_c = p.beta != 0.0f;
+#pragma unroll
+  for (int j = 0; j < kBN / 8; j++) {
+    int col = col0 + 8 * j + 2 * (l % 4);
+    float b0 = 0.0f, b1 = 0.0f;
+    if (bias) {
+      if (col < p.N) b0 = nb_to_f(bias[col]);
+      if (col + 1 < p.N) b1 = nb_to_f(bias[col + 1]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int r = row0 + 16 * w + l / 4 + 8 * h;
+      float c0 = 0.0f, c1 = 0.0f;
+      if (use_c && r < p.M) {
+        const TO *crow = cin + (int64_t)r * p.ldcin;
+        if (col < p.N) c0 = nb_to_f(crow[col]);
+        if (col + 1 < p.N) c1 = nb_to_f(crow[col + 1]);
+      }
+      float *v = d + 4 * j + 2 * h;
+      v[0] = fmaf(p.alpha, v[0], fmaf(p.beta, c0, b0));
+      v[1] = fmaf(p.alpha, v[1], fmaf(p.beta, c1, b1));
+    }
+  }
+}
+
+__device__ __forceinline__ void sm90_store2(__nv_bfloat16 *p, float a, float b) {
+  *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void sm90_store2(__half *p, float a, float b) {
+  *(__half2 *)p = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void sm90_store2(float *p, float a, float b) { *(float2 *)p = make_float2(a, b); }
+
+/* Direct bounds-checked stores of this consumer's 64 x 256 (the fallback
+ * for outputs TMA cannot describe). */
+template <typename TO>
+__device__ __forceinline__ void sm90_store_direct(const float *d, TO *C, int64_t ldc, int pairs,
+                                                  int M, int N, int row0, int col0) {
   int t = threadIdx.x % 128, w = t / 32, l = t % 32;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     int r = row0 + 16 * w + l / 4 + 8 * h;
     if (r >= M) continue;
-    T *crow = C + (int64_t)r * ldc;
+    TO *crow = C + (int64_t)r * ldc;
 #pragma unroll
     for (int j = 0; j < kBN / 8; j++) {
       int col = col0 + 8 * j + 2 * (l % 4);
@@ -226,25 +391,121 @@ __device__ __forceinline__ void sm90_epilogue(const float *d, T *C, int M, int N
       if (pairs && col + 1 < N) {
         sm90_store2(crow + col, v0, v1);
       } else {
-        if (col < N) sm90_store1(crow + col, v0);
-        if (col + 1 < N) sm90_store1(crow + col + 1, v1);
+        if (col < N) crow[col] = nb_from_f<TO>(v0);
+        if (col + 1 < N) crow[col + 1] = nb_from_f<TO>(v1);
       }
     }
   }
 }
+
+__device__ __forceinline__ uint32_t sm90_pack(__nv_bfloat16 *, float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t sm90_pack(__half *, float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *(uint32_t *)&v;
+}
+
+/* Writes chunk ch of this consumer's fragment into the staging buffer buf
+ * (64 rows x 128 bytes, 128-byte swizzle: 16-byte unit u of row r at unit
+ * u ^ (r % 8)). 16-bit: 64 columns, four stmatrix.x4 per thread, each
+ * storing the 8x8 matrices (j, rows +0..7), (j, +8..15), (j+1, ...) of
+ * column blocks j = 8ch + 2pp, j + 1; lane i gives the address of row i % 8
+ * of matrix i / 8. */
+template <typename TO>
+__device__ __forceinline__ void sm90_stage(const float *d, uint32_t buf, int ch) {
+  int t = threadIdx.x % 128, w = t / 32, l = t % 32;
+  int q = l / 8, rr = l % 8, row = 16 * w + 8 * (q % 2) + rr;
+#pragma unroll
+  for (int pp = 0; pp < 4; pp++) {
+    const float *v = d + 4 * (8 * ch + 2 * pp);
+    uint32_t r0 = sm90_pack((TO *)0, v[0], v[1]), r1 = sm90_pack((TO *)0, v[2], v[3]);
+    uint32_t r2 = sm90_pack((TO *)0, v[4], v[5]), r3 = sm90_pack((TO *)0, v[6], v[7]);
+    uint32_t u = 2 * pp + q / 2;
+    uint32_t addr = buf + row * 128 + ((u ^ rr) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+  }
+}
+/* f32: 32 columns (column blocks j = 4ch .. 4ch + 3), one 8-byte store per
+ * block and row half; a warp's 32 stores cover each bank twice. */
+template <>
+__device__ __forceinline__ void sm90_stage<float>(const float *d, uint32_t buf, int ch) {
+  int t = threadIdx.x % 128, w = t / 32, l = t % 32;
+#pragma unroll
+  for (int jj = 0; jj < 4; jj++) {
+    int j = 4 * ch + jj;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int r = 16 * w + l / 4 + 8 * h;
+      uint32_t u = 2 * jj + (l % 4) / 2;
+      uint32_t addr = buf + r * 128 + ((u ^ (uint32_t)(r % 8)) << 4) + 8 * (l % 2);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(d[4 * j + 2 * h]),
+                   "f"(d[4 * j + 2 * h + 1]) : "memory");
+    }
+  }
+}
+
+/* Stores this consumer's 64 x 256 through its two staging buffers and TMA:
+ * per chunk, wait until the store two chunks back has read the buffer,
+ * stage, fence (the copy engine reads what ordinary stores wrote), and one
+ * thread issues the store. *nbuf counts chunks staged (buffer parity). */
+template <typename TO>
+__device__ __forceinline__ void sm90_store_tma(const float *d, const CUtensorMap *map, uint32_t stage,
+                                               int c, int *nbuf, int M, int N, int row0, int col0) {
+  constexpr int cols = 128 / (int)sizeof(TO), chunks = kBN / cols;
+  int t = threadIdx.x % 128;
+  if (row0 >= M) return;
+#pragma unroll
+  for (int ch = 0; ch < chunks; ch++) {
+    if (col0 + ch * cols >= N) break;
+    uint32_t buf = stage + (2 * c + (*nbuf & 1)) * kOutBuf;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+    sm90_wg_sync(c);
+    sm90_stage<TO>(d, buf, ch);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    sm90_wg_sync(c);
+    if (t == 0) sm90_tma_store(map, buf, col0 + ch * cols, row0);
+    (*nbuf)++;
+  }
+}
+
+template <typename TO>
+__device__ __forceinline__ void sm90_store(const float *d, const sm90_params &p, const CUtensorMap *map,
+                                           int use_tma, TO *C, int64_t ld, int pairs, uint32_t stage,
+                                           int c, int *nbuf, int row0, int col0) {
+  if (use_tma) sm90_store_tma<TO>(d, map, stage, c, nbuf, p.M, p.N, row0, col0);
+  else sm90_store_direct<TO>(d, C, ld, pairs, p.M, p.N, row0, col0);
+}
+
+template <typename TO>
+__device__ __forceinline__ void sm90_epilogue(float *d, const sm90_params &p, const CUtensorMap *mc,
+                                              const CUtensorMap *maux, uint32_t stage, int c,
+                                              int *nbuf, int row0, int col0) {
+  if (p.alpha != 1.0f || p.beta != 0.0f || p.bias) sm90_affine<TO>(d, p, row0, col0);
+  if (p.aux)
+    sm90_store<TO>(d, p, maux, p.tma_aux, (TO *)p.aux, p.ldaux, p.pairs_aux, stage, c, nbuf, row0, col0);
+  if (p.gelu) {
+#pragma unroll
+    for (int i = 0; i < 128; i++) d[i] = sm90_gelu(d[i]);
+  }
+  sm90_store<TO>(d, p, mc, p.tma_c, (TO *)p.c, p.ldc, p.pairs_c, stage, c, nbuf, row0, col0);
+}
 #endif /* NB_SM90A_DEVICE */
 
-template <typename T, int TA, int TB>
+template <typename T, typename TO, int TA, int TB>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
-                     T *C, int M, int N, int K, int64_t ldc, int pairs) {
+                     const __grid_constant__ CUtensorMap mc, const __grid_constant__ CUtensorMap maux,
+                     const __grid_constant__ sm90_params p) {
 #ifdef NB_SM90A_DEVICE
   extern __shared__ uint8_t sm90_raw[];
   /* the 128-byte swizzle repeats every 1024 B: align the ring to it */
   uint32_t base = sm90_smem(sm90_raw);
   uint32_t ring = (base + 1023) & ~1023u;
-  uint32_t full = ring + kStages * kStageBytes, empty = full + 8 * kStages;
-  int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN, ktiles = (K + kBK - 1) / kBK;
+  uint32_t stage = ring + kStages * kStageBytes;
+  uint32_t full = stage + kOutBytes, empty = full + 8 * kStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; s++) {
       sm90_bar_init(full + 8 * s, 1);
@@ -257,24 +518,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 0) sm90_produce<TA, TB>(&ma, &mb, ring, full, empty, tiles_m, tiles_n, ktiles);
+    if (threadIdx.x == 0) sm90_produce<TA, TB>(&ma, &mb, p, ring, full, empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) d[i] = 0.0f;
-    int c = wg - 1, it0 = 0;
-    /* persistent: this CTA's tiles in turn; the first wgmma of each tile
-     * (scale-d 0) overwrites the accumulators */
-    for (int t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x, it0 += ktiles) {
+    int c = wg - 1, it0 = 0, nbuf = 0, lead = threadIdx.x % 128 == 0;
+    sm90_walk w(p);
+    int tile, kb, ke;
+    /* the first wgmma of each segment (scale-d 0) overwrites the accumulators */
+    while (w.next(p, &tile, &kb, &ke)) {
       int m0, n0;
-      sm90_tile(t, tiles_m, tiles_n, &m0, &n0);
-      sm90_consume<T, TA, TB>(d, c, ring, full, empty, it0, ktiles, threadIdx.x % 128 == 0);
-      sm90_epilogue<T>(d, C, M, N, ldc, m0 + 64 * c, n0, pairs);
+      sm90_tile(tile, p.tiles_m, p.tiles_n, &m0, &n0);
+      sm90_consume<T, TA, TB>(d, c, ring, full, empty, it0, ke - kb, lead);
+      it0 += ke - kb;
+      if (kb > 0) { /* a later part of a split tile: its head stores it */
+        sm90_partial_put(d, p, c);
+        continue;
+      }
+      if (ke < p.ktiles) sm90_partial_add(d, p, c, tile);
+      sm90_epilogue<TO>(d, p, &mc, &maux, stage, c, &nbuf, m0 + 64 * c, n0);
     }
+    /* the staging buffers must stay until the last stores have read them */
+    if (lead) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 #else
-  (void)ma; (void)mb; (void)C; (void)M; (void)N; (void)K; (void)ldc; (void)pairs;
+  (void)ma; (void)mb; (void)mc; (void)maux; (void)p;
 #endif
 }
 
@@ -312,43 +582,124 @@ static int sm90_device_ok(int dev) {
   return cache[dev] == 1;
 }
 
-/* A 2-D 16-bit tensor map: inner x outer elements, rows stride_el apart,
- * box box_in x box_out, 128-byte swizzle, zero fill out of bounds. 0 when
- * TMA cannot take it (alignment, sizes). */
-static int sm90_map(CUtensorMap *m, CUtensorMapDataType dt, const void *p, int64_t inner,
-                    int64_t outer, int64_t stride_el, uint32_t box_in, uint32_t box_out) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encode_fn();
-  if (!enc || ((uintptr_t)p & 15)) return 0;
-  int64_t sb = outer == 1 ? ((inner * 2 + 15) & ~(int64_t)15) : stride_el * 2;
-  if (sb % 16 || sb < inner * 2 || sb >= ((int64_t)1 << 40)) return 0;
-  if (inner >= ((int64_t)1 << 32) || outer >= ((int64_t)1 << 32)) return 0;
-  cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, strides[1] = {(cuuint64_t)sb};
-  cuuint32_t box[2] = {box_in, box_out}, es[2] = {1, 1};
-  return enc(m, dt, 2, (void *)p, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+static CUtensorMapDataType sm90_tma_type(nb_dtype dt) {
+  return dt == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+         : dt == NB_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 }
 
-template <typename T, int TA, int TB>
-static nb_status sm90_launch(const nb_cuda_ctx *ctx, const CUtensorMap &ma, const CUtensorMap &mb,
-                             void *c, int M, int N, int K, int64_t ldc, int pairs) {
-  auto kern = sm90_gemm_kernel<T, TA, TB>;
+/* A 2-D tensor map of dtype dt: inner x outer elements, rows stride_el
+ * apart, box box_in x box_out, 128-byte swizzle, zero fill out of bounds.
+ * 0 when TMA cannot take it (alignment, sizes). */
+static int sm90_map(CUtensorMap *m, nb_dtype dt, const void *p, int64_t inner, int64_t outer,
+                    int64_t stride_el, uint32_t box_in, uint32_t box_out) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encode_fn();
+  int64_t es = (int64_t)nb_dtype_size(dt);
+  if (!enc || !p || ((uintptr_t)p & 15)) return 0;
+  int64_t sb = outer == 1 ? ((inner * es + 15) & ~(int64_t)15) : stride_el * es;
+  if (sb % 16 || sb < inner * es || sb >= ((int64_t)1 << 40)) return 0;
+  if (inner >= ((int64_t)1 << 32) || outer >= ((int64_t)1 << 32)) return 0;
+  cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, strides[1] = {(cuuint64_t)sb};
+  cuuint32_t box[2] = {box_in, box_out}, es1[2] = {1, 1};
+  return enc(m, sm90_tma_type(dt), 2, (void *)p, dims, strides, box, es1,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* An output (rows x N, rows ld apart): its TMA store map (boxes of 64 rows
+ * x 128 bytes) when TMA can describe it, and whether direct stores may go
+ * two elements at a time. */
+static void sm90_out_map(CUtensorMap *m, int *tma, int *pairs, nb_dtype dt, void *p, int64_t rows,
+                         int64_t N, int64_t ld) {
+  size_t es = nb_dtype_size(dt);
+  *pairs = ld % 2 == 0 && ((uintptr_t)p % (2 * es)) == 0;
+  *tma = sm90_map(m, dt, p, N, rows, ld, (uint32_t)(128 / es), 64);
+}
+
+/* ---- stream-K ------------------------------------------------------------
+ * Used when the tiles do not fill the SMs and K is long enough that an even
+ * split of the k-iterations (plus about 4 k-tiles' worth of partial-tile
+ * traffic) beats one partly empty wave by 10%. The workspace (one partial
+ * tile per SM and two flags per CTA) is allocated once per device and kept;
+ * flags carry a launch epoch, so they never need clearing. Launches on the
+ * device's one stream run in order, so one workspace serves them all. */
+static int sm90_use_sk(int64_t tiles, int64_t ktiles, int n_sm) {
+  if (tiles >= n_sm) return 0;
+  double per = (double)tiles * (double)ktiles / n_sm;
+  return per >= 8 && per + 4 < 0.9 * (double)ktiles;
+}
+
+static pthread_mutex_t sm90_sk_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  float *ws;
+  unsigned *flags;
+  unsigned epoch;
+  int slots;
+} sm90_sk[64]; /* per device; guarded by sm90_sk_lock */
+
+/* The device's workspace for n_sm CTAs and the next epoch; 0 when it cannot
+ * be had (the caller then runs data-parallel). */
+static int sm90_sk_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch) {
+  if (ctx->dev < 0 || ctx->dev >= 64) return 0;
+  pthread_mutex_lock(&sm90_sk_lock);
+  auto *s = &sm90_sk[ctx->dev];
+  if (s->slots < ctx->n_sm) {
+    if (s->ws) cudaFree(s->ws); /* not reached with one n_sm per device */
+    s->ws = NULL;
+    s->slots = 0;
+    size_t tile = (size_t)kBM * kBN * sizeof(float), fl = (size_t)2 * ctx->n_sm * sizeof(unsigned);
+    void *m = NULL;
+    if (cudaMalloc(&m, tile * ctx->n_sm + fl) == cudaSuccess &&
+        cudaMemsetAsync((char *)m + tile * ctx->n_sm, 0, fl, ctx->stream) == cudaSuccess) {
+      s->ws = (float *)m;
+      s->flags = (unsigned *)((char *)m + tile * ctx->n_sm);
+      s->slots = ctx->n_sm;
+    } else {
+      if (m) cudaFree(m);
+      cudaGetLastError();
+    }
+  }
+  int ok = s->slots >= ctx->n_sm;
+  if (ok) {
+    if (++s->epoch == 0) s->epoch = 1; /* 0 is the cleared state */
+    *ws = s->ws;
+    *flags = s->flags;
+    *epoch = s->epoch;
+  }
+  pthread_mutex_unlock(&sm90_sk_lock);
+  return ok;
+}
+
+/* ---- launch ----------------------------------------------------------------- */
+struct sm90_maps {
+  CUtensorMap a, b, c, aux;
+};
+
+/* Launches of the own kernel, for tests that must know it ran. */
+static int64_t sm90_launches;
+
+int64_t nb_sm90_launches(int dev) {
+  return sm90_device_ok(dev) ? __atomic_load_n(&sm90_launches, __ATOMIC_RELAXED) : -1;
+}
+
+template <typename T, typename TO, int TA, int TB>
+static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const sm90_params &p) {
+  auto kern = sm90_gemm_kernel<T, TO, TA, TB>;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
               "matmul sm90: shared memory attribute");
-  int64_t tiles = (int64_t)((M + kBM - 1) / kBM) * ((N + kBN - 1) / kBN);
-  if (tiles > ctx->n_sm) tiles = ctx->n_sm; /* persistent: one CTA per SM */
-  kern<<<(unsigned)tiles, kThreads, kSmem, ctx->stream>>>(ma, mb, (T *)c, M, N, K, ldc, pairs);
+  int64_t grid = (int64_t)p.tiles_m * p.tiles_n;
+  if (p.sk || grid > ctx->n_sm) grid = ctx->n_sm; /* persistent: one CTA per SM */
+  kern<<<(unsigned)grid, kThreads, kSmem, ctx->stream>>>(m.a, m.b, m.c, m.aux, p);
+  __atomic_add_fetch(&sm90_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("sm90_gemm_kernel");
 }
 
-template <typename T>
-static nb_status sm90_dispatch(const nb_cuda_ctx *ctx, int ta, int tb, const CUtensorMap &ma,
-                               const CUtensorMap &mb, void *c, int M, int N, int K, int64_t ldc,
-                               int pairs) {
-  if (!ta && !tb) return sm90_launch<T, 0, 0>(ctx, ma, mb, c, M, N, K, ldc, pairs);
-  if (!ta && tb) return sm90_launch<T, 0, 1>(ctx, ma, mb, c, M, N, K, ldc, pairs);
-  if (ta && !tb) return sm90_launch<T, 1, 0>(ctx, ma, mb, c, M, N, K, ldc, pairs);
-  return sm90_launch<T, 1, 1>(ctx, ma, mb, c, M, N, K, ldc, pairs);
+template <typename T, typename TO>
+static nb_status sm90_dispatch(const nb_cuda_ctx *ctx, int ta, int tb, const sm90_maps &m,
+                               const sm90_params &p) {
+  if (!ta && !tb) return sm90_launch<T, TO, 0, 0>(ctx, m, p);
+  if (!ta && tb) return sm90_launch<T, TO, 0, 1>(ctx, m, p);
+  if (ta && !tb) return sm90_launch<T, TO, 1, 0>(ctx, m, p);
+  return sm90_launch<T, TO, 1, 1>(ctx, m, p);
 }
 
 /* Folds the batch axes of v (the first nbd) into its row axis: 1 with the
@@ -366,15 +717,32 @@ static int sm90_fold_rows(const nb_kview *v, const int64_t *shape, int nbd, int6
   return 1;
 }
 
-int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
-                                const nb_kview *b, nb_status *st) {
-  *st = NB_OK;
-  nb_dtype dt = out->dtype;
-  if ((dt != NB_F16 && dt != NB_BF16) || a->dtype != dt || b->dtype != dt) return 0;
+/* The row stride *ld of an (M, N) matrix view whose columns are contiguous
+ * (any column stride for one column; N for one row): 0 when they are not. */
+static int sm90_ld(const nb_kview *v, int64_t M, int64_t N, int64_t *ld) {
+  int od = v->ndim;
+  if (!(v->strides[od - 1] == 1 || N == 1)) return 0;
+  *ld = M == 1 ? N : v->strides[od - 2];
+  return 1;
+}
+
+/* The problem after folding batches into rows, with its operand maps. */
+struct sm90_problem {
+  nb_dtype in;
+  int ta, tb;
+  int64_t rows, N, K, ldc;
+  sm90_maps m;
+};
+
+/* Checks that the own kernel takes out = a @ b and builds the operand maps:
+ * 1 when it does. */
+static int sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
+                     const nb_kview *b, sm90_problem *pr) {
+  nb_dtype dt = a->dtype;
+  if ((dt != NB_F16 && dt != NB_BF16) || b->dtype != dt) return 0;
   int od = out->ndim, nbd = od - 2;
   if (od < 2 || a->ndim != od || b->ndim != od || !sm90_device_ok(ctx->dev)) return 0;
   int64_t M = out->shape[od - 2], N = out->shape[od - 1], K = a->shape[od - 1];
-  int64_t som = out->strides[od - 2], son = out->strides[od - 1];
   int64_t sam = a->strides[od - 2], sak = a->strides[od - 1];
   int64_t sbk = b->strides[od - 2], sbn = b->strides[od - 1];
   for (int d = 0; d < nbd; d++) /* one B for every batch */
@@ -383,30 +751,91 @@ int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *
   if (ta && sam != 1 && M != 1) return 0;
   int tb = !(sbk == 1 || K == 1);
   if (tb && sbn != 1 && N != 1) return 0;
-  if (!(son == 1 || N == 1)) return 0;
-  int64_t ldc = N == 1 ? 1 : som, rows = M, rows_a = M;
-  if (M == 1) som = ldc = N; /* a single row: any row stride works */
+  int64_t ldc = 0, rows = M, rows_a = M;
+  if (!sm90_ld(out, M, N, &ldc)) return 0;
   if (nbd > 0) {
     if (ta) { /* an MN-major A cannot absorb batches */
       for (int d = 0; d < nbd; d++)
         if (out->shape[d] != 1) return 0;
     } else if (!sm90_fold_rows(a, out->shape, nbd, M, M == 1 ? K : sam, &rows_a) ||
-               !sm90_fold_rows(out, out->shape, nbd, M, som, &rows)) {
+               !sm90_fold_rows(out, out->shape, nbd, M, ldc, &rows)) {
       return 0;
     }
   }
   if (rows != rows_a || rows > INT32_MAX || N > INT32_MAX || K > INT32_MAX) return 0;
-  CUtensorMapDataType tdt = dt == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  CUtensorMap ma, mb;
-  int ok = ta ? sm90_map(&ma, tdt, a->data, rows, K, sak, 64, 64)
-              : sm90_map(&ma, tdt, a->data, K, rows, M == 1 ? K : sam, kBK, kBM);
-  ok = ok && (tb ? sm90_map(&mb, tdt, b->data, N, K, sbk, 64, 64)
-                 : sm90_map(&mb, tdt, b->data, K, N, N == 1 ? K : sbn, kBK, kBN));
-  if (!ok) return 0;
-  int pairs = ldc % 2 == 0 && ((uintptr_t)out->data & 3) == 0;
-  *st = dt == NB_BF16 ? sm90_dispatch<__nv_bfloat16>(ctx, ta, tb, ma, mb, out->data, (int)rows, (int)N,
-                                                     (int)K, ldc, pairs)
-                      : sm90_dispatch<__half>(ctx, ta, tb, ma, mb, out->data, (int)rows, (int)N,
-                                              (int)K, ldc, pairs);
+  int ok = ta ? sm90_map(&pr->m.a, dt, a->data, rows, K, sak, 64, 64)
+              : sm90_map(&pr->m.a, dt, a->data, K, rows, M == 1 ? K : sam, kBK, kBM);
+  ok = ok && (tb ? sm90_map(&pr->m.b, dt, b->data, N, K, sbk, 64, 64)
+                 : sm90_map(&pr->m.b, dt, b->data, K, N, N == 1 ? K : sbn, kBK, kBN));
+  pr->in = dt;
+  pr->ta = ta;
+  pr->tb = tb;
+  pr->rows = rows;
+  pr->N = N;
+  pr->K = K;
+  pr->ldc = ldc;
+  return ok;
+}
+
+/* Runs a planned problem: out (and the epilogue's views, NULL ep = none). */
+static nb_status sm90_run(const nb_cuda_ctx *ctx, sm90_problem *pr, const nb_kview *out,
+                          const nb_gemm_epilogue *ep, int64_t ldaux, int64_t ldcin) {
+  sm90_params p;
+  memset(&p, 0, sizeof p);
+  p.M = (int)pr->rows;
+  p.N = (int)pr->N;
+  p.K = (int)pr->K;
+  p.tiles_m = (int)((pr->rows + kBM - 1) / kBM);
+  p.tiles_n = (int)((pr->N + kBN - 1) / kBN);
+  p.ktiles = (int)((pr->K + kBK - 1) / kBK);
+  p.alpha = ep ? ep->alpha : 1.0f;
+  p.beta = ep && ep->c ? ep->beta : 0.0f;
+  p.gelu = ep ? ep->gelu : 0;
+  p.c = out->data;
+  p.ldc = pr->ldc;
+  sm90_out_map(&pr->m.c, &p.tma_c, &p.pairs_c, out->dtype, out->data, pr->rows, pr->N, pr->ldc);
+  pr->m.aux = pr->m.c;
+  if (ep && ep->aux) {
+    p.aux = ep->aux->data;
+    p.ldaux = ldaux;
+    sm90_out_map(&pr->m.aux, &p.tma_aux, &p.pairs_aux, out->dtype, p.aux, pr->rows, pr->N, ldaux);
+  }
+  if (p.beta != 0.0f) {
+    p.cin = ep->c->data;
+    p.ldcin = ldcin;
+  }
+  if (ep && ep->bias) p.bias = ep->bias->data;
+  int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
+  if (sm90_use_sk(tiles, p.ktiles, ctx->n_sm) && sm90_sk_get(ctx, &p.ws, &p.flags, &p.epoch)) {
+    p.sk = 1;
+    p.work = tiles * p.ktiles;
+  }
+  if (pr->in == NB_BF16)
+    return out->dtype == NB_F32 ? sm90_dispatch<__nv_bfloat16, float>(ctx, pr->ta, pr->tb, pr->m, p)
+                                : sm90_dispatch<__nv_bfloat16, __nv_bfloat16>(ctx, pr->ta, pr->tb, pr->m, p);
+  return out->dtype == NB_F32 ? sm90_dispatch<__half, float>(ctx, pr->ta, pr->tb, pr->m, p)
+                              : sm90_dispatch<__half, __half>(ctx, pr->ta, pr->tb, pr->m, p);
+}
+
+int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
+                   const nb_kview *b, nb_status *st) {
+  *st = NB_OK;
+  sm90_problem pr;
+  if (out->dtype != a->dtype || !sm90_plan(ctx, out, a, b, &pr)) return 0;
+  *st = sm90_run(ctx, &pr, out, NULL, 0, 0);
+  return 1;
+}
+
+int nb_sm90_gemm_ex(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
+                    const nb_kview *b, const nb_gemm_epilogue *ep, nb_status *st) {
+  *st = NB_OK;
+  if (out->ndim != 2 || (out->dtype != a->dtype && out->dtype != NB_F32)) return 0;
+  int64_t M = out->shape[0], N = out->shape[1], ldaux = 0, ldcin = 0;
+  if (ep && ep->aux && !sm90_ld(ep->aux, M, N, &ldaux)) return 0;
+  if (ep && ep->c && ep->beta != 0.0f && !sm90_ld(ep->c, M, N, &ldcin)) return 0;
+  if (ep && ep->bias && ep->bias->strides[0] != 1 && N > 1) return 0;
+  sm90_problem pr;
+  if (!sm90_plan(ctx, out, a, b, &pr)) return 0;
+  *st = sm90_run(ctx, &pr, out, ep, ldaux, ldcin);
   return 1;
 }

@@ -1,0 +1,44 @@
+/* GEMM with a fused epilogue: an internal CUDA entry (C linkage) for the
+ * library's layers, tests and benchmarks. Only meaningful when built with
+ * NABLA_HAVE_CUDA. */
+#ifndef NB_CUDA_GEMM_H
+#define NB_CUDA_GEMM_H
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What is applied to the product P = a @ b before it is stored, per element
+ * (r, n) of the output:
+ *   pre = alpha * P + beta * c[r, n] + bias[n]
+ *   aux[r, n] = pre                      (when aux is given)
+ *   out[r, n] = gelu ? gelu_tanh(pre) : pre
+ * bias (N,), c and aux (M, N) are optional (NULL) and have out's dtype; c is
+ * read only when beta != 0. gelu_tanh is the tanh form of the CPU backend. */
+typedef struct {
+  const nb_kview *bias, *c, *aux;
+  float alpha, beta;
+  int gelu;
+} nb_gemm_epilogue;
+
+/* out (M, N) = epilogue(a (M, K) @ b (K, N)) on the device holding out.
+ * a and b: f16, bf16 or f32, the same dtype; out: a's dtype, or f32 for f16
+ * and bf16 operands. Any strides. Runs nabla's own sm_90a kernel with the
+ * epilogue fused where it applies (unless the GEMM backend was set to
+ * cuBLASLt: NABLA_GEMM=cublaslt or nb_cuda_set_gemm_backend(0)); otherwise a
+ * cuBLASLt product followed by one epilogue kernel. NULL ep = plain product. */
+nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                          const nb_gemm_epilogue *ep);
+
+/* How many times nabla's own sm_90a GEMM kernel has been launched in this
+ * process; -1 when CUDA device `device` cannot run it (not compute
+ * capability 9.0). Lets tests check that a case reached the kernel rather
+ * than the cuBLASLt fallback. */
+int64_t nb_cuda_gemm_own_launches(int device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NB_CUDA_GEMM_H */
