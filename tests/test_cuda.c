@@ -762,7 +762,8 @@ static void test_errors_memory(void) {
  * The training path writes dlogits in the forward; backward returns them as
  * is for the engine's all-ones seed and scales them otherwise. Class counts
  * reach every kernel variant (general, register-cached vectors with 1/2/4/8
- * vectors per thread, streaming vectors); ignored rows, smoothing, strided
+ * vectors per thread, streaming vectors, rows split over a 2-block cluster
+ * at 50304 16-bit); ignored rows, smoothing, strided
  * logits, (N, C, d) logits, each reduction, upstream gradient 1 and not 1. */
 static const char *const XRED[] = {"mean", "sum", "none"};
 
@@ -828,6 +829,34 @@ static void test_xent_fused(void) {
       }
       nb_scope_end();
     }
+  /* many rows (more than one resident wave of blocks, or of block pairs
+   * at 50304): each block counts N_valid itself and the last to finish
+   * reduces the loss; the same bits on every run, and the CPU's values */
+  for (int k = 0; k < 3; k++) {
+    nb_scope_begin();
+    int64_t N = k == 2 ? (quick ? 400 : 1500) : 3000, C = k == 2 ? 50304 : k ? 1001 : 4096;
+    nb_dtype dt = k == 1 ? NB_F32 : NB_BF16;
+    nb_rng rng = nb_rng_new(40 + k);
+    nb_tensor *tg = nb_randint(&rng, 1, &N, 0, C, NB_I64, NB_DEVICE_CPU);
+    nb_fill_(nb_slice(tg, 0, 0, N, 7), -100);
+    nb_tensor *x = randn(330 + k, 2, (int64_t[]){N, C}, dt);
+    for (int r = 0; r < 2; r++) {
+      nb_tensor *g0, *g1, *g2;
+      nb_reduction red = r ? NB_REDUCE_SUM : NB_REDUCE_MEAN;
+      nb_tensor *y0 = xent_run(0, x, tg, red, 0.0, 0, &g0);
+      nb_tensor *y1 = xent_run(1, x, tg, red, 0.0, 0, &g1);
+      nb_tensor *y2 = xent_run(1, x, tg, red, 0.0, 0, &g2);
+      char nm[96];
+      snprintf(nm, sizeof nm, "xent fused N=%lld C=%lld %s loss", (long long)N, (long long)C, XRED[r]);
+      cmp(nm, dt, y0, y1, 4.0);
+      snprintf(nm, sizeof nm, "xent fused N=%lld C=%lld %s grad", (long long)N, (long long)C, XRED[r]);
+      cmp(nm, dt, g0, g1, 4.0);
+      snprintf(nm, sizeof nm, "xent fused N=%lld C=%lld %s repeats", (long long)N, (long long)C, XRED[r]);
+      cmp_bits(nm, y1, y2);
+      cmp_bits(nm, g1, g2);
+    }
+    nb_scope_end();
+  }
   /* (N, C, d) logits: rows gathered through a permuted view */
   nb_scope_begin();
   nb_tensor *x3 = randn(320, 3, (int64_t[]){3, 7, 5}, NB_BF16);
