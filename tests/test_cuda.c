@@ -401,8 +401,11 @@ static void test_nn(void) {
 /* ---- row kernels: softmax / norm fast paths (cuda_nn.cu) -----------------------
  * Sizes on each side of the register plans: D = 1, 7 and 769 take single-
  * element packs, 768 and 4096 16-byte packs (warp and multi-warp rows),
- * 50304 a 1024-thread row, 70000 the generic kernels. Non-contiguous and
- * misaligned inputs must fall back and give the same values. */
+ * 50304 a 1024-thread row, 70000 the generic kernels. The norm plans also
+ * take rows of 3 and 9 warps (1536, 2304: named barriers over groups that
+ * are not a power of two), 3 packs per thread without the next-row prefetch
+ * (12288), and 8 single-element packs (5000). Non-contiguous and misaligned
+ * inputs must fall back and give the same values. */
 static nb_tensor *f_ln_plain(nb_tensor *const *x, void *c) { return nb_layer_norm(x[0], 1, NULL, NULL, 1e-5); }
 static nb_tensor *f_rms_plain(nb_tensor *const *x, void *c) { return nb_rms_norm(x[0], 1, NULL, 1e-6); }
 
@@ -442,10 +445,24 @@ static void rows_case(nb_dtype dt, int64_t R, int64_t D, uint64_t seed) {
   grad_cmp(name, f_rms_plain, NULL, 1, &x, dt, sc);
 }
 
+/* Norm forward and backward over many rows, so that each row group walks
+ * several rows (the next-row prefetch and the per-thread dw/db sums). */
+static void rows_norm_many(nb_dtype dt, int64_t R, int64_t D, uint64_t seed) {
+  char name[96];
+  nb_tensor *x = randn(seed, 2, (int64_t[]){R, D}, dt);
+  nb_tensor *w = nb_add_scalar(randn(seed + 1, 1, &D, dt), 1.0), *b = randn(seed + 2, 1, &D, dt);
+  nb_tensor *in[3] = {x, w, b};
+  snprintf(name, sizeof name, "rows layer_norm R=%lld D=%lld", (long long)R, (long long)D);
+  grad_cmp(name, f_layer_norm, NULL, 3, in, dt, 4.0 + D / 500.0);
+  snprintf(name, sizeof name, "rows rms_norm R=%lld D=%lld", (long long)R, (long long)D);
+  grad_cmp(name, f_rms_norm, NULL, 2, in, dt, 4.0 + D / 500.0);
+}
+
 static void test_rows_fast(void) {
-  const int64_t Ds[] = {1, 7, 768, 769, 4096, 50304, 70000};
+  const int64_t Ds[] = {1, 7, 768, 769, 1536, 2304, 4096, 5000, 12288, 50304, 70000};
+  const int nD = (int)(sizeof Ds / sizeof *Ds);
   for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++)
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < nD; k++) {
       if (quick && Ds[k] > 5000) continue;
       nb_scope_begin();
       int64_t R = Ds[k] > 5000 ? 3 : (Ds[k] > 100 ? 37 : 131);
@@ -455,6 +472,12 @@ static void test_rows_fast(void) {
   for (int k = 0; k < 5; k++) { /* f64 computes in f64 */
     nb_scope_begin();
     rows_case(NB_F64, 9, (const int64_t[]){1, 7, 768, 769, 4096}[k], 300 + (uint64_t)k);
+    nb_scope_end();
+  }
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
+    nb_scope_begin();
+    rows_norm_many(FLOATS[d], 6000, 768, 500 + d);
+    if (!quick) rows_norm_many(FLOATS[d], 1500, 4096, 510 + d);
     nb_scope_end();
   }
   for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
@@ -479,21 +502,23 @@ static void test_rows_fast(void) {
     grad_cmp("rows layer_norm transposed", f_layer_norm, NULL, 3, in2, dt, 6.0);
     nb_scope_end();
   }
-  /* the fused norm backward's dw/db repeat bit for bit (fixed block order) */
+  /* the norm forward and the fused backward's dx/dw/db repeat bit for bit
+   * (fixed merge and block orders), with row groups walking several rows */
   nb_scope_begin();
-  int64_t R = 1000, D = 768;
+  int64_t R = 6000, D = 768;
   nb_tensor *x = gpu(randn(410, 2, (int64_t[]){R, D}, NB_BF16));
   nb_tensor *w = gpu(nb_add_scalar(randn(411, 1, &D, NB_BF16), 1.0)), *b = gpu(randn(412, 1, &D, NB_BF16));
   nb_tensor *gy = gpu(randn(413, 2, (int64_t[]){R, D}, NB_BF16));
-  nb_tensor *gr[2][3];
+  nb_tensor *gr[2][3], *ys[2];
   for (int rep = 0; rep < 2; rep++) {
     nb_tensor *in[3] = {nb_detach(x), nb_detach(w), nb_detach(b)};
     for (int i = 0; i < 3; i++) nb_set_requires_grad(in[i], 1);
-    nb_tensor *y = nb_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    nb_tensor *y = ys[rep] = nb_layer_norm(in[0], 1, in[1], in[2], 1e-5);
     nb_tensor *loss = nb_sum(nb_mul(y, gy), 0, NULL, 0);
     NBT_CHECK(loss && nb_backward(loss, NULL) == NB_OK, "rows layer_norm backward (%s)", nb_last_error());
     for (int i = 0; i < 3; i++) gr[rep][i] = nb_grad(in[i]);
   }
+  cmp_bits("rows layer_norm y repeats", ys[0], ys[1]);
   cmp_bits("rows layer_norm dx repeats", gr[0][0], gr[1][0]);
   cmp_bits("rows layer_norm dw repeats", gr[0][1], gr[1][1]);
   cmp_bits("rows layer_norm db repeats", gr[0][2], gr[1][2]);
