@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const 
   const P *wp = (const P *)w, *bp = (const P *)b;
   const int64_t step = (int64_t)gridDim.x * G;
   int64_t r = (int64_t)blockIdx.x * G + g;
-  P nx[PF ? NCH : 1];
+  P nx[NCH]; /* the next row (PF only; unused registers vanish otherwise) */
   if (PF && r < R) nb_load_packs<NCH, 1>(nx, (const P *)(x + r * D), t, tpr, nvec);
   for (; r < R; r += step) {
     P v[NCH];
@@ -612,7 +612,7 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
     for (int e = 0; e < VEC; e++) aw[k][e] = ab[k][e] = 0;
   const int64_t step = (int64_t)gridDim.x * G;
   int64_t r = (int64_t)blockIdx.x * G + g;
-  P xn[PF ? NCH : 1], gn[PF ? NCH : 1];
+  P xn[NCH], gn[NCH]; /* the next row (PF only) */
   A mun = 0, rsn = 0;
   if (PF && r < R) {
     nb_load_packs<NCH, 1>(xn, (const P *)(x + r * D), t, tpr, nvec);
