@@ -402,8 +402,11 @@ static void test_nn(void) {
 /* ---- row kernels: softmax / norm fast paths (cuda_nn.cu) -----------------------
  * Sizes on each side of the register plans: D = 1, 7 and 769 take single-
  * element packs, 768 and 4096 16-byte packs (warp and multi-warp rows),
- * 50304 a 1024-thread row, 70000 the generic kernels. Non-contiguous and
- * misaligned inputs must fall back and give the same values. */
+ * 50304 a 1024-thread row, 70000 the generic kernels. The norm plans also
+ * take rows of 3 and 9 warps (1536, 2304: named barriers over groups that
+ * are not a power of two), 3 packs per thread without the next-row prefetch
+ * (12288), and 8 single-element packs (5000). Non-contiguous and misaligned
+ * inputs must fall back and give the same values. */
 static nb_tensor *f_ln_plain(nb_tensor *const *x, void *c) { return nb_layer_norm(x[0], 1, NULL, NULL, 1e-5); }
 static nb_tensor *f_rms_plain(nb_tensor *const *x, void *c) { return nb_rms_norm(x[0], 1, NULL, 1e-6); }
 
@@ -443,10 +446,24 @@ static void rows_case(nb_dtype dt, int64_t R, int64_t D, uint64_t seed) {
   grad_cmp(name, f_rms_plain, NULL, 1, &x, dt, sc);
 }
 
+/* Norm forward and backward over many rows, so that each row group walks
+ * several rows (the next-row prefetch and the per-thread dw/db sums). */
+static void rows_norm_many(nb_dtype dt, int64_t R, int64_t D, uint64_t seed) {
+  char name[96];
+  nb_tensor *x = randn(seed, 2, (int64_t[]){R, D}, dt);
+  nb_tensor *w = nb_add_scalar(randn(seed + 1, 1, &D, dt), 1.0), *b = randn(seed + 2, 1, &D, dt);
+  nb_tensor *in[3] = {x, w, b};
+  snprintf(name, sizeof name, "rows layer_norm R=%lld D=%lld", (long long)R, (long long)D);
+  grad_cmp(name, f_layer_norm, NULL, 3, in, dt, 4.0 + D / 500.0);
+  snprintf(name, sizeof name, "rows rms_norm R=%lld D=%lld", (long long)R, (long long)D);
+  grad_cmp(name, f_rms_norm, NULL, 2, in, dt, 4.0 + D / 500.0);
+}
+
 static void test_rows_fast(void) {
-  const int64_t Ds[] = {1, 7, 768, 769, 4096, 50304, 70000};
+  const int64_t Ds[] = {1, 7, 768, 769, 1536, 2304, 4096, 5000, 12288, 50304, 70000};
+  const int nD = (int)(sizeof Ds / sizeof *Ds);
   for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++)
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < nD; k++) {
       if (quick && Ds[k] > 5000) continue;
       nb_scope_begin();
       int64_t R = Ds[k] > 5000 ? 3 : (Ds[k] > 100 ? 37 : 131);
@@ -456,6 +473,12 @@ static void test_rows_fast(void) {
   for (int k = 0; k < 5; k++) { /* f64 computes in f64 */
     nb_scope_begin();
     rows_case(NB_F64, 9, (const int64_t[]){1, 7, 768, 769, 4096}[k], 300 + (uint64_t)k);
+    nb_scope_end();
+  }
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
+    nb_scope_begin();
+    rows_norm_many(FLOATS[d], 6000, 768, 500 + d);
+    if (!quick) rows_norm_many(FLOATS[d], 1500, 4096, 510 + d);
     nb_scope_end();
   }
   for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
@@ -480,21 +503,23 @@ static void test_rows_fast(void) {
     grad_cmp("rows layer_norm transposed", f_layer_norm, NULL, 3, in2, dt, 6.0);
     nb_scope_end();
   }
-  /* the fused norm backward's dw/db repeat bit for bit (fixed block order) */
+  /* the norm forward and the fused backward's dx/dw/db repeat bit for bit
+   * (fixed merge and block orders), with row groups walking several rows */
   nb_scope_begin();
-  int64_t R = 1000, D = 768;
+  int64_t R = 6000, D = 768;
   nb_tensor *x = gpu(randn(410, 2, (int64_t[]){R, D}, NB_BF16));
   nb_tensor *w = gpu(nb_add_scalar(randn(411, 1, &D, NB_BF16), 1.0)), *b = gpu(randn(412, 1, &D, NB_BF16));
   nb_tensor *gy = gpu(randn(413, 2, (int64_t[]){R, D}, NB_BF16));
-  nb_tensor *gr[2][3];
+  nb_tensor *gr[2][3], *ys[2];
   for (int rep = 0; rep < 2; rep++) {
     nb_tensor *in[3] = {nb_detach(x), nb_detach(w), nb_detach(b)};
     for (int i = 0; i < 3; i++) nb_set_requires_grad(in[i], 1);
-    nb_tensor *y = nb_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    nb_tensor *y = ys[rep] = nb_layer_norm(in[0], 1, in[1], in[2], 1e-5);
     nb_tensor *loss = nb_sum(nb_mul(y, gy), 0, NULL, 0);
     NBT_CHECK(loss && nb_backward(loss, NULL) == NB_OK, "rows layer_norm backward (%s)", nb_last_error());
     for (int i = 0; i < 3; i++) gr[rep][i] = nb_grad(in[i]);
   }
+  cmp_bits("rows layer_norm y repeats", ys[0], ys[1]);
   cmp_bits("rows layer_norm dx repeats", gr[0][0], gr[1][0]);
   cmp_bits("rows layer_norm dw repeats", gr[0][1], gr[1][1]);
   cmp_bits("rows layer_norm db repeats", gr[0][2], gr[1][2]);
@@ -763,7 +788,8 @@ static void test_errors_memory(void) {
  * The training path writes dlogits in the forward; backward returns them as
  * is for the engine's all-ones seed and scales them otherwise. Class counts
  * reach every kernel variant (general, register-cached vectors with 1/2/4/8
- * vectors per thread, streaming vectors); ignored rows, smoothing, strided
+ * vectors per thread, streaming vectors, rows split over a 2-block cluster
+ * at 50304 16-bit); ignored rows, smoothing, strided
  * logits, (N, C, d) logits, each reduction, upstream gradient 1 and not 1. */
 static const char *const XRED[] = {"mean", "sum", "none"};
 
@@ -829,6 +855,34 @@ static void test_xent_fused(void) {
       }
       nb_scope_end();
     }
+  /* many rows (more than one resident wave of blocks, or of block pairs
+   * at 50304): each block counts N_valid itself and the last to finish
+   * reduces the loss; the same bits on every run, and the CPU's values */
+  for (int k = 0; k < 3; k++) {
+    nb_scope_begin();
+    int64_t N = k == 2 ? (quick ? 400 : 1500) : 3000, C = k == 2 ? 50304 : k ? 1001 : 4096;
+    nb_dtype dt = k == 1 ? NB_F32 : NB_BF16;
+    nb_rng rng = nb_rng_new(40 + k);
+    nb_tensor *tg = nb_randint(&rng, 1, &N, 0, C, NB_I64, NB_DEVICE_CPU);
+    nb_fill_(nb_slice(tg, 0, 0, N, 7), -100);
+    nb_tensor *x = randn(330 + k, 2, (int64_t[]){N, C}, dt);
+    for (int r = 0; r < 2; r++) {
+      nb_tensor *g0, *g1, *g2;
+      nb_reduction red = r ? NB_REDUCE_SUM : NB_REDUCE_MEAN;
+      nb_tensor *y0 = xent_run(0, x, tg, red, 0.0, 0, &g0);
+      nb_tensor *y1 = xent_run(1, x, tg, red, 0.0, 0, &g1);
+      nb_tensor *y2 = xent_run(1, x, tg, red, 0.0, 0, &g2);
+      char nm[96];
+      snprintf(nm, sizeof nm, "xent fused N=%lld C=%lld %s loss", (long long)N, (long long)C, XRED[r]);
+      cmp(nm, dt, y0, y1, 4.0);
+      snprintf(nm, sizeof nm, "xent fused N=%lld C=%lld %s grad", (long long)N, (long long)C, XRED[r]);
+      cmp(nm, dt, g0, g1, 4.0);
+      snprintf(nm, sizeof nm, "xent fused N=%lld C=%lld %s repeats", (long long)N, (long long)C, XRED[r]);
+      cmp_bits(nm, y1, y2);
+      cmp_bits(nm, g1, g2);
+    }
+    nb_scope_end();
+  }
   /* (N, C, d) logits: rows gathered through a permuted view */
   nb_scope_begin();
   nb_tensor *x3 = randn(320, 3, (int64_t[]){3, 7, 5}, NB_BF16);

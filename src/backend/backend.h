@@ -118,13 +118,18 @@ typedef struct nb_backend {
                         const nb_kview *logits, const nb_kview *targets, const nb_kview *lse,
                         int64_t ignore_index, double smoothing);
   /* Forward and backward in one pass (a training step's cross-entropy): loss
-   * and lse as xent_fwd (lse required), and dlogits (N, C, any strides) as
+   * as xent_fwd, lse as xent_fwd or NULL, and dlogits (N, C, any strides) as
    * xent_bwd with the row gradient dloss (f32/f64 (N), any strides, stride 0
-   * for one shared scale such as 1/N_valid). Same results as xent_fwd then
-   * xent_bwd; index out of range: error. */
+   * for one shared scale; NULL for 1), divided by N_valid (the rows whose
+   * target is not ignore_index) when mean. out (0-d, any float dtype) or
+   * NULL: the sum of the row losses, over N_valid when mean (0/0 = NaN when
+   * every row is ignored), accumulated in f64 in a fixed order and rounded
+   * once to out's dtype. Same results as xent_fwd then xent_bwd; index out
+   * of range: error. */
   nb_status (*xent_fused)(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
-                          const nb_kview *dloss, const nb_kview *logits,
-                          const nb_kview *targets, int64_t ignore_index, double smoothing);
+                          const nb_kview *dloss, const nb_kview *out, int mean,
+                          const nb_kview *logits, const nb_kview *targets, int64_t ignore_index,
+                          double smoothing);
   /* out[.., j, ..] = x[.., idx[j], ..] along axis; idx i64 1-D. */
   nb_status (*index_select)(const nb_kview *out, const nb_kview *x, int axis,
                             const nb_kview *idx);

@@ -112,56 +112,58 @@ static nb_tensor *xent_count(const nb_tensor *t, int64_t ignore, nb_dtype sdt) {
   return nb_sum(nb_cast(valid, sdt), 0, NULL, 0);
 }
 
-/* Per-row losses (f32; f64 for f64 logits) of x (M, C) and targets (M) i64;
- * with dx set, also dlogits for row gradient dloss (a loss-dtype scalar). */
-static nb_tensor *xent_kernel(const nb_tensor *x, const nb_tensor *t, int64_t ignore,
-                              double smooth, nb_tensor *dx, const nb_tensor *dloss) {
+/* Forward only: per-row losses (f32; f64 for f64 logits) of x (M, C) and
+ * targets t (M) i64, reduced in the loss dtype, then rounded once to the
+ * logits' dtype. */
+static nb_tensor *xent_forward_only(const nb_tensor *x, const nb_tensor *t, const nb_tensor *targets,
+                                    nb_reduction red, int64_t ignore, double smooth) {
   int64_t M = x->shape[0];
   nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_device dev = nb_device_of(x);
   nb_tensor *loss = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
   nb_tensor *lse = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
   if (!loss || !lse) return NULL;
-  if (!M) return loss;
-  nb_kview kloss, klse, kx, kt, kdx, kdl;
-  nb_kview_of(loss, &kloss);
-  nb_kview_of(lse, &klse);
-  nb_kview_of(x, &kx);
-  nb_kview_of(t, &kt);
-  const nb_backend *be = nb_backend_for(dev);
-  nb_status st;
-  if (dx) {
-    nb_kview_of(dx, &kdx);
-    nb_kview_broadcast(dloss, 1, &M, &kdl); /* one scale for every row: stride 0 */
-    st = be->xent_fused(&kloss, &klse, &kdx, &kdl, &kx, &kt, ignore, smooth);
-  } else {
-    st = be->xent_fwd(&kloss, &klse, &kx, &kt, ignore, smooth);
+  if (M) {
+    nb_kview kloss, klse, kx, kt;
+    nb_kview_of(loss, &kloss);
+    nb_kview_of(lse, &klse);
+    nb_kview_of(x, &kx);
+    nb_kview_of(t, &kt);
+    if (nb_backend_for(dev)->xent_fwd(&kloss, &klse, &kx, &kt, ignore, smooth)) return NULL;
   }
-  return st ? NULL : loss;
+  if (red == NB_REDUCE_NONE) return nb_cast(nb_reshape(loss, targets->ndim, targets->shape), x->dtype);
+  nb_tensor *out = nb_sum(loss, 0, NULL, 0);
+  if (red == NB_REDUCE_MEAN) out = nb_div(out, xent_count(t, ignore, sdt)); /* 0/0 = NaN */
+  return nb_cast(out, x->dtype);
 }
 
-/* The loss of rows x (M, C), targets t (M): reduced in the loss dtype, then
- * rounded once to the logits' dtype; nothing recorded. *dx receives dlogits
- * when want_grad. */
-static nb_tensor *xent_forward(const nb_tensor *x, const nb_tensor *t, const nb_tensor *targets,
-                               nb_reduction red, int64_t ignore, double smooth, int want_grad,
-                               nb_tensor **dx) {
+/* Forward and dlogits (*dx) in one backend call: the row gradient is 1
+ * (1/N_valid for a mean, counted by the kernel), and for mean and sum the
+ * kernel also writes the reduced loss in the logits' dtype, so the whole
+ * forward is one launch. */
+static nb_tensor *xent_forward_grad(const nb_tensor *x, const nb_tensor *t,
+                                    const nb_tensor *targets, nb_reduction red, int64_t ignore,
+                                    double smooth, nb_tensor **dx) {
+  int64_t M = x->shape[0];
   nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_device dev = nb_device_of(x);
-  nb_tensor *count = red == NB_REDUCE_MEAN ? xent_count(t, ignore, sdt) : NULL;
-  nb_tensor *dloss = NULL;
-  *dx = NULL;
-  if (want_grad) {
-    dloss = count ? nb_div(nb_scalar(1.0, sdt, dev), count) : nb_scalar(1.0, sdt, dev);
-    *dx = nb_autorelease(nb_tensor_alloc(x->ndim, x->shape, x->dtype, dev));
-    if (!dloss || !*dx) return NULL;
+  nb_tensor *loss = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
+  nb_tensor *out = red == NB_REDUCE_NONE ? NULL : nb_autorelease(nb_tensor_alloc(0, NULL, x->dtype, dev));
+  *dx = nb_autorelease(nb_tensor_alloc(x->ndim, x->shape, x->dtype, dev));
+  if (!loss || (red != NB_REDUCE_NONE && !out) || !*dx) return NULL;
+  nb_kview kloss, kout, kx, kt, kdx;
+  nb_kview_of(loss, &kloss);
+  nb_kview_of(x, &kx);
+  nb_kview_of(t, &kt);
+  nb_kview_of(*dx, &kdx);
+  if (out) nb_kview_of(out, &kout);
+  if (!M) { /* no rows: the sum of nothing, over N_valid = 0 for a mean */
+    if (out && nb_fill_(out, red == NB_REDUCE_MEAN ? NAN : 0.0)) return NULL;
+  } else if (nb_backend_for(dev)->xent_fused(&kloss, NULL, &kdx, NULL, out ? &kout : NULL,
+                                             red == NB_REDUCE_MEAN, &kx, &kt, ignore, smooth)) {
+    return NULL;
   }
-  nb_tensor *rows = xent_kernel(x, t, ignore, smooth, *dx, dloss);
-  if (!rows) return NULL;
-  nb_tensor *out = red == NB_REDUCE_NONE ? nb_reshape(rows, targets->ndim, targets->shape)
-                                         : nb_sum(rows, 0, NULL, 0);
-  if (count) out = nb_div(out, count); /* 0/0 = NaN when every row is ignored */
-  return nb_cast(out, x->dtype);
+  return out ? out : nb_cast(nb_reshape(loss, targets->ndim, targets->shape), x->dtype);
 }
 
 nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
@@ -179,7 +181,8 @@ nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
   if (class_rows(logits, targets, &x, &t)) {
     int want = nb_grad_enabled() && x->requires_grad;
     nb_no_grad_begin();
-    out = xent_forward(x, t, targets, red, ignore_index, label_smoothing, want, &dx);
+    out = want ? xent_forward_grad(x, t, targets, red, ignore_index, label_smoothing, &dx)
+               : xent_forward_only(x, t, targets, red, ignore_index, label_smoothing);
     nb_no_grad_end();
   }
   if (out && dx) {

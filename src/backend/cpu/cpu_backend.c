@@ -90,14 +90,6 @@ static nb_status cpu_memcpy(nb_device dev, void *dst, const void *src, size_t nb
 
 static nb_status cpu_sync(nb_device dev) { return NB_OK; }
 
-/* Fused cross-entropy: on the CPU the two kernels in turn (same results). */
-static nb_status cpu_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
-                                const nb_kview *dloss, const nb_kview *logits,
-                                const nb_kview *targets, int64_t ignore_index, double smoothing) {
-  nb_status st = nb_cpu_xent_fwd(loss, lse, logits, targets, ignore_index, smoothing);
-  return st ? st : nb_cpu_xent_bwd(dlogits, dloss, logits, targets, lse, ignore_index, smoothing);
-}
-
 const nb_backend nb_cpu_backend = {
   .name = "cpu",
   .alloc = cpu_alloc,
@@ -122,7 +114,7 @@ const nb_backend nb_cpu_backend = {
   .norm_bwd = nb_cpu_norm_bwd,
   .xent_fwd = nb_cpu_xent_fwd,
   .xent_bwd = nb_cpu_xent_bwd,
-  .xent_fused = cpu_xent_fused,
+  .xent_fused = nb_cpu_xent_fused,
   .index_select = nb_cpu_index_select,
   .index_add = nb_cpu_index_add,
   .gather = nb_cpu_gather,

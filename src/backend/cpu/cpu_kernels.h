@@ -37,6 +37,11 @@ nb_status nb_cpu_xent_fwd(const nb_kview *loss, const nb_kview *lse, const nb_kv
 nb_status nb_cpu_xent_bwd(const nb_kview *dlogits, const nb_kview *dloss,
                           const nb_kview *logits, const nb_kview *targets, const nb_kview *lse,
                           int64_t ignore_index, double smoothing);
+/* Forward, N_valid, row-scaled backward and the reduced loss (backend.h). */
+nb_status nb_cpu_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
+                            const nb_kview *dloss, const nb_kview *out, int mean,
+                            const nb_kview *logits, const nb_kview *targets,
+                            int64_t ignore_index, double smoothing);
 /* cpu_index.c */
 nb_status nb_cpu_index_select(const nb_kview *out, const nb_kview *x, int axis,
                               const nb_kview *idx);

@@ -11,6 +11,7 @@
  * order, so results do not depend on the thread count. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_iter.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -398,4 +399,45 @@ nb_status nb_cpu_xent_bwd(const nb_kview *dlogits, const nb_kview *dloss,
     free(a);
   }
   return oom ? nn_oom("cross_entropy backward", C) : NB_OK;
+}
+
+/* A 1-D f64 view of n host values. */
+static nb_kview nn_f64_view(double *p, int64_t n) {
+  nb_kview v;
+  memset(&v, 0, sizeof v);
+  v.data = p;
+  v.dtype = NB_F64;
+  v.ndim = 1;
+  v.shape[0] = n;
+  v.strides[0] = 1;
+  return v;
+}
+
+/* The fused entry on the CPU: the forward, then the backward with each row's
+ * gradient (dloss or 1, over N_valid for a mean), then the rows' sum in
+ * row order in f64. */
+nb_status nb_cpu_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
+                            const nb_kview *dloss, const nb_kview *out, int mean,
+                            const nb_kview *logits, const nb_kview *targets,
+                            int64_t ignore_index, double smoothing) {
+  const int64_t N = logits->shape[0];
+  double *buf = malloc((size_t)(2 * N + 1) * sizeof *buf);
+  if (!buf) return nn_oom("cross_entropy", N);
+  nb_kview vz = nn_f64_view(buf, N), vg = nn_f64_view(buf + N, N);
+  nb_status st = nb_cpu_xent_fwd(loss, lse ? lse : &vz, logits, targets, ignore_index, smoothing);
+  int64_t nvalid = 0;
+  for (int64_t i = 0; !st && i < N; i++)
+    nvalid += nb_cpu_get_i64(nn_at(targets, i), targets->dtype) != ignore_index;
+  for (int64_t i = 0; !st && i < N; i++) {
+    double d = dloss ? nn_get(dloss, i) : 1.0;
+    buf[N + i] = mean ? d / (double)nvalid : d;
+  }
+  if (!st) st = nb_cpu_xent_bwd(dlogits, &vg, logits, targets, lse ? lse : &vz, ignore_index, smoothing);
+  if (!st && out) {
+    double s = 0.0;
+    for (int64_t i = 0; i < N; i++) s += nn_get(loss, i);
+    nn_put(out, 0, mean ? s / (double)nvalid : s); /* 0/0 = NaN when every row is ignored */
+  }
+  free(buf);
+  return st;
 }

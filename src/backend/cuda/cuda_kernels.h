@@ -53,8 +53,9 @@ nb_status nb_cuda_xent_bwd(const nb_kview *dlogits, const nb_kview *dloss,
                            const nb_kview *logits, const nb_kview *targets, const nb_kview *lse,
                            int64_t ignore_index, double smoothing);
 nb_status nb_cuda_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
-                             const nb_kview *dloss, const nb_kview *logits,
-                             const nb_kview *targets, int64_t ignore_index, double smoothing);
+                             const nb_kview *dloss, const nb_kview *out, int mean,
+                             const nb_kview *logits, const nb_kview *targets,
+                             int64_t ignore_index, double smoothing);
 /* cuda_index.cu */
 nb_status nb_cuda_index_select(const nb_kview *out, const nb_kview *x, int axis,
                                const nb_kview *idx);

@@ -13,6 +13,8 @@
  * wrapper reads it (one stream sync) to return NB_ERR_INDEX at the failing
  * call (see cuda_api.h for the deferred mode). */
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -427,39 +429,115 @@ __global__ void __launch_bounds__(1024) nb_norm_fwd_kernel(T *y, const T *x, nb_
 
 /* ---- layer norm / RMS norm, contiguous fast path --------------------------
  * x, y, dx, dy are contiguous (R, D) by contract; w and b in x's dtype (the
- * ops layer casts them). Each group of tpr threads caches its row in
- * registers as NCH packs per thread. */
-template <typename T, int VEC, int NCH, int STREAM>
-__global__ void __launch_bounds__(NCH == 8 ? 1024 : 512) nb_norm_fwd_rows(T *y, const T *x, const T *w, const T *b,
+ * ops layer casts them). Each group of tpr threads (any multiple of 32)
+ * caches its row in registers as NCH packs per thread. With PF, a group
+ * also loads its next row while it reduces and writes the current one, so
+ * about twice the bytes are in flight per thread; the grid is then one
+ * resident wave, each group walking several rows. */
+
+/* Per-run plan overrides, for measuring variants (unset: the defaults).
+ * NABLA_NORM_FWD_NCH / NABLA_NORM_BWD_NCH: packs per thread; NABLA_NORM_PF:
+ * 0 or 1. */
+static int norm_env(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && e[0] ? atoi(e) : dflt;
+}
+
+/* Resident blocks per SM of a kernel at th threads and smem bytes, asked
+ * once per (kernel, th, smem). */
+static int rows_occupancy(const void *k, int th, size_t smem) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  static struct { const void *k; int th; size_t smem; int occ; } cache[64];
+  static int n;
+  int occ = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < n && !occ; i++)
+    if (cache[i].k == k && cache[i].th == th && cache[i].smem == smem) occ = cache[i].occ;
+  if (!occ) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, th, smem) != cudaSuccess || occ < 1) occ = 1;
+    cudaGetLastError();
+    if (n < 64) { cache[n].k = k; cache[n].th = th; cache[n].smem = smem; cache[n].occ = occ; n++; }
+  }
+  pthread_mutex_unlock(&lock);
+  return occ;
+}
+
+/* A 16-byte row pack issued exactly where it stands (volatile): the next
+ * row's loads must go out before the current row's reductions. */
+template <typename P> __device__ __forceinline__ P nb_ld_row_now(const P *p) {
+  if (sizeof(P) == 16) {
+    uint4 u;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    P r;
+    *reinterpret_cast<uint4 *>(&r) = u;
+    return r;
+  }
+  return *p; /* element packs (the unaligned fallback): plain loads */
+}
+
+/* A weight or bias pack (the same few KB for every row: L1-cached), loaded
+ * where it is used rather than held over the row's reductions. */
+template <typename P> __device__ __forceinline__ P nb_ld_param(const P *p) {
+  if (sizeof(P) == 16) {
+    uint4 u;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    P r;
+    *reinterpret_cast<uint4 *>(&r) = u;
+    return r;
+  }
+  return *p;
+}
+
+/* The thread's packs of row r of a (R, D) array. */
+template <int NCH, int NOW, typename P>
+__device__ __forceinline__ void nb_load_packs(P *v, const P *row, int t, int tpr, int nvec) {
+#pragma unroll
+  for (int k = 0; k < NCH; k++)
+    if (t + k * tpr < nvec) v[k] = NOW ? nb_ld_row_now(row + t + k * tpr) : nb_ld_row(row + t + k * tpr);
+}
+
+template <typename T, int VEC, int NCH, int PF>
+__global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const T *x, const T *w, const T *b,
                                                          float *mean, float *rstd, int64_t R, int D,
                                                          int tpr, double eps, int rms) {
   typedef typename nb_acc<T>::type A;
   typedef nb_pack<T, VEC> P;
-  __shared__ A red[32];
-  const int t = threadIdx.x & (tpr - 1), g = threadIdx.x / tpr, G = blockDim.x / tpr;
+  __shared__ A red[96];
+  const int t = threadIdx.x % tpr, g = threadIdx.x / tpr, G = blockDim.x / tpr;
   const int nvec = D / VEC, bar = 1 + g;
-  A *sm = red + g * (tpr >> 5);
+  A *sm = red + 3 * g * (tpr >> 5);
   const P *wp = (const P *)w, *bp = (const P *)b;
-  for (int64_t r = (int64_t)blockIdx.x * G + g; r < R; r += (int64_t)gridDim.x * G) {
-    const P *xr = (const P *)(x + r * D);
-    P *yr = (P *)(y + r * D);
+  const int64_t step = (int64_t)gridDim.x * G;
+  int64_t r = (int64_t)blockIdx.x * G + g;
+  P nx[NCH]; /* the next row (PF only; unused registers vanish otherwise) */
+  if (PF && r < R) nb_load_packs<NCH, 1>(nx, (const P *)(x + r * D), t, tpr, nvec);
+  for (; r < R; r += step) {
     P v[NCH];
+    if (PF) {
 #pragma unroll
-    for (int k = 0; k < NCH; k++)
-      if (t + k * tpr < nvec) v[k] = nb_ld_row(xr + t + k * tpr);
-    A s = 0;
+      for (int k = 0; k < NCH; k++) v[k] = nx[k];
+      if (r + step < R) nb_load_packs<NCH, 1>(nx, (const P *)(x + (r + step) * D), t, tpr, nvec);
+    } else {
+      nb_load_packs<NCH, 0>(v, (const P *)(x + r * D), t, tpr, nvec);
+    }
+    /* the thread's own (n, mean, M2) from its cached packs, then one merge */
+    A n = 0, s = 0;
 #pragma unroll
     for (int k = 0; k < NCH; k++)
       if (t + k * tpr < nvec) {
         A f[VEC];
         nb_unpack(v[k], f);
+        n += (A)VEC;
 #pragma unroll
         for (int e = 0; e < VEC; e++) s += rms ? f[e] * f[e] : f[e];
       }
-    s = nb_grp_reduce<0>(s, sm, tpr, bar);
-    A mu = rms ? (A)0 : s / (A)D, var = s / (A)D;
-    if (!rms) { /* second pass over the centred cached values, for accuracy */
-      A q = 0;
+    A mu = 0, var;
+    if (rms) {
+      var = nb_grp_reduce<0>(s, sm, tpr, bar) / (A)D;
+    } else {
+      A m = n > (A)0 ? s / n : (A)0, q = 0;
 #pragma unroll
       for (int k = 0; k < NCH; k++)
         if (t + k * tpr < nvec) {
@@ -467,25 +545,28 @@ __global__ void __launch_bounds__(NCH == 8 ? 1024 : 512) nb_norm_fwd_rows(T *y, 
           nb_unpack(v[k], f);
 #pragma unroll
           for (int e = 0; e < VEC; e++) {
-            A c = f[e] - mu;
+            A c = f[e] - m;
             q += c * c;
           }
         }
-      var = nb_grp_reduce<0>(q, sm, tpr, bar) / (A)D;
+      nb_grp_mv(n, m, q, sm, tpr, bar);
+      mu = m;
+      var = q / (A)D;
     }
     A rs = (A)1 / sqrt(var + (A)eps);
     if (t == 0) {
       rstd[r] = (float)rs;
       if (mean) mean[r] = (float)mu;
     }
+    P *yr = (P *)(y + r * D);
 #pragma unroll
     for (int k = 0; k < NCH; k++) {
       int j = t + k * tpr;
       if (j < nvec) {
         P wv, bv, o;
         A f[VEC], fw[VEC], fb[VEC];
-        if (wp) wv = wp[j];
-        if (bp) bv = bp[j];
+        if (wp) wv = nb_ld_param(wp + j);
+        if (bp) bv = nb_ld_param(bp + j);
         nb_unpack(v[k], f);
         if (wp) nb_unpack(wv, fw);
         if (bp) nb_unpack(bv, fb);
@@ -496,7 +577,7 @@ __global__ void __launch_bounds__(NCH == 8 ? 1024 : 512) nb_norm_fwd_rows(T *y, 
           if (bp) u += fb[e];
           o.v[e] = nb_from_a<T>(u);
         }
-        nb_st_row<STREAM>(yr + j, o);
+        nb_st_row<1>(yr + j, o);
       }
     }
   }
@@ -506,44 +587,67 @@ __global__ void __launch_bounds__(NCH == 8 ? 1024 : 512) nb_norm_fwd_rows(T *y, 
  * g = dy*w (rms drops mean(g)); x and dy are read once. With part, each
  * thread also sums dy*xhat and dy over its rows for its own columns; the
  * block's groups then add theirs in group order through shared memory and
- * the block writes part[block][0..D) (dw) and part[block][D..2D) (db). */
-template <typename T, int VEC, int NCH>
-__global__ void __launch_bounds__(512, 1) nb_norm_bwd_rows(T *dx, const T *dy, const T *x,
-                                                           const T *w, const float *mean,
-                                                           const float *rstd, int64_t R, int D,
-                                                           int tpr, int rms,
-                                                           typename nb_acc<T>::type *part) {
+ * the block writes part[block][0..D) (dw) and part[block][D..2D) (db).
+ * One pack per thread fits 64 registers (1024-thread blocks); more packs
+ * take 512-thread blocks of up to 128 registers. */
+template <typename T, int VEC, int NCH, int PF>
+__global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
+    T *dx, const T *dy, const T *x, const T *w, const float *mean, const float *rstd, int64_t R,
+    int D, int tpr, int rms, typename nb_acc<T>::type *part) {
   typedef typename nb_acc<T>::type A;
   typedef nb_pack<T, VEC> P;
+  constexpr int HOLDW = NCH <= 2; /* w packs kept in registers for the whole kernel */
   __shared__ A red[64];
   extern __shared__ unsigned char nb_norm_smem[];
-  const int t = threadIdx.x & (tpr - 1), g = threadIdx.x / tpr, G = blockDim.x / tpr;
+  const int t = threadIdx.x % tpr, g = threadIdx.x / tpr, G = blockDim.x / tpr;
   const int nvec = D / VEC, bar = 1 + g;
   A *sm = red + 2 * g * (tpr >> 5);
   const P *wp = (const P *)w;
+  P wh[HOLDW ? NCH : 1];
+  if (HOLDW && wp) nb_load_packs<NCH, 0>(wh, wp, t, tpr, nvec);
   A aw[NCH][VEC], ab[NCH][VEC];
 #pragma unroll
   for (int k = 0; k < NCH; k++)
 #pragma unroll
     for (int e = 0; e < VEC; e++) aw[k][e] = ab[k][e] = 0;
-  for (int64_t r = (int64_t)blockIdx.x * G + g; r < R; r += (int64_t)gridDim.x * G) {
-    const P *xr = (const P *)(x + r * D), *dyr = (const P *)(dy + r * D);
-    P *dxr = (P *)(dx + r * D);
+  const int64_t step = (int64_t)gridDim.x * G;
+  int64_t r = (int64_t)blockIdx.x * G + g;
+  P xn[NCH], gn[NCH]; /* the next row (PF only) */
+  A mun = 0, rsn = 0;
+  if (PF && r < R) {
+    nb_load_packs<NCH, 1>(xn, (const P *)(x + r * D), t, tpr, nvec);
+    nb_load_packs<NCH, 1>(gn, (const P *)(dy + r * D), t, tpr, nvec);
+    mun = mean ? (A)mean[r] : (A)0;
+    rsn = (A)rstd[r];
+  }
+  for (; r < R; r += step) {
     P xv[NCH], gv[NCH];
+    A mu, rs;
+    if (PF) {
 #pragma unroll
-    for (int k = 0; k < NCH; k++)
-      if (t + k * tpr < nvec) {
-        xv[k] = xr[t + k * tpr];
-        gv[k] = dyr[t + k * tpr];
+      for (int k = 0; k < NCH; k++) { xv[k] = xn[k]; gv[k] = gn[k]; }
+      mu = mun;
+      rs = rsn;
+      int64_t rn = r + step;
+      if (rn < R) {
+        nb_load_packs<NCH, 1>(xn, (const P *)(x + rn * D), t, tpr, nvec);
+        nb_load_packs<NCH, 1>(gn, (const P *)(dy + rn * D), t, tpr, nvec);
+        mun = mean ? (A)mean[rn] : (A)0;
+        rsn = (A)rstd[rn];
       }
-    A mu = mean ? (A)mean[r] : (A)0, rs = (A)rstd[r];
+    } else {
+      nb_load_packs<NCH, 0>(xv, (const P *)(x + r * D), t, tpr, nvec);
+      nb_load_packs<NCH, 0>(gv, (const P *)(dy + r * D), t, tpr, nvec);
+      mu = mean ? (A)mean[r] : (A)0;
+      rs = (A)rstd[r];
+    }
     A sg = 0, sgx = 0;
 #pragma unroll
     for (int k = 0; k < NCH; k++)
       if (t + k * tpr < nvec) {
         P wv;
         A fg[VEC], fx[VEC], fw[VEC];
-        if (wp) wv = wp[t + k * tpr];
+        if (wp) wv = HOLDW ? wh[k] : nb_ld_param(wp + t + k * tpr);
         nb_unpack(gv[k], fg);
         nb_unpack(xv[k], fx);
         if (wp) nb_unpack(wv, fw);
@@ -562,12 +666,13 @@ __global__ void __launch_bounds__(512, 1) nb_norm_bwd_rows(T *dx, const T *dy, c
     nb_grp_sum2(sg, sgx, sm, tpr, bar);
     sg = rms ? (A)0 : sg / (A)D;
     sgx /= (A)D;
+    P *dxr = (P *)(dx + r * D);
 #pragma unroll
     for (int k = 0; k < NCH; k++)
       if (t + k * tpr < nvec) {
         P wv, o;
         A fg[VEC], fx[VEC], fw[VEC];
-        if (wp) wv = wp[t + k * tpr];
+        if (wp) wv = HOLDW ? wh[k] : nb_ld_param(wp + t + k * tpr);
         nb_unpack(gv[k], fg);
         nb_unpack(xv[k], fx);
         if (wp) nb_unpack(wv, fw);
@@ -577,7 +682,7 @@ __global__ void __launch_bounds__(512, 1) nb_norm_bwd_rows(T *dx, const T *dy, c
           A gg = wp ? d * fw[e] : d;
           o.v[e] = nb_from_a<T>(rs * (gg - sg - xh * sgx));
         }
-        dxr[t + k * tpr] = o;
+        nb_st_row<1>(dxr + t + k * tpr, o);
       }
   }
   if (!part) return;
@@ -604,25 +709,25 @@ __global__ void __launch_bounds__(512, 1) nb_norm_bwd_rows(T *dx, const T *dy, c
 }
 
 /* dw[c] and db[c]: the blocks' partials added in block order. A block of
- * 32 x 8 threads: 8 slices of the blocks per column, then the slices in
- * order. */
+ * 32 x 32 threads: 32 slices of the blocks per column (a few loads per
+ * thread, all in flight), then the slices in order. */
 template <typename A>
-__global__ void nb_norm_dwdb_finish(const A *part, int nblk, int D, void *dw, int dwdt,
-                                    void *db, int dbdt) {
-  __shared__ A sl[8][33];
+__global__ void __launch_bounds__(1024) nb_norm_dwdb_finish(const A *part, int nblk, int D, void *dw,
+                                                            int dwdt, void *db, int dbdt) {
+  __shared__ A sl[32][33];
   int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   int c = blockIdx.x * 32 + tx;
   A s = 0;
   if (c < 2 * D) {
-#pragma unroll 4
-    for (int b = ty; b < nblk; b += 8) s += part[(int64_t)b * 2 * D + c];
+#pragma unroll 8
+    for (int b = ty; b < nblk; b += 32) s += part[(int64_t)b * 2 * D + c];
   }
   sl[ty][tx] = s;
   __syncthreads();
   if (ty || c >= 2 * D) return;
   s = 0;
 #pragma unroll
-  for (int i = 0; i < 8; i++) s += sl[i][tx];
+  for (int i = 0; i < 32; i++) s += sl[i][tx];
   if (c < D) {
     if (dw) nb_store_any((char *)dw + (int64_t)c * nb_dt_size(dwdt), dwdt, (double)s);
   } else if (db) {
@@ -630,16 +735,51 @@ __global__ void nb_norm_dwdb_finish(const A *part, int nblk, int D, void *dw, in
   }
 }
 
-template <typename T, int VEC>
-static void norm_fwd_rows_run(const nb_cuda_ctx *ctx, T *y, const T *x, const T *w, const T *b,
-                              float *mean, float *rstd, int64_t R, int D, int tpr, int nch,
-                              double eps, int rms) {
-  int th;
-  unsigned grid;
-  rows_launch_dims(ctx, R, tpr, &th, &grid);
-  NB_ROWS_NCH_SWITCH(nch, NCH,
-    nb_norm_fwd_rows<T, VEC, NCH, 1><<<grid, th, 0, ctx->stream>>>(y, x, w, b, mean, rstd, R, D,
-                                                                    tpr, eps, rms));
+#define NB_NORM_NCH4_SWITCH(nch, NCH, ...)                 \
+  switch (nch) {                                          \
+  case 1: { const int NCH = 1; __VA_ARGS__; } break;      \
+  case 2: { const int NCH = 2; __VA_ARGS__; } break;      \
+  case 3: { const int NCH = 3; __VA_ARGS__; } break;      \
+  default: { const int NCH = 4; __VA_ARGS__; } break;     \
+  }
+#define NB_NORM_NCH_SWITCH(nch, NCH, ...)                  \
+  switch (nch) {                                          \
+  case 1: { const int NCH = 1; __VA_ARGS__; } break;      \
+  case 2: { const int NCH = 2; __VA_ARGS__; } break;      \
+  case 3: { const int NCH = 3; __VA_ARGS__; } break;      \
+  case 4: { const int NCH = 4; __VA_ARGS__; } break;      \
+  default: { const int NCH = 8; __VA_ARGS__; } break;     \
+  }
+
+/* Packs per thread for a row of nvec packs: of the candidate counts whose
+ * threads per row (multiples of 32, at most max_tpr) fit, the one leaving
+ * the fewest idle pack slots, the earlier candidate on a tie; force (if
+ * not 0) admits that count only. 0 when none fits. */
+static int norm_plan(int64_t nvec, const int *cand, int ncand, int max_tpr, int force, int *tpr) {
+  int best = 0, bt = 0;
+  int64_t waste = -1;
+  for (int i = 0; i < ncand; i++) {
+    int t;
+    if (force && cand[i] != force) continue;
+    if (!nb_rows_fit(nvec, cand[i], max_tpr, &t)) continue;
+    int64_t wst = (int64_t)t * cand[i] - nvec;
+    if (waste < 0 || wst < waste) { best = cand[i]; bt = t; waste = wst; }
+  }
+  *tpr = bt;
+  return best;
+}
+
+template <typename T, int VEC, int NCH, int PF>
+static void norm_fwd_rows_launch(const nb_cuda_ctx *ctx, T *y, const T *x, const T *w, const T *b,
+                                 float *mean, float *rstd, int64_t R, int D, int tpr, double eps,
+                                 int rms) {
+  auto k = nb_norm_fwd_rows<T, VEC, NCH, PF>;
+  int th = tpr * ((128 + tpr - 1) / tpr); /* blocks of at least 128 threads */
+  int64_t G = th / tpr, want = (R + G - 1) / G;
+  int64_t cap = PF ? (int64_t)ctx->n_sm * rows_occupancy((const void *)k, th, 0)
+                   : (int64_t)ctx->n_sm * (2048 / th) * 16;
+  unsigned grid = (unsigned)(want < cap ? want : cap);
+  k<<<grid, th, 0, ctx->stream>>>(y, x, w, b, mean, rstd, R, D, tpr, eps, rms);
 }
 
 /* Fast forward when w and b (if any) share x's dtype and the row fits the
@@ -649,41 +789,56 @@ static int norm_fwd_fast(const nb_cuda_ctx *ctx, const nb_kview *y, const nb_kvi
                          const nb_kview *w, const nb_kview *b, const nb_norm_args *a) {
   if ((w && w->dtype != x->dtype) || (b && b->dtype != x->dtype)) return 0;
   const void *ptrs[4] = {y->data, x->data, w ? w->data : NULL, b ? b->data : NULL};
-  int vec = rows_vec(nb_vec_width<T>::value, a->D, ptrs, 4), tpr, nch;
-  /* 1024-thread rows only with 8 packs each: those kernels get 64 registers */
-  if (!nb_rows_plan(a->D / vec, 512, 8, 4, &tpr, &nch) && !nb_rows_plan(a->D / vec, 1024, 8, 4, &tpr, &nch))
-    return 0;
+  int vec = rows_vec(nb_vec_width<T>::value, a->D, ptrs, 4), tpr;
+  /* 3 or 2 packs per thread (a row and the next in about 48 registers),
+   * else 4 or 1, the fewest idle slots; 8 (no prefetch) for rows over 4096
+   * packs */
+  static const int cand[] = {3, 2, 4, 1, 8};
+  int force = norm_env("NABLA_NORM_FWD_NCH", 0), pf = norm_env("NABLA_NORM_PF", 1);
+  int nch = pf ? norm_plan(a->D / vec, cand, 4, 768, force, &tpr) : 0; /* PF: 768-thread bound */
+  if (nch > 3) nch = 0;           /* 4 packs and the next row's 4 spill */
+  /* The prefetching grid is one resident wave (about 768 threads per SM at
+   * 80 registers), each group walking rows in a fixed stride: with under 16
+   * rows per group the last, partly idle round costs more than the overlap
+   * gains, and independent blocks (no prefetch) balance better. */
+  if (nch && a->R < 16 * (int64_t)ctx->n_sm * (768 / tpr)) nch = 0;
+  if (!nch) {
+    pf = 0;
+    nch = norm_plan(a->D / vec, cand, 4, 1024, force, &tpr);
+  }
+  if (!nch) nch = norm_plan(a->D / vec, cand + 4, 1, 1024, force, &tpr);
+  if (!nch) return 0;
   const T *wp = w ? (const T *)w->data : NULL, *bp = b ? (const T *)b->data : NULL;
-  if (vec > 1)
-    norm_fwd_rows_run<T, nb_vec_width<T>::value>(ctx, (T *)y->data, (const T *)x->data, wp, bp,
-                                                 a->mean, a->rstd, a->R, (int)a->D, tpr, nch,
-                                                 a->eps, a->rms);
-  else
-    norm_fwd_rows_run<T, 1>(ctx, (T *)y->data, (const T *)x->data, wp, bp, a->mean, a->rstd,
-                            a->R, (int)a->D, tpr, nch, a->eps, a->rms);
+  T *yp = (T *)y->data;
+  const T *xp = (const T *)x->data;
+  if (vec > 1) {
+    const int V = nb_vec_width<T>::value;
+    if (pf) { NB_NORM_NCH_SWITCH(nch, NCH, norm_fwd_rows_launch<T, V, (NCH > 3 ? 3 : NCH), 1>(ctx, yp, xp, wp, bp, a->mean, a->rstd, a->R, (int)a->D, tpr, a->eps, a->rms)); }
+    else { NB_NORM_NCH_SWITCH(nch, NCH, norm_fwd_rows_launch<T, V, NCH, 0>(ctx, yp, xp, wp, bp, a->mean, a->rstd, a->R, (int)a->D, tpr, a->eps, a->rms)); }
+  } else {
+    if (pf) { NB_NORM_NCH_SWITCH(nch, NCH, norm_fwd_rows_launch<T, 1, (NCH > 3 ? 3 : NCH), 1>(ctx, yp, xp, wp, bp, a->mean, a->rstd, a->R, (int)a->D, tpr, a->eps, a->rms)); }
+    else { NB_NORM_NCH_SWITCH(nch, NCH, norm_fwd_rows_launch<T, 1, NCH, 0>(ctx, yp, xp, wp, bp, a->mean, a->rstd, a->R, (int)a->D, tpr, a->eps, a->rms)); }
+  }
   return 1;
 }
 
-/* The fused backward, then the partials' reduction into dw and db. Blocks of
- * 512 threads (512/tpr rows at a time), one wave of blocks, so the partials
- * stay small (blocks x 2D values). */
-template <typename T, int VEC>
+/* The fused backward, then the partials' reduction into dw and db. One
+ * resident wave of blocks, so the partials stay small (blocks x 2D). */
+template <typename T, int VEC, int NCH, int PF>
 static nb_status norm_bwd_rows_run(const nb_cuda_ctx *ctx, const nb_kview *dx, const nb_kview *dw,
                                    const nb_kview *db, const T *dy, const T *x, const T *w,
-                                   const nb_norm_args *a, int tpr, int nch) {
+                                   const nb_norm_args *a, int tpr) {
   typedef typename nb_acc<T>::type A;
-  typedef void (*kern_t)(T *, const T *, const T *, const T *, const float *, const float *,
-                         int64_t, int, int, int, A *);
-  kern_t k = nch == 1 ? nb_norm_bwd_rows<T, VEC, 1>
-           : nch == 2 ? nb_norm_bwd_rows<T, VEC, 2> : nb_norm_bwd_rows<T, VEC, 4>;
-  int th = tpr < 512 ? 512 : tpr, G = th / tpr, want = dw || db;
+  auto k = nb_norm_bwd_rows<T, VEC, NCH, PF>;
+  int maxth = NCH == 1 ? 768 : 512, G = maxth / tpr, want = dw || db;
+  if (tpr > 32 && G > 15) G = 15; /* named barriers 1..15 */
+  int th = G * tpr;
   size_t smem = want && G > 1 ? 2 * (size_t)a->D * sizeof(A) : 0;
   if (smem > 48 * 1024)
     NB_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                 "norm_bwd (shared memory)");
-  int occ = 1;
-  NB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, th, smem), "norm_bwd (occupancy)");
-  int64_t blocks = (a->R + G - 1) / G, cap = (int64_t)ctx->n_sm * (occ < 1 ? 1 : occ);
+  int occ = rows_occupancy((const void *)k, th, smem);
+  int64_t blocks = (a->R + G - 1) / G, cap = (int64_t)ctx->n_sm * occ;
   int nblk = (int)(blocks < cap ? blocks : cap);
   size_t pbytes = want ? (size_t)nblk * 2 * (size_t)a->D * sizeof(A) : 0;
   A *part = want ? (A *)nb_cuda_scratch(ctx, pbytes) : NULL;
@@ -693,7 +848,7 @@ static nb_status norm_bwd_rows_run(const nb_cuda_ctx *ctx, const nb_kview *dx, c
   nb_status st = nb_cuda_launch_check(a->rms ? "rms_norm_bwd" : "layer_norm_bwd");
   if (!st && want) {
     unsigned cols = (unsigned)((2 * a->D + 31) / 32);
-    nb_norm_dwdb_finish<A><<<cols, 256, 0, ctx->stream>>>(
+    nb_norm_dwdb_finish<A><<<cols, 1024, 0, ctx->stream>>>(
         part, nblk, (int)a->D, dw ? dw->data : NULL, dw ? (int)dw->dtype : 0,
         db ? db->data : NULL, db ? (int)db->dtype : 0);
     st = nb_cuda_launch_check("norm_bwd (dw/db)");
@@ -703,23 +858,37 @@ static nb_status norm_bwd_rows_run(const nb_cuda_ctx *ctx, const nb_kview *dx, c
 }
 
 /* Fast backward when dx is wanted, w shares x's dtype and the two cached
- * rows (x, dy) fit 4 packs per thread of up to 512 threads; 0 otherwise. */
+ * rows (x, dy) fit 4 packs per thread; 0 otherwise. One pack per thread
+ * where a row has at most 1024 packs (16 accumulators, 1024-thread blocks),
+ * else the fewest idle slots at 2, 3 or 4 packs of up to 512 threads. */
 template <typename T>
 static int norm_bwd_fast(const nb_cuda_ctx *ctx, const nb_kview *dx, const nb_kview *dw,
                          const nb_kview *db, const nb_kview *dy, const nb_kview *x,
                          const nb_kview *w, const nb_norm_args *a, nb_status *st) {
   if (w && w->dtype != x->dtype) return 0;
   const void *ptrs[4] = {dx->data, dy->data, x->data, w ? w->data : NULL};
-  int vec = rows_vec(nb_vec_width<T>::value, a->D, ptrs, 4), tpr, nch;
-  /* about 2 packs per thread: each pack also holds 2 * VEC accumulators */
-  if (!nb_rows_plan(a->D / vec, 512, 4, 2, &tpr, &nch)) return 0;
-  const T *wp = w ? (const T *)w->data : NULL;
-  if (vec > 1)
-    *st = norm_bwd_rows_run<T, nb_vec_width<T>::value>(ctx, dx, dw, db, (const T *)dy->data,
-                                                       (const T *)x->data, wp, a, tpr, nch);
-  else
-    *st = norm_bwd_rows_run<T, 1>(ctx, dx, dw, db, (const T *)dy->data, (const T *)x->data, wp,
-                                  a, tpr, nch);
+  int vec = rows_vec(nb_vec_width<T>::value, a->D, ptrs, 4), tpr;
+  int64_t nvec = a->D / vec;
+  int force = norm_env("NABLA_NORM_BWD_NCH", 0);
+  /* 2 packs per thread (512-thread blocks) or 1 (768-thread blocks), the
+   * fewer idle slots, 2 on a tie; 3 or 4 only for rows over 1024 packs */
+  static const int one[] = {1}, two[] = {2}, more[] = {3, 4};
+  int t1 = 0, t2 = 0, nch;
+  int n1 = norm_plan(nvec, one, 1, 768, force, &t1), n2 = norm_plan(nvec, two, 1, 512, force, &t2);
+  if (n1 && (!n2 || t1 < 2 * t2)) { nch = 1; tpr = t1; }
+  else if (n2) { nch = 2; tpr = t2; }
+  else nch = norm_plan(nvec, more, 2, 512, force, &tpr);
+  if (!nch) return 0;
+  int pf = norm_env("NABLA_NORM_PF", 1) && nch <= 2; /* 3 or 4 packs and the next row's spill */
+  const T *wp = w ? (const T *)w->data : NULL, *dyp = (const T *)dy->data, *xp = (const T *)x->data;
+  if (vec > 1) {
+    const int V = nb_vec_width<T>::value;
+    if (pf) { NB_NORM_NCH4_SWITCH(nch, NCH, *st = norm_bwd_rows_run<T, V, (NCH > 2 ? 2 : NCH), 1>(ctx, dx, dw, db, dyp, xp, wp, a, tpr)); }
+    else { NB_NORM_NCH4_SWITCH(nch, NCH, *st = norm_bwd_rows_run<T, V, NCH, 0>(ctx, dx, dw, db, dyp, xp, wp, a, tpr)); }
+  } else {
+    if (pf) { NB_NORM_NCH4_SWITCH(nch, NCH, *st = norm_bwd_rows_run<T, 1, (NCH > 2 ? 2 : NCH), 1>(ctx, dx, dw, db, dyp, xp, wp, a, tpr)); }
+    else { NB_NORM_NCH4_SWITCH(nch, NCH, *st = norm_bwd_rows_run<T, 1, NCH, 0>(ctx, dx, dw, db, dyp, xp, wp, a, tpr)); }
+  }
   return 1;
 }
 

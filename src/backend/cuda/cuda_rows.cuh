@@ -129,12 +129,13 @@ __device__ __forceinline__ void nb_bar_sync(int id, int nthreads) {
 /* Sum (MAX = 0) or max (MAX = 1) over a row group of tpr threads; every
  * thread of the group gets the result. sm: the group's tpr/32 slots; bar:
  * the group's barrier id (1..15). The group's threads are consecutive and
- * warp-aligned. */
+ * warp-aligned; tpr is any multiple of 32 (groups of 3 warps serve rows of
+ * 96 packs, such as 768 bf16 values). */
 template <int MAX, typename A>
 __device__ __forceinline__ A nb_grp_reduce(A v, A *sm, int tpr, int bar) {
   v = MAX ? nb_warp_max(v) : nb_warp_sum(v);
   if (tpr == 32) return v;
-  int lane = threadIdx.x & 31, w = (threadIdx.x & (tpr - 1)) >> 5;
+  int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5;
   nb_bar_sync(bar, tpr); /* earlier readers of the slots are done */
   if (lane == 0) sm[w] = v;
   nb_bar_sync(bar, tpr);
@@ -149,7 +150,7 @@ __device__ __forceinline__ void nb_grp_sum2(A &a, A &b, A *sm, int tpr, int bar)
   a = nb_warp_sum(a);
   b = nb_warp_sum(b);
   if (tpr == 32) return;
-  int lane = threadIdx.x & 31, w = (threadIdx.x & (tpr - 1)) >> 5, nw = tpr >> 5;
+  int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
   nb_bar_sync(bar, tpr);
   if (lane == 0) { sm[w] = a; sm[nw + w] = b; }
   nb_bar_sync(bar, tpr);
@@ -178,13 +179,67 @@ template <typename A>
 __device__ __forceinline__ void nb_grp_online(A &m, A &s, A *sm, int tpr, int bar) {
   nb_warp_online(m, s);
   if (tpr == 32) return;
-  int lane = threadIdx.x & 31, w = (threadIdx.x & (tpr - 1)) >> 5, nw = tpr >> 5;
+  int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
   nb_bar_sync(bar, tpr);
   if (lane == 0) { sm[w] = m; sm[nw + w] = s; }
   nb_bar_sync(bar, tpr);
   m = lane < nw ? sm[lane] : (A)-INFINITY;
   s = lane < nw ? sm[nw + lane] : (A)0;
   nb_warp_online(m, s);
+}
+
+/* Merges (count, mean, M2 = sum of squared deviations) of two parts of a
+ * row (Chan et al.): one reduction gives mean and variance, as accurate as
+ * a second pass over centred values. Empty parts (n = 0) merge as nothing. */
+template <typename A>
+__device__ __forceinline__ void nb_mv_pair(A &n, A &m, A &q, A n2, A m2, A q2) {
+  if (n2 == (A)0) return;
+  if (n == (A)0) { n = n2; m = m2; q = q2; return; }
+  A nt = n + n2, d = m2 - m, f = n2 / nt;
+  m += d * f;
+  q += q2 + d * d * n * f;
+  n = nt;
+}
+/* Butterfly merge over a warp; each pair merges (lower lane, higher lane)
+ * in that order, so every lane ends with the same bits. */
+template <typename A>
+__device__ __forceinline__ void nb_warp_mv(A &n, A &m, A &q) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    A n2 = __shfl_xor_sync(0xffffffffu, n, o), m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    A q2 = __shfl_xor_sync(0xffffffffu, q, o);
+    if (threadIdx.x & o) {
+      A tn = n, tm = m, tq = q;
+      n = n2; m = m2; q = q2;
+      n2 = tn; m2 = tm; q2 = tq;
+    }
+    nb_mv_pair(n, m, q, n2, m2, q2);
+  }
+}
+/* The row group's (n, mean, M2); sm holds 3 * tpr/32 slots. The merge order
+ * is fixed, so the result has the same bits on every run. */
+template <typename A>
+__device__ __forceinline__ void nb_grp_mv(A &n, A &m, A &q, A *sm, int tpr, int bar) {
+  nb_warp_mv(n, m, q);
+  if (tpr == 32) return;
+  int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
+  nb_bar_sync(bar, tpr);
+  if (lane == 0) { sm[w] = n; sm[nw + w] = m; sm[2 * nw + w] = q; }
+  nb_bar_sync(bar, tpr);
+  n = lane < nw ? sm[lane] : (A)0;
+  m = lane < nw ? sm[nw + lane] : (A)0;
+  q = lane < nw ? sm[2 * nw + lane] : (A)0;
+  nb_warp_mv(n, m, q);
+}
+
+/* Packs per thread and threads per row (a multiple of 32, at most max_tpr)
+ * for a row of nvec packs at nch packs per thread; 0 when it does not fit. */
+static inline int nb_rows_fit(int64_t nvec, int nch, int max_tpr, int *tpr) {
+  int64_t t = (nvec + nch - 1) / nch;
+  t = (t + 31) / 32 * 32;
+  if (t > max_tpr) return 0;
+  *tpr = (int)t;
+  return 1;
 }
 
 /* Plan for a row of nvec packs: threads per row (power of two, 32..max_tpr,
