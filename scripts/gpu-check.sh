@@ -15,7 +15,7 @@ ARCHS=${CUDA_ARCHS:-"90a-real;80-real"}
 JOBS=${JOBS:-16}
 
 # STEPS selects parts (default all): cpu (the CPU ctest suite), cuda
-# (test_cuda), sanitize (memcheck + racecheck), train (the main job, `make
+# (test_cuda), sanitize (memcheck + racecheck; or memcheck, racecheck alone), train (the main job, `make
 # run`, on the GPU), bench (nabla bench + torch).
 STEPS=${STEPS:-cpu,cuda,sanitize,train,bench}
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
@@ -55,14 +55,18 @@ if [ "$built" -eq 0 ]; then
   if want cpu; then step ctest-cpu 1 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"; fi
   if [ -x "$BUILD/tests/test_cuda" ]; then
     if want cuda; then step test-cuda 1 "$BUILD/tests/test_cuda"; fi
-    if ! want sanitize; then :
+    if ! want sanitize && ! want memcheck && ! want racecheck; then :
     elif command -v compute-sanitizer >/dev/null 2>&1; then
       # API errors are off: the suite provokes some on purpose (a 1 PB
       # allocation) and checks each through nabla's own status instead.
-      step memcheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
-        --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda"
-      step racecheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
-        --error-exitcode 99 "$BUILD/tests/test_cuda"
+      if want sanitize || want memcheck; then
+        step memcheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+          --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda"
+      fi
+      if want sanitize || want racecheck; then
+        step racecheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+          --error-exitcode 99 "$BUILD/tests/test_cuda"
+      fi
     else
       skip memcheck "compute-sanitizer not found"
       skip racecheck "compute-sanitizer not found"
