@@ -437,7 +437,9 @@ __global__ void __launch_bounds__(1024) nb_norm_fwd_kernel(T *y, const T *x, nb_
 
 /* Per-run plan overrides, for measuring variants (unset: the defaults).
  * NABLA_NORM_FWD_NCH / NABLA_NORM_BWD_NCH: packs per thread; NABLA_NORM_PF:
- * 0 or 1. */
+ * 0 or 1. Prefetch is off by default: on the H100 (2026-11-23) it made
+ * 16384x4096 bf16 slower (forward 0.124 -> 0.146 ms, fwd+bwd 0.297 -> 0.324)
+ * and 16384x768 no faster (fwd+bwd 0.0711 -> 0.0726). */
 static int norm_env(const char *name, int dflt) {
   const char *e = getenv(name);
   return e && e[0] ? atoi(e) : dflt;
@@ -794,7 +796,7 @@ static int norm_fwd_fast(const nb_cuda_ctx *ctx, const nb_kview *y, const nb_kvi
    * else 4 or 1, the fewest idle slots; 8 (no prefetch) for rows over 4096
    * packs */
   static const int cand[] = {3, 2, 4, 1, 8};
-  int force = norm_env("NABLA_NORM_FWD_NCH", 0), pf = norm_env("NABLA_NORM_PF", 1);
+  int force = norm_env("NABLA_NORM_FWD_NCH", 0), pf = norm_env("NABLA_NORM_PF", 0);
   int nch = pf ? norm_plan(a->D / vec, cand, 4, 768, force, &tpr) : 0; /* PF: 768-thread bound */
   if (nch > 3) nch = 0;           /* 4 packs and the next row's 4 spill */
   /* The prefetching grid is one resident wave (about 768 threads per SM at
@@ -879,7 +881,7 @@ static int norm_bwd_fast(const nb_cuda_ctx *ctx, const nb_kview *dx, const nb_kv
   else if (n2) { nch = 2; tpr = t2; }
   else nch = norm_plan(nvec, more, 2, 512, force, &tpr);
   if (!nch) return 0;
-  int pf = norm_env("NABLA_NORM_PF", 1) && nch <= 2; /* 3 or 4 packs and the next row's spill */
+  int pf = norm_env("NABLA_NORM_PF", 0) && nch <= 2; /* 3 or 4 packs and the next row's spill */
   const T *wp = w ? (const T *)w->data : NULL, *dyp = (const T *)dy->data, *xp = (const T *)x->data;
   if (vec > 1) {
     const int V = nb_vec_width<T>::value;
