@@ -1117,7 +1117,7 @@ static void gp_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ka, int kb
     NBT_CHECK(e_lt <= lim, "%s: relative difference vs cuBLASLt %g (limit %g)", name, e_lt, lim);
     free(L);
   }
-  if (getenv("NABLA_TEST_VERBOSE")) printf("  %-60s ref %.2e  lt %.2e\n", name, e_ref, e_lt);
+  if (getenv("NABLA_TEST_VERBOSE")) printf("  %-60s ref %.2e  lt %.2e\n", name, e_ref, e_lt); /* lt 0: not compared */
   free(A); free(B); free(O); free(C0);
   nb_scope_end();
 }
@@ -1206,12 +1206,17 @@ static void test_gemm_sm80(void) {
   gp_case(129, 136, 72, NB_BF16, 0, 0, NB_BF16, -2, 0.5, seed++);
   gp_case(200, 130, 96, NB_F16, 1, 1, NB_F16, 0.75, 1, seed++);
   gp_case(64, 64, 0, NB_BF16, 0, 0, NB_F32, 1, 0.5, seed++); /* K = 0: out = beta * out */
-  /* large: the 128 x 128 configuration, 4096^3 and GPT-2 shapes (sampled rows) */
+  gp_case(256, 264, 4096, NB_BF16, 1, 0, NB_F32, 0.5, -1.25, seed++); /* split-K into 16 */
+  /* large shapes (sampled rows), one per configuration the H100 picks: 128x256
+   * (4096^3, GPT-2 qkv forward), split-K 128x128 (dW = dY^T @ X; TT), 128x128
+   * (tails, K = 67: element loads) */
   if (!quick) {
     gp_case(4096, 4096, 4096, NB_BF16, 0, 0, NB_BF16, 1, 0, seed++);
-    gp_case(16384, 2304, 768, NB_BF16, 0, 1, NB_BF16, 1, 0, seed++); /* qkv forward x @ W^T */
-    gp_case(768, 2304, 16384, NB_BF16, 1, 0, NB_BF16, 1, 0, seed++); /* dW = dY^T @ X */
+    gp_case(16384, 2304, 768, NB_BF16, 0, 1, NB_BF16, 1, 0, seed++);
+    gp_case(768, 2304, 16384, NB_BF16, 1, 0, NB_BF16, 1, 0, seed++);
     gp_case(2048, 1024, 1024, NB_F16, 1, 1, NB_F16, 1, 0, seed++);
+    gp_case(2049, 1153, 67, NB_BF16, 0, 0, NB_BF16, 1, 0, seed++);
+    gp_case(2049, 1153, 200, NB_F16, 1, 1, NB_F16, 1, 0, seed++);
   }
   for (int d = 0; d < 2; d++) {
     gp_batched(dts[d], 100, 72, 40, seed++);

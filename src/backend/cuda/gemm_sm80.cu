@@ -3,9 +3,13 @@
  * later (it uses nothing Hopper-only: no wgmma, TMA or mbarriers).
  *
  * Structure (one CTA per output tile, in a grouped raster for L2 reuse):
- *   - Two tile configurations: 128x128x32 with 8 warps (warp tile 64x32) for
- *     large problems, 64x64x32 with 4 warps (32x32) when the large tiles
- *     would not fill the device. Both run a 4-stage shared-memory pipeline.
+ *   - Tile configurations (8 warps unless noted): 128x256x32 (warp tile
+ *     64x64, 4 stages, 1 CTA/SM) when it gives a CTA per SM; 128x128x32
+ *     (64x32, 4 stages, 2 CTAs/SM), split over K when its tiles leave a
+ *     quarter of the CTA slots idle over a long K (dW-like shapes: f32
+ *     partial sums in scratch, then a fixed-order reduction); 64x64x32 with
+ *     4 warps for small products. 128x256x64 (3 stages) exists for tuning;
+ *     NABLA_SM80_TILE=small|large|wide|wide64 forces one (benchmarks).
  *   - Loads: each thread moves 16-byte chunks with cp.async.cg (L2 only,
  *     the data is reused from shared memory), committed per k-tile and
  *     waited with cp.async.wait_group STAGES-2, so three k-tiles are in
@@ -26,6 +30,8 @@
  *     bounds checks (pairs when the output rows are contiguous).
  * Batched products run on grid.z with one batch stride per operand; other
  * batch axes loop on the host. */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -43,8 +49,10 @@ struct sm80_cfg {
   static constexpr int MI = WTM / 16, NI = WTN / 8;             /* mma tiles per warp */
   static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0 && BK % 16 == 0, "tile shape");
 };
-typedef sm80_cfg<128, 128, 32, 2, 4, 4, 2> sm80_large;
 typedef sm80_cfg<64, 64, 32, 2, 2, 4, 4> sm80_small;
+typedef sm80_cfg<128, 128, 32, 2, 4, 4, 2> sm80_large;
+typedef sm80_cfg<128, 256, 32, 2, 4, 4, 1> sm80_wide;   /* warp tile 64x64 */
+typedef sm80_cfg<128, 256, 64, 2, 4, 3, 1> sm80_wide64; /* same, 64-deep k-tiles */
 
 /* Shared-memory tile of one operand: K-major (rows = M or N, cols = k) or
  * MN-major (rows = k, cols = M or N); rows padded by 8 elements. */
@@ -70,6 +78,10 @@ struct sm80_params {
   float alpha, beta;
   int c_dt;    /* 0 bf16, 1 f16, 2 f32 */
   int c_pairs; /* columns contiguous and pair stores aligned */
+  /* split-K: blockIdx.y takes k-tiles [y * kt_split, (y + 1) * kt_split) and
+   * writes f32 partial sums to ws + y * M * N (row-major); NULL: no split */
+  float *ws;
+  int kt_split;
 };
 
 __device__ __forceinline__ uint32_t sm80_smem(const void *p) {
@@ -258,12 +270,13 @@ __global__ void __launch_bounds__(CFG::THREADS, CFG::MIN_BLOCKS) sm80_gemm_kerne
   sm80_tile_of(blockIdx.x, p.tiles_m, p.tiles_n, &tm, &tn);
   const int m0 = tm * CFG::BM, n0 = tn * CFG::BN;
   const uint16_t *A = p.a.p + (int64_t)blockIdx.z * p.a.bs, *B = p.b.p + (int64_t)blockIdx.z * p.b.bs;
-  const int ktiles = (p.K + BK - 1) / BK;
-  /* k-tile kt into stage s; a k-tile past the end issues nothing */
+  const int kt0 = blockIdx.y * p.kt_split;
+  const int ktiles = max(min((p.K + BK - 1) / BK - kt0, p.kt_split), 0);
+  /* k-tile kt0 + kt into stage s; a k-tile past the end issues nothing */
   auto load = [&](int kt, int s) {
     if (kt >= ktiles) return;
     uint16_t *sa = sm80_ring + s * STAGE, *sb = sa + SA::ELEMS;
-    int k0 = kt * BK;
+    int k0 = (kt0 + kt) * BK;
     if (TA) sm80_load<SA, CFG::THREADS>(sa, p.a, A, k0, p.K, m0, p.M);
     else sm80_load<SA, CFG::THREADS>(sa, p.a, A, m0, p.M, k0, p.K);
     if (TB) sm80_load<SB, CFG::THREADS>(sb, p.b, B, k0, p.K, n0, p.N);
@@ -294,9 +307,35 @@ __global__ void __launch_bounds__(CFG::THREADS, CFG::MIN_BLOCKS) sm80_gemm_kerne
   }
   sm80_wait<0>(); /* nothing left in flight when the CTA exits */
   const int row0 = m0 + wm * CFG::WTM, col0 = n0 + wn * CFG::WTN;
-  if (p.c_dt == 0) sm80_epilogue<__nv_bfloat16, CFG>(p, acc, row0, col0, lane);
+  if (p.ws) { /* a split-K slice: f32 partial sums, summed by sm80_splitk_reduce */
+    sm80_params q = p;
+    q.c = p.ws + (int64_t)blockIdx.y * p.M * p.N;
+    q.c_rs = p.N;
+    q.c_cs = 1;
+    q.alpha = 1.0f;
+    q.beta = 0.0f;
+    q.c_pairs = p.N % 2 == 0;
+    sm80_epilogue<float, CFG>(q, acc, row0, col0, lane);
+  } else if (p.c_dt == 0) sm80_epilogue<__nv_bfloat16, CFG>(p, acc, row0, col0, lane);
   else if (p.c_dt == 1) sm80_epilogue<__half, CFG>(p, acc, row0, col0, lane);
   else sm80_epilogue<float, CFG>(p, acc, row0, col0, lane);
+}
+
+/* out = alpha * (sum of the splits' partial sums) + beta * out, in a fixed
+ * order (the same bits on every run). */
+template <typename TO>
+__global__ void sm80_splitk_reduce(const sm80_params p, int splits) {
+  int64_t mn = (int64_t)p.M * p.N;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < mn;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float s = 0.0f;
+    for (int y = 0; y < splits; y++) s += p.ws[y * mn + i];
+    int64_t m = i / p.N, n = i - m * p.N;
+    TO *c = (TO *)p.c + m * p.c_rs + n * p.c_cs;
+    float v = p.alpha * s;
+    if (p.beta != 0.0f) v += p.beta * sm80_ld(c);
+    sm80_st(c, v);
+  }
 }
 
 } /* namespace */
@@ -307,9 +346,10 @@ template <class CFG, int TA, int TB> static constexpr int sm80_smem_bytes(void) 
          (sm80_tile<CFG::BK, CFG::BM, !TA>::ELEMS + sm80_tile<CFG::BK, CFG::BN, !TB>::ELEMS);
 }
 
-/* Launches batches [0, count) of p, at most 65535 per grid (grid.z). */
+/* Launches batches [0, count) of p, at most 65535 per grid (grid.z), with
+ * splits k-slices on grid.y (count 1 only). */
 template <typename T, class CFG, int TA, int TB>
-static nb_status sm80_launch(const nb_cuda_ctx *ctx, sm80_params p, int64_t count) {
+static nb_status sm80_launch(const nb_cuda_ctx *ctx, sm80_params p, int64_t count, int splits) {
   auto kern = sm80_gemm_kernel<T, CFG, TA, TB>;
   constexpr int smem = sm80_smem_bytes<CFG, TA, TB>();
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -320,7 +360,7 @@ static nb_status sm80_launch(const nb_cuda_ctx *ctx, sm80_params p, int64_t coun
   const size_t c_es = p.c_dt == 2 ? 4 : 2;
   for (int64_t z = 0; z < count; z += 65535) {
     unsigned nz = (unsigned)(count - z < 65535 ? count - z : 65535);
-    kern<<<dim3(tiles, 1, nz), CFG::THREADS, smem, ctx->stream>>>(p);
+    kern<<<dim3(tiles, (unsigned)splits, nz), CFG::THREADS, smem, ctx->stream>>>(p);
     nb_status st = nb_cuda_launch_check("sm80_gemm_kernel");
     if (st) return st;
     p.a.p += 65535 * p.a.bs;
@@ -332,20 +372,106 @@ static nb_status sm80_launch(const nb_cuda_ctx *ctx, sm80_params p, int64_t coun
 
 template <typename T, class CFG>
 static nb_status sm80_layouts(const nb_cuda_ctx *ctx, int ta, int tb, const sm80_params &p,
-                              int64_t count) {
-  if (!ta && !tb) return sm80_launch<T, CFG, 0, 0>(ctx, p, count);
-  if (!ta && tb) return sm80_launch<T, CFG, 0, 1>(ctx, p, count);
-  if (ta && !tb) return sm80_launch<T, CFG, 1, 0>(ctx, p, count);
-  return sm80_launch<T, CFG, 1, 1>(ctx, p, count);
+                              int64_t count, int splits) {
+  if (!ta && !tb) return sm80_launch<T, CFG, 0, 0>(ctx, p, count, splits);
+  if (!ta && tb) return sm80_launch<T, CFG, 0, 1>(ctx, p, count, splits);
+  if (ta && !tb) return sm80_launch<T, CFG, 1, 0>(ctx, p, count, splits);
+  return sm80_launch<T, CFG, 1, 1>(ctx, p, count, splits);
 }
 
-/* Large tiles when they give at least one CTA per SM, small ones otherwise. */
+/* Tiles of bm x bn over the product, times the batch count. */
+static int64_t sm80_tiles(const sm80_params &p, int bm, int bn, int64_t count) {
+  return (((int64_t)p.M + bm - 1) / bm) * (((int64_t)p.N + bn - 1) / bn) * count;
+}
+
+/* k-slices for a large-tile product that leaves a quarter or more of the
+ * CTA slots (2 per SM) idle over a K of 1024 or more: the fewest (>= 2) whose
+ * CTAs fill their last wave to 85%, each slice at least 8 k-tiles; 1 when
+ * no split pays. */
+static int sm80_splits(const sm80_params &p, int64_t tiles, int n_sm) {
+  int ktiles = (p.K + 31) / 32, best = 1;
+  double best_eff = (double)tiles / (2.0 * n_sm);
+  int64_t slots = 2 * (int64_t)n_sm;
+  if (4 * tiles > 3 * slots || ktiles < 32) return 1;
+  for (int s = 2; s <= 16 && ktiles / s >= 8; s++) {
+    double waves = (double)(tiles * s) / slots, eff = waves / ceil(waves);
+    if (eff > best_eff + 1e-9) { best_eff = eff; best = s; }
+    if (eff >= 0.85) return s;
+  }
+  return best;
+}
+
+/* NABLA_SM80_TILE=small|large|wide|wide64 forces one configuration (for
+ * benchmarks; no split-K then); -1 when unset. */
+static int sm80_forced_tile(void) {
+  static int forced = -2;
+  if (forced == -2) {
+    const char *e = getenv("NABLA_SM80_TILE");
+    static const char *const names[] = {"small", "large", "wide", "wide64"};
+    forced = -1;
+    for (int i = 0; e && i < 4; i++)
+      if (!strcmp(e, names[i])) forced = i;
+  }
+  return forced;
+}
+
+/* The device's opt-in shared memory per block (cached): the 128x256
+ * configurations need more than GPUs of compute capability 8.6/8.9 have. */
+static int sm80_smem_optin(int dev) {
+  static int cache[64];
+  if (dev < 0 || dev >= 64) return 0;
+  if (!cache[dev]) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) v = -1;
+    cudaGetLastError();
+    cache[dev] = v;
+  }
+  return cache[dev];
+}
+
+/* Sums the split-K partials of p (its ws) into its output. */
+static nb_status sm80_reduce(const nb_cuda_ctx *ctx, const sm80_params &p, int splits) {
+  int64_t mn = (int64_t)p.M * p.N;
+  unsigned blocks = nb_cuda_blocks(ctx, mn, 256);
+  if (p.c_dt == 0) sm80_splitk_reduce<__nv_bfloat16><<<blocks, 256, 0, ctx->stream>>>(p, splits);
+  else if (p.c_dt == 1) sm80_splitk_reduce<__half><<<blocks, 256, 0, ctx->stream>>>(p, splits);
+  else sm80_splitk_reduce<float><<<blocks, 256, 0, ctx->stream>>>(p, splits);
+  return nb_cuda_launch_check("sm80_splitk_reduce");
+}
+
+/* Picks the configuration: 128x256 tiles when they give at least one CTA per
+ * SM; else 128x128 when those fill two per SM, or with split-K over a long K
+ * (no batch); else 128x128 at one per SM, else 64x64. */
 template <typename T>
-static nb_status sm80_configs(const nb_cuda_ctx *ctx, int ta, int tb, const sm80_params &p,
+static nb_status sm80_configs(const nb_cuda_ctx *ctx, int ta, int tb, sm80_params p,
                               int64_t count) {
-  int64_t large = (((int64_t)p.M + 127) / 128) * (((int64_t)p.N + 127) / 128) * count;
-  if (large >= ctx->n_sm) return sm80_layouts<T, sm80_large>(ctx, ta, tb, p, count);
-  return sm80_layouts<T, sm80_small>(ctx, ta, tb, p, count);
+  p.kt_split = INT32_MAX;
+  p.ws = NULL;
+  int forced = sm80_forced_tile(), optin = sm80_smem_optin(ctx->dev);
+  int64_t wide = sm80_tiles(p, 128, 256, count), large = sm80_tiles(p, 128, 128, count);
+  /* the K-major layout (0, 0) is the larger one */
+  int wide_ok = optin >= sm80_smem_bytes<sm80_wide, 0, 0>();
+  int wide64_ok = optin >= sm80_smem_bytes<sm80_wide64, 0, 0>();
+  if (forced == 0) return sm80_layouts<T, sm80_small>(ctx, ta, tb, p, count, 1);
+  if (forced == 1) return sm80_layouts<T, sm80_large>(ctx, ta, tb, p, count, 1);
+  if (forced == 2 && wide_ok) return sm80_layouts<T, sm80_wide>(ctx, ta, tb, p, count, 1);
+  if (forced == 3 && wide64_ok) return sm80_layouts<T, sm80_wide64>(ctx, ta, tb, p, count, 1);
+  if (wide >= ctx->n_sm && wide_ok) return sm80_layouts<T, sm80_wide>(ctx, ta, tb, p, count, 1);
+  int splits = count == 1 ? sm80_splits(p, large, ctx->n_sm) : 1;
+  if (splits > 1) {
+    int ktiles = (p.K + 31) / 32;
+    p.kt_split = (ktiles + splits - 1) / splits;
+    splits = (ktiles + p.kt_split - 1) / p.kt_split; /* no empty slice */
+    size_t bytes = (size_t)splits * p.M * p.N * sizeof(float);
+    p.ws = (float *)nb_cuda_scratch(ctx, bytes);
+    if (!p.ws) return nb_last_status();
+    nb_status st = sm80_layouts<T, sm80_large>(ctx, ta, tb, p, 1, splits);
+    if (!st) st = sm80_reduce(ctx, p, splits);
+    nb_cuda_scratch_free(ctx, p.ws, bytes);
+    return st;
+  }
+  if (large >= ctx->n_sm) return sm80_layouts<T, sm80_large>(ctx, ta, tb, p, count, 1);
+  return sm80_layouts<T, sm80_small>(ctx, ta, tb, p, count, 1);
 }
 
 /* One operand's shared-tile view from its strides along M-or-N (s_mn) and K
