@@ -25,9 +25,11 @@ void nb_cuda_event_free(void *e);
  * next download or synchronize, which then returns the error. */
 void nb_cuda_set_index_check(int eager);
 
-/* GEMM backend for f16/bf16 matmul: 1 = nabla's own sm_90a kernel where it
- * applies (Hopper, TMA-compatible layouts), cuBLASLt otherwise; 0 = always
- * cuBLASLt. Overrides NABLA_GEMM=own|cublaslt (read at first use). */
+/* GEMM backend for f16/bf16 matmul: 1 = nabla's own kernels where they
+ * apply (the sm_90a kernel on Hopper with TMA-compatible layouts, the
+ * portable sm_80 kernel on other devices), cuBLASLt otherwise; 2 = the
+ * portable sm_80 kernel on every device >= 8.0; 0 = always cuBLASLt.
+ * Overrides NABLA_GEMM=own|sm80|cublaslt (read at first use). */
 void nb_cuda_set_gemm_backend(int own);
 
 #ifdef __cplusplus

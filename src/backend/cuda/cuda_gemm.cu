@@ -17,28 +17,29 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/gemm_sm90.h"
+#include "backend/cuda/gemm_sm80.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* GEMM backend: 0 cuBLASLt, 1 nabla's own kernels (gemm_sm90.cu) where they
- * apply, cuBLASLt otherwise; 2 unset (plain products use cuBLASLt, products
- * with a fused epilogue the own kernel, since cuBLASLt's path runs the
- * epilogue as a second kernel). NABLA_GEMM=own|cublaslt, read at first
- * use; nb_cuda_set_gemm_backend overrides it. */
+/* GEMM backend: 0 cuBLASLt; 1 nabla's own kernels where they apply
+ * (gemm_sm90.cu on 9.0, gemm_sm80.cu on other devices >= 8.0), cuBLASLt
+ * otherwise; 2 unset (plain products use cuBLASLt, products with a fused
+ * epilogue the own kernel, since cuBLASLt's path runs the epilogue as a
+ * second kernel); 3 the portable gemm_sm80.cu kernel on every device >= 8.0.
+ * NABLA_GEMM=own|sm80|cublaslt, read at first use; nb_cuda_set_gemm_backend
+ * overrides it. */
 static int lt_backend = -1;
 
-extern "C" void nb_cuda_set_gemm_backend(int own) { lt_backend = own ? 1 : 0; }
+extern "C" void nb_cuda_set_gemm_backend(int own) { lt_backend = own == 2 ? 3 : own ? 1 : 0; }
 
 static int lt_mode(void) {
   if (lt_backend < 0) {
     const char *e = getenv("NABLA_GEMM");
-    lt_backend = e && !strcmp(e, "own") ? 1 : e && !strcmp(e, "cublaslt") ? 0 : 2;
+    lt_backend = !e ? 2 : !strcmp(e, "own") ? 1 : !strcmp(e, "sm80") ? 3 : !strcmp(e, "cublaslt") ? 0 : 2;
   }
   return lt_backend;
 }
-
-static int lt_use_own(void) { return lt_mode() == 1; }
 
 /* A logical R x C matrix (element (r, c) at r*sr + c*sc) as op(S), S
  * column-major rows x cols with leading dimension ld. */
@@ -326,7 +327,9 @@ extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, cons
   nb_cuda_ctx ctx;
   nb_status st = nb_cuda_enter(out->data, "matmul", &ctx);
   if (st) return st;
-  if (lt_use_own() && nb_sm90_matmul(&ctx, out, a, b, &st)) return st;
+  int mode = lt_mode();
+  if (mode == 1 && nb_sm90_matmul(&ctx, out, a, b, &st)) return st;
+  if ((mode == 1 || mode == 3) && nb_sm80_matmul(&ctx, out, a, b, mode == 3 ? 2 : 1, &st)) return st;
   nb_lt_call c;
   int need_a = 0, need_b = 0, form = lt_plan(&p, &c, &need_a, &need_b);
   if (form && !need_a && !need_b) {
