@@ -1445,9 +1445,9 @@ static void test_gemm_sm80(void) {
   gp_case(200, 130, 96, NB_F16, 1, 1, NB_F16, 0.75, 1, seed++);
   gp_case(64, 64, 0, NB_BF16, 0, 0, NB_F32, 1, 0.5, seed++); /* K = 0: out = beta * out */
   gp_case(256, 264, 4096, NB_BF16, 1, 0, NB_F32, 0.5, -1.25, seed++); /* split-K into 16 */
-  /* large shapes (sampled rows), one per configuration the H100 picks: 128x256
-   * (4096^3, GPT-2 qkv forward), split-K 128x128 (dW = dY^T @ X; TT), 128x128
-   * (tails, K = 67: element loads) */
+  /* large shapes (sampled rows): 128x128 (4096^3, GPT-2 qkv forward; tails
+   * with K = 67: element loads), split-K 128x128 (dW = dY^T @ X; TT).
+   * NABLA_SM80_TILE=small|large|wide|wide64 runs every case on one tile. */
   if (!quick) {
     gp_case(4096, 4096, 4096, NB_BF16, 0, 0, NB_BF16, 1, 0, seed++);
     gp_case(16384, 2304, 768, NB_BF16, 0, 1, NB_BF16, 1, 0, seed++);

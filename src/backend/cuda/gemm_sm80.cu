@@ -3,13 +3,12 @@
  * later (it uses nothing Hopper-only: no wgmma, TMA or mbarriers).
  *
  * Structure (one CTA per output tile, in a grouped raster for L2 reuse):
- *   - Tile configurations (8 warps unless noted): 128x256x32 (warp tile
- *     64x64, 4 stages, 1 CTA/SM) when it gives a CTA per SM; 128x128x32
- *     (64x32, 4 stages, 2 CTAs/SM), split over K when its tiles leave a
- *     quarter of the CTA slots idle over a long K (dW-like shapes: f32
- *     partial sums in scratch, then a fixed-order reduction); 64x64x32 with
- *     4 warps for small products. 128x256x64 (3 stages) exists for tuning;
- *     NABLA_SM80_TILE=small|large|wide|wide64 forces one (benchmarks).
+ *   - Tile configurations: 128x128x32 with 8 warps (warp tile 64x32, 4
+ *     stages, 2 CTAs/SM), split over K when its tiles leave a quarter of the
+ *     CTA slots idle over a long K (dW-like shapes: f32 partial sums in
+ *     scratch, then a fixed-order reduction); 64x64x32 with 4 warps for small
+ *     products. 128x256x32 and 128x256x64 (warp tile 64x64, 1 CTA/SM) exist
+ *     for tuning: NABLA_SM80_TILE=small|large|wide|wide64 forces one.
  *   - Loads: each thread moves 16-byte chunks with cp.async.cg (L2 only,
  *     the data is reused from shared memory), committed per k-tile and
  *     waited with cp.async.wait_group STAGES-2, so three k-tiles are in
@@ -439,16 +438,18 @@ static nb_status sm80_reduce(const nb_cuda_ctx *ctx, const sm80_params &p, int s
   return nb_cuda_launch_check("sm80_splitk_reduce");
 }
 
-/* Picks the configuration: 128x256 tiles when they give at least one CTA per
- * SM; else 128x128 when those fill two per SM, or with split-K over a long K
- * (no batch); else 128x128 at one per SM, else 64x64. */
+/* Picks the configuration: 128x128 split over K when its tiles leave a
+ * quarter of the CTA slots idle over a long K (no batch); else 128x128 when
+ * it gives a CTA per SM; else 64x64. The 128x256 tiles ran slower on the H100
+ * (4096^3 bf16: 243 against 271 TFLOP/s; 8 warps per SM hide less latency
+ * than 16), so only NABLA_SM80_TILE selects them. */
 template <typename T>
 static nb_status sm80_configs(const nb_cuda_ctx *ctx, int ta, int tb, sm80_params p,
                               int64_t count) {
   p.kt_split = INT32_MAX;
   p.ws = NULL;
   int forced = sm80_forced_tile(), optin = sm80_smem_optin(ctx->dev);
-  int64_t wide = sm80_tiles(p, 128, 256, count), large = sm80_tiles(p, 128, 128, count);
+  int64_t large = sm80_tiles(p, 128, 128, count);
   /* the K-major layout (0, 0) is the larger one */
   int wide_ok = optin >= sm80_smem_bytes<sm80_wide, 0, 0>();
   int wide64_ok = optin >= sm80_smem_bytes<sm80_wide64, 0, 0>();
@@ -456,7 +457,6 @@ static nb_status sm80_configs(const nb_cuda_ctx *ctx, int ta, int tb, sm80_param
   if (forced == 1) return sm80_layouts<T, sm80_large>(ctx, ta, tb, p, count, 1);
   if (forced == 2 && wide_ok) return sm80_layouts<T, sm80_wide>(ctx, ta, tb, p, count, 1);
   if (forced == 3 && wide64_ok) return sm80_layouts<T, sm80_wide64>(ctx, ta, tb, p, count, 1);
-  if (wide >= ctx->n_sm && wide_ok) return sm80_layouts<T, sm80_wide>(ctx, ta, tb, p, count, 1);
   int splits = count == 1 ? sm80_splits(p, large, ctx->n_sm) : 1;
   if (splits > 1) {
     int ktiles = (p.K + 31) / 32;
