@@ -449,25 +449,37 @@ typedef struct { int causal, mask, bool_mask; int64_t B, Lq, Lk, D, Dv; double s
 static double at_mask(const at_ctx *c, int64_t i, int64_t j) { return c->mask ? 0.3 * sin((double)(i * 7 + j)) : 0; }
 static int at_bool(int64_t i, int64_t j) { return (i + 2 * j) % 3 != 1; }
 
+/* Row i of batch b of the attention weights, softmax(q k^T * scale + mask),
+ * into p[0..Lk). */
+static void at_probs(const at_ctx *c, double *const *in, int64_t b, int64_t i, double *p) {
+  double sc = c->scale > 0 ? c->scale : 1 / sqrt((double)c->D), m = -INFINITY, z = 0;
+  for (int64_t j = 0; j < c->Lk; j++) {
+    double d = 0;
+    for (int64_t e = 0; e < c->D; e++) d += in[0][(b * c->Lq + i) * c->D + e] * in[1][(b * c->Lk + j) * c->D + e];
+    p[j] = d * sc + (c->bool_mask ? 0 : at_mask(c, i, j));
+    if ((c->causal && j > i) || (c->bool_mask && !at_bool(i, j))) p[j] = -INFINITY;
+    m = fmax(m, p[j]);
+  }
+  for (int64_t j = 0; j < c->Lk; j++) z += (p[j] = exp(p[j] - m));
+  for (int64_t j = 0; j < c->Lk; j++) p[j] /= z;
+}
+
+/* out row = p @ v */
+static void at_out_row(const at_ctx *c, double *const *in, int64_t b, int64_t i, const double *p, double *out) {
+  for (int64_t e = 0; e < c->Dv; e++) {
+    double acc = 0;
+    for (int64_t j = 0; j < c->Lk; j++) acc += p[j] * in[2][(b * c->Lk + j) * c->Dv + e];
+    out[(b * c->Lq + i) * c->Dv + e] = acc;
+  }
+}
+
 static void at_ref(double *const *in, double *out, void *vc) {
   const at_ctx *c = vc;
-  double sc = c->scale > 0 ? c->scale : 1 / sqrt((double)c->D), s[16];
+  double p[16];
   for (int64_t b = 0; b < c->B; b++)
     for (int64_t i = 0; i < c->Lq; i++) {
-      double m = -INFINITY, z = 0;
-      for (int64_t j = 0; j < c->Lk; j++) {
-        double d = 0;
-        for (int64_t e = 0; e < c->D; e++) d += in[0][(b * c->Lq + i) * c->D + e] * in[1][(b * c->Lk + j) * c->D + e];
-        s[j] = d * sc + (c->bool_mask ? 0 : at_mask(c, i, j));
-        if ((c->causal && j > i) || (c->bool_mask && !at_bool(i, j))) s[j] = -INFINITY;
-        m = fmax(m, s[j]);
-      }
-      for (int64_t j = 0; j < c->Lk; j++) z += (s[j] = exp(s[j] - m));
-      for (int64_t e = 0; e < c->Dv; e++) {
-        double acc = 0;
-        for (int64_t j = 0; j < c->Lk; j++) acc += s[j] / z * in[2][(b * c->Lk + j) * c->Dv + e];
-        out[(b * c->Lq + i) * c->Dv + e] = acc;
-      }
+      at_probs(c, in, b, i, p);
+      at_out_row(c, in, b, i, p, out);
     }
 }
 
@@ -496,27 +508,16 @@ static nb_tensor *at_drop_apply(nb_tensor *const *in, void *vc) {
 
 static void at_drop_ref(double *const *in, double *out, void *vc) {
   const at_ctx *c = vc;
-  double sc = c->scale > 0 ? c->scale : 1 / sqrt((double)c->D), s[16];
+  double p[16];
   for (int64_t b = 0; b < c->B; b++)
     for (int64_t i = 0; i < c->Lq; i++) {
-      double m = -INFINITY, z = 0;
-      for (int64_t j = 0; j < c->Lk; j++) {
-        double d = 0;
-        for (int64_t e = 0; e < c->D; e++) d += in[0][(b * c->Lq + i) * c->D + e] * in[1][(b * c->Lk + j) * c->D + e];
-        s[j] = c->causal && j > i ? -INFINITY : d * sc;
-        m = fmax(m, s[j]);
-      }
-      for (int64_t j = 0; j < c->Lk; j++) z += (s[j] = exp(s[j] - m));
+      at_probs(c, in, b, i, p);
       for (int64_t j = 0; j < c->Lk; j++) {
         uint32_t w[4];
         nb_philox4x32(AT_DROP_SEED, AT_DROP_OFFSET + (uint64_t)((b * c->Lq + i) * c->Lk + j), w);
-        s[j] = nb_philox_u01(w[0]) >= AT_DROP_P ? s[j] / z / (1 - AT_DROP_P) : 0;
+        p[j] = nb_philox_u01(w[0]) >= AT_DROP_P ? p[j] / (1 - AT_DROP_P) : 0;
       }
-      for (int64_t e = 0; e < c->Dv; e++) {
-        double acc = 0;
-        for (int64_t j = 0; j < c->Lk; j++) acc += s[j] * in[2][(b * c->Lk + j) * c->Dv + e];
-        out[(b * c->Lq + i) * c->Dv + e] = acc;
-      }
+      at_out_row(c, in, b, i, p, out);
     }
 }
 
