@@ -459,6 +459,63 @@ static void rows_norm_many(nb_dtype dt, int64_t R, int64_t D, uint64_t seed) {
   grad_cmp(name, f_rms_norm, NULL, 2, in, dt, 4.0 + D / 500.0);
 }
 
+/* ---- rows with -inf entries (causal attention masks) ----------------------
+ * Row r of an (R, D) tensor keeps its first r % D + 1 elements and masks the
+ * rest with -inf, as a causal attention row does: whole stretches of a row,
+ * and every element some threads hold, are -inf. The softmax of such a row
+ * is finite (masked entries 0), and cross-entropy over it finite when the
+ * target is unmasked. Sizes take each kernel: single-element and 16-byte
+ * packs, multi-warp rows, the generic cached and online kernels. */
+static nb_tensor *masked_rows(uint64_t seed, int64_t R, int64_t D, nb_dtype dt, int transposed) {
+  unsigned char *keep = malloc((size_t)(R * D));
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t j = 0; j < D; j++) keep[r * D + j] = j <= r % D;
+  nb_tensor *m = nb_from_buffer(keep, 2, (int64_t[]){R, D}, NB_BOOL, NB_DEVICE_CPU);
+  free(keep);
+  nb_tensor *x = transposed ? nb_transpose(randn(seed, 2, (int64_t[]){D, R}, dt), 0, 1)
+                            : randn(seed, 2, (int64_t[]){R, D}, dt);
+  return nb_where(m, x, nb_scalar(-INFINITY, dt, NB_DEVICE_CPU));
+}
+static nb_tensor *f_xent_plain(nb_tensor *const *x, void *c) {
+  (void)c;
+  return nb_cross_entropy(x[0], x[1], NB_REDUCE_MEAN, -1, 0.0);
+}
+
+static void test_rows_masked(void) {
+  const int64_t Ds[] = {7, 11, 64, 768, 769, 5000, 50304, 70000};
+  for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++)
+    for (int k = 0; k < (int)(sizeof Ds / sizeof *Ds); k++) {
+      if (quick && Ds[k] > 5000) continue;
+      nb_scope_begin();
+      nb_dtype dt = FLOATS[d];
+      int64_t D = Ds[k], R = D > 5000 ? 5 : 41;
+      int ax = -1;
+      char name[96];
+      for (int tr = 0; tr < 2; tr++) {
+        nb_tensor *x = masked_rows(600 + k, R, D, dt, tr);
+        snprintf(name, sizeof name, "masked softmax D=%lld%s", (long long)D, tr ? " transposed" : "");
+        grad_cmp(name, f_softmax, &ax, 1, &x, dt, 2.0);
+        snprintf(name, sizeof name, "masked log_softmax D=%lld%s", (long long)D, tr ? " transposed" : "");
+        grad_cmp(name, f_log_softmax, &ax, 1, &x, dt, 2.0);
+      }
+      /* targets on unmasked entries (column 0 is never masked) */
+      nb_tensor *x = masked_rows(610 + k, R, D, dt, 0);
+      nb_tensor *tg = nb_zeros(1, &R, NB_I64, NB_DEVICE_CPU);
+      nb_tensor *in[2] = {x, tg};
+      snprintf(name, sizeof name, "masked cross_entropy C=%lld", (long long)D);
+      grad_cmp(name, f_xent_plain, NULL, 2, in, dt, 4.0);
+      nb_tensor *sm = nb_softmax(gpu(x), -1); /* NaN is the one value unequal to itself */
+      NBT_CHECK(sm && nb_item(nb_sum(nb_ne(sm, sm), 0, NULL, 0)) == 0,
+                "masked softmax D=%lld [%s]: no NaN on the GPU (%s)", (long long)D, nb_dtype_name(dt),
+                nb_last_error());
+      nb_tensor *l = nb_cross_entropy(gpu(x), gpu(tg), NB_REDUCE_MEAN, -1, 0.0);
+      NBT_CHECK(l && isfinite(nb_item(l)), "masked cross_entropy C=%lld [%s]: finite loss on the GPU",
+                (long long)D, nb_dtype_name(dt));
+      nb_clear_error();
+      nb_scope_end();
+    }
+}
+
 static void test_rows_fast(void) {
   const int64_t Ds[] = {1, 7, 768, 769, 1536, 2304, 4096, 5000, 12288, 50304, 70000};
   const int nD = (int)(sizeof Ds / sizeof *Ds);
@@ -910,6 +967,7 @@ static void test_xent_fused(void) {
 
 static void test_gemm_sm90(void); /* section "own sm_90a GEMM", at the end */
 static void test_gemm_sm80(void); /* section "portable GEMM (sm80 path)", at the end */
+static void test_gpt_step(void);  /* section "gpt step", at the end */
 
 /* ---- pinned host memory: asynchronous uploads ------------------------------ */
 static void test_pinned(void) {
@@ -947,10 +1005,12 @@ int main(void) {
     {"random", test_random}, {"optim", test_optim}, {"errors/memory", test_errors_memory},
     {"fast paths", test_fast_paths},
     {"rows fast", test_rows_fast},
+    {"rows masked", test_rows_masked},
     {"xent fused", test_xent_fused},
     {"gemm sm90", test_gemm_sm90},
     {"gemm sm80", test_gemm_sm80},
     {"pinned", test_pinned},
+    {"gpt step", test_gpt_step},
   };
   const char *only = getenv("NABLA_TEST_ONLY"); /* run the sections whose name contains it */
   for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
@@ -1479,3 +1539,95 @@ static void test_gemm_sm80(void) {
 #else
 static void test_gemm_sm80(void) {}
 #endif
+
+/* ==== a whole training step (tools/gpt.c) ====================================
+ * The main job's model, small: the same weights on the CPU and the GPU, one
+ * forward, backward, gradient clipping and AdamW step on each, every loss,
+ * gradient and updated parameter compared. Ops that pass alone can still
+ * fail together (a view the op tests never make, a shape such as vocab 12, the
+ * ignored targets of the addition task); this is where that shows. */
+#include "gpt.h"
+
+static void gpt_copy_weights(const gpt_model *dst, const gpt_model *src) {
+  nb_no_grad_begin();
+  for (int i = 0; i < nb_params_count(src->all); i++)
+    NBT_CHECK(nb_copy_(nb_params_get(dst->all, i), nb_params_get(src->all, i)) == NB_OK,
+              "gpt: copying %s: %s", nb_params_name(src->all, i), nb_last_error());
+  nb_no_grad_end();
+}
+
+/* Loss and gradients of one batch (NAN on error). */
+static double gpt_grads(gpt_model *m, const int64_t *x, const int64_t *y, int B, int T) {
+  nb_scope_begin();
+  nb_tensor *idx = nb_from_buffer(x, 2, (int64_t[]){B, T}, NB_I64, m->device);
+  nb_tensor *tgt = nb_from_buffer(y, 2, (int64_t[]){B, T}, NB_I64, m->device);
+  nb_tensor *loss = gpt_loss(m, idx, tgt);
+  double value = loss && nb_backward(loss, NULL) == NB_OK ? nb_item(loss) : NAN;
+  nb_scope_end();
+  return value;
+}
+
+/* Clipping and one AdamW step; returns the norm before clipping (NAN on error). */
+static double gpt_update(gpt_model *m) {
+  double norm = nb_clip_grad_norm(m->all, 1.0);
+  nb_optim *opt = nb_adamw_new(m->all, 1e-3, 0.9, 0.95, 1e-8, 0.1);
+  if (!opt || nb_optim_step(opt) != NB_OK) norm = NAN;
+  nb_optim_free(opt);
+  return norm;
+}
+
+/* Every parameter's gradient (grads) or value, CUDA against CPU. */
+static void gpt_cmp_params(const gpt_model *mc, const gpt_model *mg, int grads, const char *what) {
+  for (int i = 0; i < nb_params_count(mc->all); i++) {
+    char name[128];
+    snprintf(name, sizeof name, "gpt step (vocab %d): %s of %s", mc->cfg.vocab, what,
+             nb_params_name(mc->all, i));
+    nb_tensor *c = nb_params_get(mc->all, i), *g = nb_params_get(mg->all, i);
+    /* summed over many rows in another order (and through tensor cores) */
+    cmp(name, NB_F32, grads ? nb_grad(c) : c, grads ? nb_grad(g) : g, 5.0);
+  }
+}
+
+static void gpt_step_case(gpt_config cfg, int B, int ignored, uint64_t seed) {
+  nb_rng r1 = nb_rng_new(seed), r2 = nb_rng_new(seed);
+  gpt_model *mc = gpt_new(cfg, NB_DEVICE_CPU, &r1), *mg = gpt_new(cfg, G, &r2);
+  NBT_CHECK(mc && mg, "gpt (vocab %d, dim %d): model: %s", cfg.vocab, cfg.dim, nb_last_error());
+  if (!mc || !mg) {
+    gpt_free(mc);
+    gpt_free(mg);
+    nb_clear_error();
+    return;
+  }
+  gpt_copy_weights(mg, mc);
+  int T = cfg.context;
+  int64_t *x = malloc(sizeof *x * (size_t)(B * T)), *y = malloc(sizeof *y * (size_t)(B * T));
+  uint64_t s = seed * 2654435761u + 1;
+  for (int i = 0; i < B * T; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (int64_t)((s >> 33) % (uint64_t)cfg.vocab);
+    y[i] = i % T < ignored ? -1 : (int64_t)((s >> 17) % (uint64_t)cfg.vocab);
+  }
+  double lc = gpt_grads(mc, x, y, B, T), lg = gpt_grads(mg, x, y, B, T);
+  NBT_CHECK(isfinite(lg) && fabs(lg - lc) <= 1e-3 * fabs(lc),
+            "gpt (vocab %d, dim %d): loss cuda %.7g vs cpu %.7g (%s)", cfg.vocab, cfg.dim, lg, lc,
+            nb_last_error());
+  nb_clear_error();
+  gpt_cmp_params(mc, mg, 1, "gradient");
+  double nc = gpt_update(mc), ng = gpt_update(mg);
+  NBT_CHECK(isfinite(ng) && fabs(ng - nc) <= 1e-2 * fabs(nc),
+            "gpt (vocab %d, dim %d): gradient norm cuda %.7g vs cpu %.7g (%s)", cfg.vocab, cfg.dim,
+            ng, nc, nb_last_error());
+  nb_clear_error();
+  gpt_cmp_params(mc, mg, 0, "updated value");
+  free(x);
+  free(y);
+  gpt_free(mc);
+  gpt_free(mg);
+}
+
+static void test_gpt_step(void) {
+  /* the addition task's shape (vocab 12, context 11, prompt targets ignored) */
+  gpt_step_case((gpt_config){12, 11, 2, 4, 64}, quick ? 4 : 32, 5, 901);
+  /* the text task's (vocab 95, no ignored targets), odd batch */
+  gpt_step_case((gpt_config){95, 32, 2, 6, 96}, quick ? 3 : 9, 0, 902);
+}

@@ -162,10 +162,15 @@ static int train_step(trainer *tr, int64_t *x, int64_t *y, double *value) {
   double lr = nb_lr_cosine(tr->step, o->warmup, o->steps, o->lr, o->lr / 10);
   int ok = 0;
   nb_scope_begin();
-  if (train_accumulate(tr, x, y, value) && nb_clip_grad_norm(tr->model->all, TRAIN_CLIP) >= 0) {
+  double norm = NAN;
+  if (train_accumulate(tr, x, y, value) && (norm = nb_clip_grad_norm(tr->model->all, TRAIN_CLIP)) >= 0) {
     nb_optim_set_lr(tr->opt_decay, lr);
     nb_optim_set_lr(tr->opt_plain, lr);
     ok = nb_optim_step(tr->opt_decay) == NB_OK && nb_optim_step(tr->opt_plain) == NB_OK;
+  } else if (!*nb_last_error()) {
+    /* no library error: the numbers went wrong; say which, and where */
+    fprintf(stderr, "nabla train: step %lld: loss %g, gradient norm %g (not finite)\n",
+            (long long)tr->step + 1, *value, norm);
   }
   nb_params_zero_grad(tr->model->all);
   nb_scope_end();

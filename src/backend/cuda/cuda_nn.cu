@@ -56,9 +56,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_kernel(T *y, const T *x, 
     } else {
       A m = -INFINITY, s = 0;
       for (int64_t j = tid; j < D; j += bd) {
-        A v = (A)nb_to_f(xr[j * sx]);
-        if (v > m) { s = s * nb_exp_(m - v) + (A)1; m = v; }
-        else s += nb_exp_(v - m);
+        nb_online_add(m, s, (A)nb_to_f(xr[j * sx]));
       }
       nb_online_merge(m, s, smem);
       A lse = m + nb_log_(s), inv = (A)1 / s;
@@ -160,9 +158,11 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
 #pragma unroll
         for (int e = 0; e < VEC; e++) m = fmax(m, f[e]);
       }
+    /* m = -inf: every element of the thread is -inf (a masked stretch of
+     * an attention row) or it has none; its sum is 0, not exp(-inf + inf) */
 #pragma unroll
     for (int k = 0; k < NCH; k++)
-      if (t + k * tpr < nvec) {
+      if (t + k * tpr < nvec && m != (A)-INFINITY) {
         A f[VEC];
         nb_unpack(v[k], f);
 #pragma unroll

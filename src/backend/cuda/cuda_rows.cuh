@@ -24,6 +24,18 @@ __device__ __forceinline__ int nb_dt_size(int dt) {
 template <typename A> __device__ __forceinline__ A nb_exp_(A x) { return exp(x); }
 template <typename A> __device__ __forceinline__ A nb_log_(A x) { return log(x); }
 
+/* Adds v to a thread's online (max m, sum s of exp(x - m)), rescaling s
+ * when the max grows. A -inf v adds nothing: with m still -inf (the
+ * thread has seen only masked values) exp(v - m) would be NaN. */
+template <typename A, typename EX>
+__device__ __forceinline__ void nb_online_add(A &m, A &s, A v, EX ex) {
+  if (v > m) { s = s * ex(m - v) + (A)1; m = v; }
+  else if (v != (A)-INFINITY) s += ex(v - m);
+}
+template <typename A> __device__ __forceinline__ void nb_online_add(A &m, A &s, A v) {
+  nb_online_add(m, s, v, [](A d) { return nb_exp_(d); });
+}
+
 /* Merges a thread's online (max, sum of exp(x - max)) into the block's. */
 template <typename A>
 __device__ __forceinline__ void nb_online_merge(A &m, A &s, A *smem) {

@@ -28,6 +28,15 @@ __device__ __forceinline__ void nb_flag_raise(int64_t *flag, int64_t value) {
   if (atomicCAS((unsigned long long *)flag, 0ull, 1ull) == 0ull) flag[1] = value;
 }
 
+/* A row's loss lse - (1-eps) x[t] - eps/C sum(x). The smoothing term is
+ * left out when eps = 0: sum(x) is -inf for a row with masked logits, and
+ * 0 * -inf would make the loss NaN. */
+template <typename A>
+__device__ __forceinline__ A nb_xent_loss(const nb_xent_args &a, A lse, A xt, A sx) {
+  A out = lse - (A)(1.0 - a.smooth) * xt;
+  return a.smooth != 0.0 ? out - (A)(a.smooth / a.C) * sx : out;
+}
+
 /* loss = lse - (1-eps) x[t] - eps/C sum(x); ignored rows give 0. */
 template <typename T>
 __global__ void __launch_bounds__(1024) nb_xent_fwd_kernel(nb_xent_args a, const T *logits, char *loss, int ldt,
@@ -42,8 +51,7 @@ __global__ void __launch_bounds__(1024) nb_xent_fwd_kernel(nb_xent_args a, const
     for (int64_t j = tid; j < a.C; j += bd) {
       A v = (A)nb_to_f(xr[j * a.s_col]);
       sx += v;
-      if (v > m) { s = s * nb_exp_(m - v) + (A)1; m = v; }
-      else s += nb_exp_(v - m);
+      nb_online_add(m, s, v);
     }
     nb_online_merge(m, s, smem);
     sx = nb_block_sum(sx, smem);
@@ -52,7 +60,7 @@ __global__ void __launch_bounds__(1024) nb_xent_fwd_kernel(nb_xent_args a, const
       int64_t t = a.tgt[r * a.s_tgt];
       if (t != a.ignore) {
         if (t < 0 || t >= a.C) nb_flag_raise(a.flag, t);
-        else out = l - (A)(1.0 - a.smooth) * (A)nb_to_f(xr[t * a.s_col]) - (A)(a.smooth / a.C) * sx;
+        else out = nb_xent_loss(a, l, (A)nb_to_f(xr[t * a.s_col]), sx);
       }
       if (lse) nb_store_any(lse + r * s_lse * es, lsdt, (double)l);
       nb_store_any(loss + r * s_loss * el, ldt, (double)out);
@@ -282,7 +290,7 @@ __device__ __forceinline__ nb_xent_row<A> nb_xent_finish(const nb_xent_args &a, 
     A l = w.lse2 / nb_xe<A>::L, out = 0;
     if (w.t != a.ignore) {
       if (!valid) nb_flag_raise(a.flag, w.t);
-      else out = l - (A)(1.0 - a.smooth) * (A)nb_to_f(xr[w.t * a.s_col]) - (A)(a.smooth / a.C) * sx;
+      else out = nb_xent_loss(a, l, (A)nb_to_f(xr[w.t * a.s_col]), sx);
     }
     if (io.lse) nb_store_any(io.lse + r * io.s_lse * nb_dt_size(io.lsdt), io.lsdt, (double)l);
     nb_store_any(io.loss + r * io.s_loss * nb_dt_size(io.ldt), io.ldt, (double)out);
@@ -323,8 +331,7 @@ __global__ void __launch_bounds__(1024) nb_xent_fused_kernel(nb_xent_args a, nb_
     for (int64_t j = tid; j < a.C; j += bd) {
       A v = (A)nb_to_f(xr[j * a.s_col]), u = v * nb_xe<A>::L;
       sx += v;
-      if (u > m) { s = s * nb_xe<A>::ex(m - u) + (A)1; m = u; }
-      else s += nb_xe<A>::ex(u - m);
+      nb_online_add(m, s, u, [](A d) { return nb_xe<A>::ex(d); });
     }
     A M = nb_block_max(m, smem);
     s = s == (A)0 ? (A)0 : s * nb_xe<A>::ex(m - M);
@@ -415,7 +422,7 @@ __global__ void __launch_bounds__(1024) nb_xent_fused_vec_kernel(nb_xent_args a,
         for (int e = 0; e < E; e++) {
           A v = (A)nb_to_f(q.e[e]);
           sx += v;
-          s += nb_xe<A>::ex(v * nb_xe<A>::L - m);
+          if (m != (A)-INFINITY) s += nb_xe<A>::ex(v * nb_xe<A>::L - m); /* all -inf so far: 0 */
         }
       }
       M = nb_block_max(m, smem);
