@@ -622,10 +622,17 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
     mun = mean ? (A)mean[r] : (A)0;
     rsn = (A)rstd[r];
   }
-  for (; r < R; r += step) {
+  /* Every group of a block makes the same number of trips (a group past
+   * the last row takes part in its group's reduction with nothing), so all
+   * groups pass the same named barriers before the dw/db turns below. */
+  for (int64_t rb = r - g; rb < R; rb += step, r += step) {
+    const bool live = r < R;
     P xv[NCH], gv[NCH];
-    A mu, rs;
-    if (PF) {
+    A mu = 0, rs = 0;
+    if (!live) {
+#pragma unroll
+      for (int k = 0; k < NCH; k++) xv[k] = gv[k] = P{};
+    } else if (PF) {
 #pragma unroll
       for (int k = 0; k < NCH; k++) { xv[k] = xn[k]; gv[k] = gn[k]; }
       mu = mun;
@@ -659,7 +666,7 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
           A gg = wp ? d * fw[e] : d;
           sg += gg;
           sgx += gg * xh;
-          if (part) {
+          if (part && live) {
             aw[k][e] += d * xh;
             ab[k][e] += d;
           }
@@ -671,7 +678,7 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
     P *dxr = (P *)(dx + r * D);
 #pragma unroll
     for (int k = 0; k < NCH; k++)
-      if (t + k * tpr < nvec) {
+      if (live && t + k * tpr < nvec) {
         P wv, o;
         A fg[VEC], fx[VEC], fw[VEC];
         if (wp) wv = HOLDW ? wh[k] : nb_ld_param(wp + t + k * tpr);
@@ -691,6 +698,8 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
   /* Groups take turns in a fixed order, so the sums are the same bits on
    * every run; each column belongs to one thread of every group. */
   A *acc = (A *)nb_norm_smem, *out = part + (int64_t)blockIdx.x * 2 * D;
+  /* every group past its row loop (and its named barriers) before the turns */
+  if (G > 1) __syncthreads();
   for (int turn = 0; turn < G; turn++) {
     if (g == turn) {
       A *dst = turn == G - 1 ? out : acc;
