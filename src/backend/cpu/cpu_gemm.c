@@ -680,13 +680,13 @@ static double nbg_time(void *ctx, int i) {
 }
 
 /* The blocking config for the job: cached, tuned (NABLA_AUTOTUNE=1) or 0.
- * The key: ISA, dtype, A/B layout (row- or column-major after orienting),
- * threads, and M x N x K rounded up to powers of two. */
+ * The key: ISA, dtype, A/B layout (row- or column-major after orienting)
+ * and M x N x K rounded up to powers of two; not the thread count, so that
+ * results on 1 and on all threads stay identical (see nbg_path_for). */
 static int nbg_tuned(const nbg_cfg *cf, const nbg_job *jb, int nthr) {
   const nbg_prob *p = &jb->m;
   char key[160], layout[32];
-  snprintf(layout, sizeof layout, "a%c-b%c-t%d", p->sak == 1 ? 'r' : 'c', p->sbn == 1 ? 'r' : 'c',
-           nthr);
+  snprintf(layout, sizeof layout, "a%c-b%c", p->sak == 1 ? 'r' : 'c', p->sbn == 1 ? 'r' : 'c');
   if (!nb_tune_key(key, sizeof key, "cpu-" NBG_ISA, "matmul", nb_dtype_name(p->dt), layout, 3,
                    (int64_t[]){p->M, p->N, p->K}))
     return 0;
