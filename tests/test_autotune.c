@@ -96,6 +96,11 @@ static void test_file(void) {
     NBT_CHECK(nb_tune_pick("f/a", 3, names, fake_time, &f, 1) == 1 && f.calls == 0,
               "bad file %d ignored", i);
   }
+  /* a repeated header (two first writers) and a repeated key (the later wins) */
+  write_file("nabla-autotune 1\nf/c\t0\tx\nnabla-autotune 1\nf/c\t1\ty\n");
+  nb_tune_reset();
+  NBT_CHECK(nb_tune_pick("f/c", 3, names, fake_time, &f, 2) == 1 && f.calls == 0,
+            "repeated header and key");
   /* a new choice replaces an ignored file */
   write_file("garbage\n");
   setenv("NABLA_AUTOTUNE", "1", 1);

@@ -126,6 +126,7 @@ static void nbt_load(void) {
   while (!bad && fgets(line, sizeof line, f)) {
     char *key;
     int index;
+    if (strcmp(line, NBT_VERSION "\n") == 0) continue; /* two first writers raced */
     if (!strchr(line, '\n') && !feof(f)) bad = 1; /* over-long line */
     else if (!nbt_parse(line, &key, &index)) bad = 1;
     else if (!nbt_set(key, index)) break;
