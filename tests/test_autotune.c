@@ -53,9 +53,12 @@ static void test_pick(void) {
   NBT_CHECK(nb_tune_pick("k/off", 3, NULL, fake_time, &f, 2) == 2 && f.calls == 0,
             "tuning off: heuristic, no timing (%d calls)", f.calls);
   NBT_CHECK(nb_tune_pick(NULL, 3, NULL, fake_time, &f, 1) == 1, "NULL key: heuristic");
+  NBT_CHECK(!nb_tune_active(), "off and nothing cached: not active");
   NBT_CHECK(nb_tune_pick("k", 0, NULL, fake_time, &f, 1) == 0, "no candidates: 0");
   NBT_CHECK(nb_tune_pick("k/h", 3, NULL, fake_time, &f, 7) == 0, "heuristic out of range: 0");
   setenv("NABLA_AUTOTUNE", "1", 1);
+  nb_tune_reset();
+  NBT_CHECK(nb_tune_active() && nb_tune_enabled(), "on: active");
   NBT_CHECK(nb_tune_pick("k/a", 3, NULL, fake_time, &f, 0) == 1 && f.calls > 0, "fastest");
   f.calls = 0;
   NBT_CHECK(nb_tune_pick("k/a", 3, NULL, fake_time, &f, 0) == 1 && f.calls == 0, "cached");
@@ -87,6 +90,7 @@ static void test_file(void) {
   nb_tune_reset();
   f.calls = 0;
   NBT_CHECK(nb_tune_pick("f/a", 3, names, fake_time, &f, 0) == 2 && f.calls == 0, "reloaded");
+  NBT_CHECK(nb_tune_active() && !nb_tune_enabled(), "off with a cached choice: active");
   NBT_CHECK(nb_tune_pick("f/a", 2, names, fake_time, &f, 1) == 1, "index out of range ignored");
   const char *bad[] = {"garbage\n", "nabla-autotune 999\nf/a\t2\tz\n",
                        "nabla-autotune 1\nf/a\tnotanumber\tz\n", "nabla-autotune 1\nno tab\n", ""};

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,10 @@ static nbt_entry *nbt_tab;
 static int nbt_n, nbt_cap, nbt_loaded;
 static int nbt_bad; /* the file was ignored: the next write replaces it */
 static int nbt_forced = -1;
+/* 0: not loaded; 1: loaded, tuning off and nothing cached; 2: otherwise.
+ * Read without the lock by nb_tune_active, the kernels' fast path. */
+static _Atomic int nbt_state;
+static int nbt_on; /* NABLA_AUTOTUNE=1 when the cache was loaded */
 
 int64_t nb_tune_pow2(int64_t n) {
   int64_t p = 1;
@@ -50,7 +55,7 @@ char *nb_tune_key(char *buf, size_t cap, const char *device, const char *op,
   return buf;
 }
 
-int nb_tune_enabled(void) {
+static int nbt_env_on(void) {
   const char *e = getenv("NABLA_AUTOTUNE");
   return e && strcmp(e, "1") == 0;
 }
@@ -116,9 +121,17 @@ static int nbt_parse(char *line, char **key, int *index) {
   return 1;
 }
 
+static void nbt_load_file(void);
+
 static void nbt_load(void) {
-  char path[1024], line[512];
   nbt_loaded = 1;
+  nbt_on = nbt_env_on();
+  nbt_load_file();
+  atomic_store(&nbt_state, nbt_on || nbt_n || nbt_forced >= 0 ? 2 : 1);
+}
+
+static void nbt_load_file(void) {
+  char path[1024], line[512];
   if (!nbt_path(path, sizeof path, 0)) return;
   FILE *f = fopen(path, "r");
   if (!f) return; /* absent: nothing cached yet */
@@ -208,16 +221,37 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
   return pick;
 }
 
+int nb_tune_enabled(void) {
+  pthread_mutex_lock(&nbt_mu);
+  if (!nbt_loaded) nbt_load();
+  int on = nbt_on;
+  pthread_mutex_unlock(&nbt_mu);
+  return on;
+}
+
+int nb_tune_active(void) {
+  int s = atomic_load(&nbt_state);
+  if (s == 0) {
+    pthread_mutex_lock(&nbt_mu);
+    if (!nbt_loaded) nbt_load();
+    pthread_mutex_unlock(&nbt_mu);
+    s = atomic_load(&nbt_state);
+  }
+  return s == 2;
+}
+
 void nb_tune_reset(void) {
   pthread_mutex_lock(&nbt_mu);
   free(nbt_tab);
   nbt_tab = NULL;
-  nbt_n = nbt_cap = nbt_loaded = nbt_bad = 0;
+  nbt_n = nbt_cap = nbt_loaded = nbt_bad = nbt_on = 0;
+  atomic_store(&nbt_state, 0);
   pthread_mutex_unlock(&nbt_mu);
 }
 
 void nb_tune_force(int i) {
   pthread_mutex_lock(&nbt_mu);
   nbt_forced = i;
+  if (i >= 0 && nbt_loaded) atomic_store(&nbt_state, 2);
   pthread_mutex_unlock(&nbt_mu);
 }

@@ -34,8 +34,14 @@ char *nb_tune_key(char *buf, size_t cap, const char *device, const char *op,
 int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_fn time_fn,
                  void *ctx, int heuristic);
 
-/* Whether NABLA_AUTOTUNE=1 (read at each call). */
+/* Whether NABLA_AUTOTUNE=1 (read when the cache is first loaded, and again
+ * after nb_tune_reset). */
 int nb_tune_enabled(void);
+
+/* Whether a pick can return anything but the heuristic: tuning is on, the
+ * cache holds a choice or a choice is forced. A lock-free check, so a kernel
+ * with tuning off pays for no key; it loads the cache on first use. */
+int nb_tune_active(void);
 
 /* Forgets the table; the next pick reloads the cache file (for tests and
  * for a changed NABLA_AUTOTUNE_CACHE). */

@@ -717,7 +717,8 @@ nb_status nb_cpu_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *
   int nthr = flops < 3e5 ? 1 : omp_get_max_threads();
   if (nthr > 1 && nbg_now_us() < nbg_serial_until_us) nthr = 1;
   jb.path = nbg_path_for(&cf, &jb.m);
-  if (jb.path == nbg_packed && (out->dtype == NB_F32 || out->dtype == NB_F64))
+  if (jb.path == nbg_packed && (out->dtype == NB_F32 || out->dtype == NB_F64) &&
+      nb_tune_active()) /* tuning off, nothing cached: config 0 */
     cf = nbg_blocking(cf, nbg_tuned(&cf, &jb, nthr));
   nbg_split(&cf, &jb, nbatch, nthr);
   if (nbg_run(&cf, &jb, nbatch * jb.mt * jb.nt, nthr))
