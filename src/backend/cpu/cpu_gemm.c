@@ -21,6 +21,7 @@
  * on the split, and a call that stalled on a descheduled thread makes the
  * next ones run on one thread for a while (nbg_run). */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/autotune.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "core/core.h"
 
@@ -634,6 +636,66 @@ static int nbg_run(const nbg_cfg *cf, const nbg_job *jb, int64_t ntask, int nthr
   return failed;
 }
 
+/* ---- autotuning of the packed path's blocking --------------------------
+ * Config 0 is the blocking above (the heuristic, used when tuning is off);
+ * the others halve or double KC or NC. Blocking changes only which packed
+ * blocks are formed: within a KC block the sum over k runs in the same
+ * order, and the KC blocks are added in order, so a config changes results
+ * at most by rounding (KC moves the points where partial sums are added). */
+#define NBG_NCONF 5
+static const char *const nbg_conf_names[NBG_NCONF] = {"default", "kc/2", "kc*2", "nc/2",
+                                                       "nc*2"};
+
+static nbg_cfg nbg_blocking(nbg_cfg c, int i) {
+  if (i == 1) c.kc /= 2;
+  else if (i == 2) c.kc *= 2;
+  else if (i == 3) c.nc = (c.nc / 2 + c.nr - 1) / c.nr * c.nr;
+  else if (i == 4) c.nc *= 2;
+  return c;
+}
+
+/* One matrix of the job (batch entry 0) into a scratch output, allocated
+ * on the first timing, so a cached choice costs no allocation. */
+typedef struct {
+  nbg_cfg cf;
+  nbg_job jb;
+  int nthr;
+  void *scratch;
+} nbg_tune_ctx;
+
+static double nbg_time(void *ctx, int i) {
+  nbg_tune_ctx *t = ctx;
+  nbg_prob *p = &t->jb.m;
+  if (!t->scratch && !(t->scratch = malloc((size_t)(p->M * p->N) * p->isz))) return -1;
+  nbg_cfg cf = nbg_blocking(t->cf, i);
+  nbg_job jb = t->jb;
+  jb.nbd = 0;
+  jb.m.c = t->scratch;
+  jb.m.scm = p->N;
+  jb.m.scn = 1;
+  nbg_split(&cf, &jb, 1, t->nthr);
+  double t0 = omp_get_wtime();
+  if (nbg_run(&cf, &jb, jb.mt * jb.nt, t->nthr)) return -1;
+  return omp_get_wtime() - t0;
+}
+
+/* The blocking config for the job: cached, tuned (NABLA_AUTOTUNE=1) or 0.
+ * The key: ISA, dtype, A/B layout (row- or column-major after orienting)
+ * and M x N x K rounded up to powers of two; not the thread count, so that
+ * results on 1 and on all threads stay identical (see nbg_path_for). */
+static int nbg_tuned(const nbg_cfg *cf, const nbg_job *jb, int nthr) {
+  const nbg_prob *p = &jb->m;
+  char key[160], layout[32];
+  snprintf(layout, sizeof layout, "a%c-b%c", p->sak == 1 ? 'r' : 'c', p->sbn == 1 ? 'r' : 'c');
+  if (!nb_tune_key(key, sizeof key, "cpu-" NBG_ISA, "matmul", nb_dtype_name(p->dt), layout, 3,
+                   (int64_t[]){p->M, p->N, p->K}))
+    return 0;
+  nbg_tune_ctx t = {*cf, *jb, nthr, NULL};
+  int i = nb_tune_pick(key, NBG_NCONF, nbg_conf_names, nbg_time, &t, 0);
+  free(t.scratch);
+  return i;
+}
+
 nb_status nb_cpu_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *b) {
   nb_status st = nbg_check(out, a, b);
   if (st) return st;
@@ -655,6 +717,9 @@ nb_status nb_cpu_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *
   int nthr = flops < 3e5 ? 1 : omp_get_max_threads();
   if (nthr > 1 && nbg_now_us() < nbg_serial_until_us) nthr = 1;
   jb.path = nbg_path_for(&cf, &jb.m);
+  if (jb.path == nbg_packed && (out->dtype == NB_F32 || out->dtype == NB_F64) &&
+      nb_tune_active()) /* tuning off, nothing cached: config 0 */
+    cf = nbg_blocking(cf, nbg_tuned(&cf, &jb, nthr));
   nbg_split(&cf, &jb, nbatch, nthr);
   if (nbg_run(&cf, &jb, nbatch * jb.mt * jb.nt, nthr))
     return nb_error_set(NB_ERR_OOM, "matmul (cpu): out of memory for packing buffers "

@@ -1,0 +1,257 @@
+/* Autotuning cache: see autotune.h. The table is a small array searched
+ * linearly (a process sees few problem classes); the file is read once,
+ * lazily, and each new choice is appended with one write under an O_APPEND
+ * descriptor, so concurrent processes do not interleave inside a line. A
+ * file that was ignored (bad or another version) is replaced by the first
+ * new choice. */
+#include "backend/autotune.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NBT_VERSION "nabla-autotune 1"
+#define NBT_KEYMAX 192
+#define NBT_REPEATS 3
+
+typedef struct {
+  char key[NBT_KEYMAX];
+  int index;
+} nbt_entry;
+
+static pthread_mutex_t nbt_mu = PTHREAD_MUTEX_INITIALIZER;
+static nbt_entry *nbt_tab;
+static int nbt_n, nbt_cap, nbt_loaded;
+static int nbt_bad; /* the file was ignored: the next write replaces it */
+static int nbt_forced = -1;
+/* 0: not loaded; 1: loaded, tuning off and nothing cached; 2: otherwise.
+ * Read without the lock by nb_tune_active, the kernels' fast path. */
+static _Atomic int nbt_state;
+static int nbt_on; /* NABLA_AUTOTUNE=1 when the cache was loaded */
+
+int64_t nb_tune_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n && p < ((int64_t)1 << 62)) p <<= 1;
+  return p;
+}
+
+char *nb_tune_key(char *buf, size_t cap, const char *device, const char *op,
+                  const char *dtype, const char *layout, int ndim, const int64_t *dims) {
+  if (!buf || !cap || !device || !op || !dtype || !layout || ndim < 0 || (ndim && !dims))
+    return NULL;
+  int w = snprintf(buf, cap, "%s/%s/%s/%s/", device, op, dtype, layout);
+  for (int i = 0; i < ndim && w >= 0 && (size_t)w < cap; i++)
+    w += snprintf(buf + w, cap - (size_t)w, "%s%lld", i ? "x" : "", (long long)nb_tune_pow2(dims[i]));
+  if (w < 0 || (size_t)w >= cap) return NULL;
+  for (char *c = buf; *c; c++)
+    if (*c == '\t' || *c == '\n' || *c == ' ') *c = '_';
+  return buf;
+}
+
+static int nbt_env_on(void) {
+  const char *e = getenv("NABLA_AUTOTUNE");
+  return e && strcmp(e, "1") == 0;
+}
+
+/* The cache file's path into buf; 0 when none can be formed. */
+static int nbt_path(char *buf, size_t cap, int mkdirs) {
+  const char *e = getenv("NABLA_AUTOTUNE_CACHE");
+  if (e && *e) return snprintf(buf, cap, "%s", e) < (int)cap;
+  const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+  int w;
+  if (x && *x) w = snprintf(buf, cap, "%s/nabla", x);
+  else if (h && *h) w = snprintf(buf, cap, "%s/.cache/nabla", h);
+  else return 0;
+  if (w < 0 || (size_t)w >= cap) return 0;
+  if (mkdirs) {
+    if (!(x && *x)) { /* $HOME/.cache first */
+      char *s = strrchr(buf, '/');
+      *s = 0;
+      mkdir(buf, 0755);
+      *s = '/';
+    }
+    mkdir(buf, 0755);
+  }
+  return snprintf(buf + w, cap - (size_t)w, "/autotune.txt") < (int)(cap - (size_t)w);
+}
+
+static nbt_entry *nbt_find(const char *key) {
+  for (int i = 0; i < nbt_n; i++)
+    if (strcmp(nbt_tab[i].key, key) == 0) return &nbt_tab[i];
+  return NULL;
+}
+
+/* Sets key's choice in the table (the later line wins). 0 on no memory. */
+static int nbt_set(const char *key, int index) {
+  nbt_entry *e = nbt_find(key);
+  if (!e) {
+    if (nbt_n == nbt_cap) {
+      int nc = nbt_cap ? 2 * nbt_cap : 16;
+      nbt_entry *t = realloc(nbt_tab, (size_t)nc * sizeof *t);
+      if (!t) return 0;
+      nbt_tab = t;
+      nbt_cap = nc;
+    }
+    e = &nbt_tab[nbt_n++];
+    snprintf(e->key, sizeof e->key, "%s", key);
+  }
+  e->index = index;
+  return 1;
+}
+
+/* Parses "key\tindex\tname"; 0 when malformed. */
+static int nbt_parse(char *line, char **key, int *index) {
+  char *t1 = strchr(line, '\t');
+  if (!t1 || t1 == line || t1 - line >= NBT_KEYMAX) return 0;
+  *t1 = 0;
+  char *end;
+  errno = 0;
+  long v = strtol(t1 + 1, &end, 10);
+  if (errno || end == t1 + 1 || (*end != '\t' && *end != '\n' && *end) || v < 0 || v > 1000000)
+    return 0;
+  *key = line;
+  *index = (int)v;
+  return 1;
+}
+
+static void nbt_load_file(void);
+
+static void nbt_load(void) {
+  nbt_loaded = 1;
+  nbt_on = nbt_env_on();
+  nbt_load_file();
+  atomic_store(&nbt_state, nbt_on || nbt_n || nbt_forced >= 0 ? 2 : 1);
+}
+
+static void nbt_load_file(void) {
+  char path[1024], line[512];
+  if (!nbt_path(path, sizeof path, 0)) return;
+  FILE *f = fopen(path, "r");
+  if (!f) return; /* absent: nothing cached yet */
+  int bad = !fgets(line, sizeof line, f) || strncmp(line, NBT_VERSION "\n", sizeof NBT_VERSION) != 0;
+  while (!bad && fgets(line, sizeof line, f)) {
+    char *key;
+    int index;
+    if (strcmp(line, NBT_VERSION "\n") == 0) continue; /* two first writers raced */
+    if (!strchr(line, '\n') && !feof(f)) bad = 1; /* over-long line */
+    else if (!nbt_parse(line, &key, &index)) bad = 1;
+    else if (!nbt_set(key, index)) break;
+  }
+  fclose(f);
+  if (bad) {
+    fprintf(stderr, "nabla: ignoring autotune cache %s (unreadable or another version)\n", path);
+    nbt_n = 0;
+    nbt_bad = 1;
+  }
+}
+
+/* Appends one choice to the file, writing the header when it is new. */
+static void nbt_append(const char *key, int index, const char *name) {
+  char path[1024], line[NBT_KEYMAX + 128];
+  if (!nbt_path(path, sizeof path, 1)) return;
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | (nbt_bad ? O_TRUNC : 0), 0644);
+  nbt_bad = 0;
+  if (fd < 0) {
+    fprintf(stderr, "nabla: cannot write autotune cache %s: %s\n", path, strerror(errno));
+    return;
+  }
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_size == 0 && write(fd, NBT_VERSION "\n", sizeof NBT_VERSION) < 0) {
+    close(fd);
+    return;
+  }
+  int w = snprintf(line, sizeof line, "%s\t%d\t%s\n", key, index, name ? name : "");
+  if (w > 0 && (size_t)w < sizeof line && write(fd, line, (size_t)w) != w)
+    fprintf(stderr, "nabla: short write to autotune cache %s\n", path);
+  close(fd);
+}
+
+static int nbt_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median of NBT_REPEATS runs of candidate i (after one warm-up), or -1. */
+static double nbt_time(nb_tune_time_fn fn, void *ctx, int i) {
+  double t[NBT_REPEATS];
+  if (fn(ctx, i) < 0) return -1;
+  for (int r = 0; r < NBT_REPEATS; r++)
+    if ((t[r] = fn(ctx, i)) < 0) return -1;
+  qsort(t, NBT_REPEATS, sizeof t[0], nbt_cmp);
+  return t[NBT_REPEATS / 2];
+}
+
+int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_fn time_fn,
+                 void *ctx, int heuristic) {
+  if (n < 1) return 0;
+  if (heuristic < 0 || heuristic >= n) heuristic = 0;
+  if (!key || strlen(key) >= NBT_KEYMAX || strchr(key, '\t') || strchr(key, '\n'))
+    return heuristic;
+  pthread_mutex_lock(&nbt_mu);
+  if (nbt_forced >= 0) {
+    int f = nbt_forced < n ? nbt_forced : heuristic;
+    pthread_mutex_unlock(&nbt_mu);
+    return f;
+  }
+  if (!nbt_loaded) nbt_load();
+  nbt_entry *e = nbt_find(key);
+  int pick = e && e->index < n ? e->index : -1;
+  pthread_mutex_unlock(&nbt_mu);
+  if (pick >= 0) return pick;
+  if (!nb_tune_enabled() || !time_fn) return heuristic;
+  /* Timing runs outside the lock: time_fn may itself run parallel kernels. */
+  double best = -1;
+  pick = heuristic;
+  for (int i = 0; i < n; i++) {
+    double t = nbt_time(time_fn, ctx, i);
+    if (t >= 0 && (best < 0 || t < best)) best = t, pick = i;
+  }
+  pthread_mutex_lock(&nbt_mu);
+  e = nbt_find(key);
+  if (e && e->index < n) pick = e->index; /* another thread was first */
+  else if (best >= 0 && nbt_set(key, pick)) nbt_append(key, pick, names ? names[pick] : NULL);
+  pthread_mutex_unlock(&nbt_mu);
+  return pick;
+}
+
+int nb_tune_enabled(void) {
+  pthread_mutex_lock(&nbt_mu);
+  if (!nbt_loaded) nbt_load();
+  int on = nbt_on;
+  pthread_mutex_unlock(&nbt_mu);
+  return on;
+}
+
+int nb_tune_active(void) {
+  int s = atomic_load(&nbt_state);
+  if (s == 0) {
+    pthread_mutex_lock(&nbt_mu);
+    if (!nbt_loaded) nbt_load();
+    pthread_mutex_unlock(&nbt_mu);
+    s = atomic_load(&nbt_state);
+  }
+  return s == 2;
+}
+
+void nb_tune_reset(void) {
+  pthread_mutex_lock(&nbt_mu);
+  free(nbt_tab);
+  nbt_tab = NULL;
+  nbt_n = nbt_cap = nbt_loaded = nbt_bad = nbt_on = 0;
+  atomic_store(&nbt_state, 0);
+  pthread_mutex_unlock(&nbt_mu);
+}
+
+void nb_tune_force(int i) {
+  pthread_mutex_lock(&nbt_mu);
+  nbt_forced = i;
+  if (i >= 0 && nbt_loaded) atomic_store(&nbt_state, 2);
+  pthread_mutex_unlock(&nbt_mu);
+}
