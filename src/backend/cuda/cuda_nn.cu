@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
   /* Every group of a block makes the same number of trips (a group past
    * the last row takes part in its group's reduction with nothing), so all
    * groups pass the same named barriers before the dw/db turns below. */
-  for (int64_t rb = r - g; rb < R; rb += step, r += step) {
+  for (; r - g < R; r += step) { /* r - g: the block's first row of this trip */
     const bool live = r < R;
     P xv[NCH], gv[NCH];
     A mu = 0, rs = 0;
@@ -698,8 +698,6 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
   /* Groups take turns in a fixed order, so the sums are the same bits on
    * every run; each column belongs to one thread of every group. */
   A *acc = (A *)nb_norm_smem, *out = part + (int64_t)blockIdx.x * 2 * D;
-  /* every group past its row loop (and its named barriers) before the turns */
-  if (G > 1) __syncthreads();
   for (int turn = 0; turn < G; turn++) {
     if (g == turn) {
       A *dst = turn == G - 1 ? out : acc;
