@@ -2,8 +2,9 @@
  * on a GPU machine). Random inputs with odd sizes, transposed, sliced and
  * broadcast views, in f32, f16, bf16 (and f64 where cheap); forward results
  * and gradients through nb_backward are compared with the CPU's within the
- * tolerances of tol() below. Also: Philox draws and dropout masks bit for
- * bit, an out-of-range index on the GPU is an error, a 1 PB allocation is
+ * tolerances of tol() below. Also: casts (f64 to f16/bf16 at and next to
+ * ties included), Philox draws and dropout masks bit for bit, an
+ * out-of-range index on the GPU is an error, a 1 PB allocation is
  * NB_ERR_OOM and the process goes on, caching-allocator statistics, and
  * deterministic reductions and embedding gradients repeat bit for bit.
  * NABLA_TEST_QUICK=1 shrinks sizes (for compute-sanitizer).
@@ -204,6 +205,87 @@ static void test_copy_cast(void) {
   nb_tensor *z = nb_zeros(2, (int64_t[]){0, 5}, NB_F32, G);
   NBT_CHECK(z && nb_numel(nb_sum(z, 0, NULL, 0)) == 1 && nb_item(nb_sum(z, 0, NULL, 0)) == 0,
             "sum of an empty CUDA tensor is 0 (%s)", nb_last_error());
+  nb_scope_end();
+}
+
+/* ---- f64 -> f16/bf16 rounds once ------------------------------------------
+ * Doubles at and just off the ties (midpoints) of the 16-bit type, cast and
+ * copied on the GPU, give the CPU's bits (core/half.h rounds once). Through
+ * f32 with two nearest roundings, as CUDA converted before, tie * (1 +- 2^-k),
+ * k >= 25, is closer to the tie than f32 resolves: it lands on the tie, which
+ * then goes to the even neighbour. That is wrong for tie+ when the even one
+ * is below (1 + 2^-11 + 2^-40 gave f16 1.0, not 1 + 2^-10) and for tie- when
+ * it is above (65520 - tiny gave inf, not 65504; 3 * 2^-25 - tiny gave
+ * 2^-23, not 2^-24): a third of these values. (Fast math also flushed the
+ * f32 step below 2^-126, so bf16's smallest ties all gave 0.) */
+enum { TIE_N = 1515 }; /* 505 ties; viewed as (15, 101) */
+
+static uint64_t tie_rand(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static double tie_val(nb_dtype dt, unsigned h) {
+  return dt == NB_F16 ? nb_f16_to_f32((uint16_t)h) : nb_bf16_to_f32((uint16_t)h);
+}
+
+/* 3 values per tie (exact, above, below) for n / 3 ties between a and a + 1:
+ * first 0, 1, 1.0, its successor and the largest finite (whose tie is the
+ * overflow threshold), then random a of either sign. */
+static void tie_values(nb_dtype dt, double *v, int64_t n) {
+  unsigned inf = dt == NB_F16 ? 0x7c00u : 0x7f80u, one = dt == NB_F16 ? 0x3c00u : 0x3f80u;
+  unsigned fixed[] = {0, 1, one, one + 1, inf - 1};
+  uint64_t s = 42;
+  for (int64_t i = 0; i + 3 <= n; i += 3) {
+    int rnd = i / 3 >= 5;
+    unsigned a = rnd ? (unsigned)(tie_rand(&s) % inf) : fixed[i / 3];
+    double lo = tie_val(dt, a), hi = a + 1 == inf ? 2 * lo - tie_val(dt, a - 1) : tie_val(dt, a + 1);
+    double t = (lo + hi) / 2, e = ldexp(1.0, rnd ? -25 - (int)(tie_rand(&s) % 28) : -30);
+    if (rnd && (tie_rand(&s) & 1)) t = -t;
+    v[i] = t;
+    v[i + 1] = t * (1 + e);
+    v[i + 2] = t * (1 - e);
+  }
+}
+
+/* The four GPU paths: cast of a contiguous and of a transposed f64 source
+ * (the contiguous and the strided convert kernels), copy_ into a contiguous
+ * and into a strided destination. */
+static nb_tensor *tie_path(int path, const double *v, nb_dtype dt, nb_device dev) {
+  nb_tensor *c = nb_from_buffer(v, 1, (int64_t[]){TIE_N}, NB_F64, dev);
+  nb_tensor *t = nb_transpose(nb_view(c, 2, (int64_t[]){15, 101}), 0, 1); /* (101, 15) */
+  if (path == 0) return nb_cast(c, dt);
+  if (path == 1) return nb_cast(t, dt);
+  nb_tensor *d = nb_zeros(2, (int64_t[]){101, path == 2 ? 15 : 31}, dt, dev);
+  nb_tensor *dv = path == 2 ? d : nb_slice(d, 1, 1, 31, 2);
+  return nb_copy_(dv, path == 2 ? nb_view(c, 2, (int64_t[]){101, 15}) : t) == NB_OK ? d : NULL;
+}
+
+static void test_cast_ties(void) {
+  nb_scope_begin();
+  static const char *const what[] = {"cast", "cast (transposed source)", "copy_",
+                                     "copy_ (strided source and destination)"};
+  double v[TIE_N];
+  for (int d = 0; d < 2; d++) {
+    nb_dtype dt = d ? NB_BF16 : NB_F16;
+    tie_values(dt, v, TIE_N);
+    for (int p = 0; p < 4; p++) {
+      char name[96];
+      snprintf(name, sizeof name, "f64 ties -> %s %s", nb_dtype_name(dt), what[p]);
+      cmp_bits(name, tie_path(p, v, dt, NB_DEVICE_CPU), tie_path(p, v, dt, G));
+    }
+    /* the values catch a conversion through f32 (the old CUDA path): one of
+     * each tie's two neighbours */
+    uint16_t got[TIE_N];
+    int twice = 0;
+    NBT_CHECK(nb_to_host(tie_path(0, v, dt, NB_DEVICE_CPU), got, sizeof got) == NB_OK, "%s", nb_last_error());
+    for (int i = 0; i < TIE_N; i++)
+      twice += got[i] != (dt == NB_F16 ? nb_f32_to_f16((float)v[i]) : nb_f32_to_bf16((float)v[i]));
+    NBT_CHECK(twice == TIE_N / 3, "f64 ties -> %s: %d values round differently through f32, not one a tie",
+              nb_dtype_name(dt), twice);
+  }
   nb_scope_end();
 }
 
@@ -1001,6 +1083,7 @@ int main(void) {
   printf("%d CUDA device(s)%s\n", n, quick ? ", quick sizes" : "");
   struct { const char *name; void (*f)(void); } tests[] = {
     {"unary", test_unary}, {"binary", test_binary}, {"copy/cast", test_copy_cast},
+    {"cast ties", test_cast_ties},
     {"reduce", test_reduce}, {"matmul", test_matmul}, {"nn", test_nn}, {"index", test_index},
     {"random", test_random}, {"optim", test_optim}, {"errors/memory", test_errors_memory},
     {"fast paths", test_fast_paths},

@@ -80,13 +80,26 @@ __device__ __forceinline__ int64_t nb_to_f(uint8_t x) { return x; }
 
 /* Round-to-nearest-even stores, the same rounding as the CPU conversions. */
 template <typename T> __device__ __forceinline__ T nb_from_f(float x);
+template <> __device__ __forceinline__ double nb_from_f<double>(float x) { return x; }
 template <> __device__ __forceinline__ float nb_from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __half nb_from_f<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 nb_from_f<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
-template <typename T> __device__ __forceinline__ T nb_from_d(double x) { return nb_from_f<T>((float)x); }
+/* Stores a compute value (nb_acc: float or double) as T. A double goes to
+ * f16/bf16 in one rounding, the CPU's bits (core/half.h): one cvt.rn.f16.f64
+ * or cvt.rn.bf16.f64 (before sm_90 the header rounds bf16 to odd in f32
+ * first). Through f32, a double just off a tie of the 16-bit type rounds
+ * onto the tie and then to even, the wrong way (1 + 2^-11 + 2^-40 became f16
+ * 1.0). A float is stored directly: no slower trip through double. */
+template <typename T> __device__ __forceinline__ T nb_from_d(float x) { return nb_from_f<T>(x); }
+template <typename T> __device__ __forceinline__ T nb_from_d(double x);
 template <> __device__ __forceinline__ double nb_from_d<double>(double x) { return x; }
+template <> __device__ __forceinline__ float nb_from_d<float>(double x) { return (float)x; }
+template <> __device__ __forceinline__ __half nb_from_d<__half>(double x) { return __double2half(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 nb_from_d<__nv_bfloat16>(double x) {
+  return __double2bfloat16(x);
+}
 
 /* Runs body with T bound to the storage type of a float dtype. */
 #define NB_CUDA_FLOAT_SWITCH(dt, T, ...)                                       \
@@ -133,8 +146,8 @@ __device__ __forceinline__ void nb_store_any(void *p, int dt, double v) {
   switch (dt) {
   case NB_F64: *(double *)p = v; break;
   case NB_F32: *(float *)p = (float)v; break;
-  case NB_F16: *(__half *)p = __float2half_rn((float)v); break;
-  case NB_BF16: *(__nv_bfloat16 *)p = __float2bfloat16_rn((float)v); break;
+  case NB_F16: *(__half *)p = nb_from_d<__half>(v); break;
+  case NB_BF16: *(__nv_bfloat16 *)p = nb_from_d<__nv_bfloat16>(v); break;
   case NB_I64: *(int64_t *)p = nb_sat_i64(v, -9223372036854775808.0, 9223372036854774784.0); break;
   case NB_I32: *(int32_t *)p = (int32_t)nb_sat_i64(v, -2147483648.0, 2147483647.0); break;
   case NB_U8: *(uint8_t *)p = (uint8_t)nb_sat_i64(v, 0.0, 255.0); break;

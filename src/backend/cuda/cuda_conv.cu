@@ -58,7 +58,7 @@ __global__ void nb_col2im_kernel(T *x, const T *cols, nb_im2col_params p, int64_
         s += (A)nb_to_f(cols[(q * K + (int64_t)i * p.kw + j) * L + oy * p.ow + ox]);
       }
     }
-    x[e] = nb_from_d<T>((double)((A)nb_to_f(x[e]) + s));
+    x[e] = nb_from_d<T>((A)nb_to_f(x[e]) + s);
   }
 }
 
@@ -84,7 +84,7 @@ __global__ void nb_maxpool_fwd_kernel(T *y, int64_t *arg, const T *x, nb_im2col_
         }
       }
     }
-    y[e] = nb_from_d<T>((double)best);
+    y[e] = nb_from_d<T>(best);
     arg[e] = bi;
   }
 }
@@ -108,7 +108,7 @@ __global__ void nb_maxpool_bwd_kernel(T *dx, const T *dy, const int64_t *arg, nb
         if (arg[o] == me) s += (A)nb_to_f(dy[o]);
       }
     }
-    if (s != (A)0) dx[e] = nb_from_d<T>((double)((A)nb_to_f(dx[e]) + s));
+    if (s != (A)0) dx[e] = nb_from_d<T>((A)nb_to_f(dx[e]) + s);
   }
 }
 
@@ -128,7 +128,7 @@ __global__ void nb_avgpool_fwd_kernel(T *y, const T *x, nb_im2col_params p, int6
         if (ix >= 0 && ix < p.w) s += (A)nb_to_f(plane[iy * p.w + ix]);
       }
     }
-    y[e] = nb_from_d<T>((double)(s * inv));
+    y[e] = nb_from_d<T>(s * inv);
   }
 }
 
@@ -148,7 +148,7 @@ __global__ void nb_avgpool_bwd_kernel(T *dx, const T *dy, nb_im2col_params p, in
         if (ox >= 0) s += (A)nb_to_f(dy[q * L + oy * p.ow + ox]) * inv;
       }
     }
-    dx[e] = nb_from_d<T>((double)((A)nb_to_f(dx[e]) + s));
+    dx[e] = nb_from_d<T>((A)nb_to_f(dx[e]) + s);
   }
 }
 

@@ -110,7 +110,7 @@ __global__ void nb_copy_strided_kernel(E *out, const E *in, nb_iter it, int64_t 
 
 template <typename TO, typename TI>
 __global__ void nb_convert_contig_kernel(TO *out, const TI *in, int64_t n) {
-  NB_GRID_LOOP(i, n) out[i] = nb_from_d<TO>((double)nb_to_f(in[i]));
+  NB_GRID_LOOP(i, n) out[i] = nb_from_d<TO>(nb_to_f(in[i]));
 }
 
 /* Any dtype pair, any strides: integers convert exactly (saturating), floats
@@ -285,7 +285,7 @@ __device__ __forceinline__ int64_t nb_uop_int(int op, int64_t x) {
 }
 
 template <typename T> __device__ __forceinline__ T nb_uop_elem(int op, T x) {
-  return nb_from_d<T>((double)nb_uop_apply(op, nb_to_f(x)));
+  return nb_from_d<T>(nb_uop_apply(op, nb_to_f(x)));
 }
 template <> __device__ __forceinline__ float nb_uop_elem<float>(int op, float x) {
   return nb_uop_apply(op, x);
@@ -427,7 +427,7 @@ __device__ __forceinline__ int64_t nb_bop_int(int op, int64_t a, int64_t b) {
 template <typename T> struct nb_bop_elem {
   /* floats: compute in float (double for f64), store rounded */
   __device__ static __forceinline__ T run(int op, T a, T b) {
-    return nb_from_d<T>((double)nb_bop_apply(op, nb_to_f(a), nb_to_f(b)));
+    return nb_from_d<T>(nb_bop_apply(op, nb_to_f(a), nb_to_f(b)));
   }
   __device__ static __forceinline__ uint8_t cmp(int op, T a, T b) {
     return nb_bop_apply(op, nb_to_f(a), nb_to_f(b)) != 0;

@@ -302,7 +302,7 @@ __global__ void nb_scatter_add_atomic_kernel(T *out, const T *src, const char *i
 
 /* ---- deterministic scatter_add --------------------------------------------- */
 template <typename T>
-__device__ __forceinline__ T nb_acc_store(typename nb_acc<T>::type v) { return nb_from_d<T>((double)v); }
+__device__ __forceinline__ T nb_acc_store(typename nb_acc<T>::type v) { return nb_from_d<T>(v); }
 template <> __device__ __forceinline__ int64_t nb_acc_store<int64_t>(int64_t v) { return v; }
 template <> __device__ __forceinline__ int32_t nb_acc_store<int32_t>(int64_t v) { return (int32_t)(uint32_t)v; }
 template <> __device__ __forceinline__ uint8_t nb_acc_store<uint8_t>(int64_t v) { return (uint8_t)v; }

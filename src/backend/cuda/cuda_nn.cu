@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_kernel(T *y, const T *x, 
 #pragma unroll
       for (int k = 0; k < NB_ROW_CACHE; k++) {
         int64_t j = tid + (int64_t)k * bd;
-        if (j < D) yr[j * sy] = nb_from_d<T>((double)(log_ ? v[k] - lse : nb_exp_(v[k] - m) * inv));
+        if (j < D) yr[j * sy] = nb_from_d<T>(log_ ? v[k] - lse : nb_exp_(v[k] - m) * inv);
       }
     } else {
       A m = -INFINITY, s = 0;
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_kernel(T *y, const T *x, 
       A lse = m + nb_log_(s), inv = (A)1 / s;
       for (int64_t j = tid; j < D; j += bd) {
         A v = (A)nb_to_f(xr[j * sx]);
-        yr[j * sy] = nb_from_d<T>((double)(log_ ? v - lse : nb_exp_(v - m) * inv));
+        yr[j * sy] = nb_from_d<T>(log_ ? v - lse : nb_exp_(v - m) * inv);
       }
     }
   }
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_bwd_kernel(T *dx, const T *dy
 #pragma unroll
       for (int k = 0; k < NB_ROW_CACHE; k++) {
         int64_t j = tid + (int64_t)k * bd;
-        if (j < D) dxr[j * sdx] = nb_from_d<T>((double)(log_ ? g[k] - nb_exp_(v[k]) * s : v[k] * (g[k] - s)));
+        if (j < D) dxr[j * sdx] = nb_from_d<T>(log_ ? g[k] - nb_exp_(v[k]) * s : v[k] * (g[k] - s));
       }
     } else {
       A s = 0;
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_bwd_kernel(T *dx, const T *dy
       s = nb_block_sum(s, smem);
       for (int64_t j = tid; j < D; j += bd) {
         A g = (A)nb_to_f(dyr[j * sdy]), v = (A)nb_to_f(yr[j * sy]);
-        dxr[j * sdx] = nb_from_d<T>((double)(log_ ? g - nb_exp_(v) * s : v * (g - s)));
+        dxr[j * sdx] = nb_from_d<T>(log_ ? g - nb_exp_(v) * s : v * (g - s));
       }
     }
   }
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
         P o;
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o.v[e] = nb_from_a<T>(log_ ? f[e] - lse : nb_row_exp(f[e], m) * inv);
+          o.v[e] = nb_from_d<T>(log_ ? f[e] - lse : nb_row_exp(f[e], m) * inv);
         nb_st_row<STREAM>(yr + t + k * tpr, o);
       }
   }
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_bwd_rows(T *dx, const T *dy, 
         P o;
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o.v[e] = nb_from_a<T>(log_ ? fg[e] - nb_fast_exp(fy[e]) * s : fy[e] * (fg[e] - s));
+          o.v[e] = nb_from_d<T>(log_ ? fg[e] - nb_fast_exp(fy[e]) * s : fy[e] * (fg[e] - s));
         dxr[t + k * tpr] = o;
       }
   }
@@ -418,11 +418,11 @@ __global__ void __launch_bounds__(1024) nb_norm_fwd_kernel(T *y, const T *x, nb_
 #pragma unroll
       for (int k = 0; k < NB_ROW_CACHE; k++) {
         int64_t j = tid + (int64_t)k * bd;
-        if (j < a.D) yr[j] = nb_from_d<T>((double)nb_norm_out(a, v[k], mu, rs, j));
+        if (j < a.D) yr[j] = nb_from_d<T>(nb_norm_out(a, v[k], mu, rs, j));
       }
     } else {
       for (int64_t j = tid; j < a.D; j += bd)
-        yr[j] = nb_from_d<T>((double)nb_norm_out(a, (A)nb_to_f(xr[j]), mu, rs, j));
+        yr[j] = nb_from_d<T>(nb_norm_out(a, (A)nb_to_f(xr[j]), mu, rs, j));
     }
   }
 }
@@ -577,7 +577,7 @@ __global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const 
           A u = (f[e] - mu) * rs;
           if (wp) u *= fw[e];
           if (bp) u += fb[e];
-          o.v[e] = nb_from_a<T>(u);
+          o.v[e] = nb_from_d<T>(u);
         }
         nb_st_row<1>(yr + j, o);
       }
@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
         for (int e = 0; e < VEC; e++) {
           A d = fg[e], xh = (fx[e] - mu) * rs;
           A gg = wp ? d * fw[e] : d;
-          o.v[e] = nb_from_a<T>(rs * (gg - sg - xh * sgx));
+          o.v[e] = nb_from_d<T>(rs * (gg - sg - xh * sgx));
         }
         nb_st_row<1>(dxr + t + k * tpr, o);
       }
@@ -953,7 +953,7 @@ __global__ void __launch_bounds__(1024) nb_norm_bwd_dx_kernel(T *dx, const T *dy
     for (int64_t j = tid; j < a.D; j += bd) {
       A g = (A)nb_to_f(dyr[j]) * (A)nb_opt_load(a.w, a.wdt, j, 1.0);
       A xh = ((A)nb_to_f(xr[j]) - mu) * rs;
-      dxr[j] = nb_from_d<T>((double)(rs * (g - sg - xh * sgx)));
+      dxr[j] = nb_from_d<T>(rs * (g - sg - xh * sgx));
     }
   }
 }

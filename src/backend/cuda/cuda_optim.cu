@@ -70,9 +70,9 @@ __global__ void nb_adamw_kernel(T *p, const T *g, M *m, M *v, int64_t n,
   NB_GRID_LOOP(i, n) {
     C pi = (C)nb_to_f(p[i]), mi = (C)nb_to_f(m[i]), vi = (C)nb_to_f(v[i]);
     nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
-    m[i] = nb_from_d<M>((double)mi);
-    v[i] = nb_from_d<M>((double)vi);
-    p[i] = nb_from_d<T>((double)pi);
+    m[i] = nb_from_d<M>(mi);
+    v[i] = nb_from_d<M>(vi);
+    p[i] = nb_from_d<T>(pi);
   }
 }
 
@@ -140,7 +140,7 @@ nb_adamw_multi_kernel(const __grid_constant__ nb_am_table<T> tab,
           nb_adamw_elem<C>(k, (C)nb_to_f(gg[u].x[j]), pj, mj, vj);
           mf[j] = (float)mj;
           vf[j] = (float)vj;
-          pp[u].x[j] = nb_from_d<T>((double)pj);
+          pp[u].x[j] = nb_from_d<T>(pj);
         }
         *(nb_am4<T> *)(p + e) = pp[u];
         *(float4 *)(m + e) = mm[u];
@@ -151,7 +151,7 @@ nb_adamw_multi_kernel(const __grid_constant__ nb_am_table<T> tab,
           nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
           m[i] = (float)mi;
           v[i] = (float)vi;
-          p[i] = nb_from_d<T>((double)pi);
+          p[i] = nb_from_d<T>(pi);
         }
       }
     }
@@ -162,7 +162,7 @@ nb_adamw_multi_kernel(const __grid_constant__ nb_am_table<T> tab,
       nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
       m[i] = (float)mi;
       v[i] = (float)vi;
-      p[i] = nb_from_d<T>((double)pi);
+      p[i] = nb_from_d<T>(pi);
     }
   }
 }
@@ -176,10 +176,10 @@ __global__ void nb_sgd_kernel(T *p, const T *g, M *buf, int64_t n, double lr, do
     C d = (C)nb_to_f(g[i]) + (C)wd * pi;
     if (buf) {
       C b = (C)mom * (C)nb_to_f(buf[i]) + ((C)1 - (C)damp) * d;
-      buf[i] = nb_from_d<M>((double)b);
+      buf[i] = nb_from_d<M>(b);
       d = nesterov ? d + (C)mom * b : b;
     }
-    p[i] = nb_from_d<T>((double)(pi - (C)lr * d));
+    p[i] = nb_from_d<T>(pi - (C)lr * d);
   }
 }
 

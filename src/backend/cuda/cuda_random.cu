@@ -139,7 +139,7 @@ __global__ void nb_dropout_kernel(T *out, const T *x, nb_iter it, int64_t n, uin
     int64_t off[2];
     nb_iter_offsets<2>(it, i, off);
     C v = keep ? nb_to_f(x[off[1]]) * (C)scale : (C)0;
-    out[off[0]] = nb_from_d<T>((double)v);
+    out[off[0]] = nb_from_d<T>(v);
   }
 }
 

@@ -98,7 +98,7 @@ __device__ __forceinline__ void nb_red_store(int op, void *out, int64_t off, nb_
   if (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN)
     ((int64_t *)out)[off] = r.i == INT64_MAX ? 0 : r.i;
   else
-    ((T *)out)[off] = nb_from_d<T>((double)r.v);
+    ((T *)out)[off] = nb_from_d<T>(r.v);
 }
 template <> __device__ __forceinline__ void nb_red_store<int64_t, int64_t>(int op, void *out, int64_t off, nb_rv<int64_t> r) {
   ((int64_t *)out)[off] = (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN) ? (r.i == INT64_MAX ? 0 : r.i) : r.v;

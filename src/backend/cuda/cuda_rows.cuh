@@ -58,11 +58,6 @@ template <typename T, int VEC> struct alignas(sizeof(T) * VEC) nb_pack {
   T v[VEC];
 };
 
-/* Stores an accumulation-type value in T (f32 accumulators for the 16- and
- * 32-bit types, f64 for f64), rounding to nearest even. */
-template <typename T> __device__ __forceinline__ T nb_from_a(float x) { return nb_from_f<T>(x); }
-template <typename T> __device__ __forceinline__ T nb_from_a(double x) { return nb_from_d<T>(x); }
-
 /* A pack's elements in the accumulation type. The 16-bit types convert
  * through volatile asm, one 32-bit word (two elements) at a time: the
  * compiler then re-converts the packed row in each pass instead of keeping

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(1024) nb_xent_bwd_kernel(nb_xent_args a, T *dl
     for (int64_t j = tid; j < a.C; j += bd) {
       A p = valid ? nb_exp_((A)nb_to_f(xr[j * a.s_col]) - l) : (A)0;
       A q = valid ? base + (j == t ? hit : (A)0) : (A)0;
-      dr[j * sd_col] = nb_from_d<T>((double)(g * (p - q)));
+      dr[j * sd_col] = nb_from_d<T>(g * (p - q));
     }
   }
 }
@@ -302,10 +302,6 @@ __device__ __forceinline__ nb_xent_row<A> nb_xent_finish(const nb_xent_args &a, 
   return w;
 }
 
-/* Stores an accumulator value as T (no double round trip for float). */
-template <typename T> __device__ __forceinline__ T nb_xent_to(float x) { return nb_from_f<T>(x); }
-template <typename T> __device__ __forceinline__ T nb_xent_to(double x) { return nb_from_d<T>(x); }
-
 /* Ignored rows (and bad targets) get exact zeros, whatever their logits. */
 template <typename A>
 __device__ __forceinline__ A nb_xent_grad(const nb_xent_row<A> &w, A x, int64_t j) {
@@ -339,7 +335,7 @@ __global__ void __launch_bounds__(1024) nb_xent_fused_kernel(nb_xent_args a, nb_
     nb_xent_row<A> w = nb_xent_finish(a, io, r, xr, M, s, sx, scale);
     T *dr = dlog + r * sd_row;
     for (int64_t j = tid; j < a.C; j += bd)
-      dr[j * sd_col] = nb_xent_to<T>(nb_xent_grad(w, (A)nb_to_f(xr[j * a.s_col]), j));
+      dr[j * sd_col] = nb_from_d<T>(nb_xent_grad(w, (A)nb_to_f(xr[j * a.s_col]), j));
   }
   if (io.sync) nb_xent_reduce_last(a, io, nvalid);
 }
@@ -356,7 +352,7 @@ __device__ __forceinline__ void nb_xent_store_vec(const nb_xent_row<A> &w, const
   constexpr int E = 16 / sizeof(T);
   nb_xvec<T> o;
 #pragma unroll
-  for (int e = 0; e < E; e++) o.e[e] = nb_xent_to<T>(nb_xent_grad(w, (A)nb_to_f(q.e[e]), (int64_t)(i * E + e)));
+  for (int e = 0; e < E; e++) o.e[e] = nb_from_d<T>(nb_xent_grad(w, (A)nb_to_f(q.e[e]), (int64_t)(i * E + e)));
   __stcs(dv + i, o.u);
 }
 
