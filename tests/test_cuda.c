@@ -1060,6 +1060,34 @@ static double gs_rel(const double *x, const double *ref, int64_t n) {
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* f64 reference rows (all, or about 61 and the last) of a @ b: *rows, *nrow. */
+static double *gs_ref(const double *A, const double *B, int64_t M, int64_t N, int64_t K,
+                      int64_t **rows, int64_t *nrow) {
+  int64_t step = M * N * K <= ((int64_t)1 << 27) ? 1 : (M + 60) / 61, n = 0;
+  int64_t *r = malloc((size_t)(M / step + 2) * sizeof *r);
+  for (int64_t i = 0; i < M; i += step) r[n++] = i;
+  if ((M - 1) % step) r[n++] = M - 1;
+  double *ref = malloc((size_t)(n * N) * sizeof *ref);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0;
+      for (int64_t k = 0; k < K; k++) s += A[r[i] * K + k] * B[k * N + j];
+      ref[i * N + j] = s;
+    }
+  *rows = r;
+  *nrow = n;
+  return ref;
+}
+
+/* Relative error of the sampled rows of O (M x N) against ref. */
+static double gs_err(const double *O, const double *ref, const int64_t *rows, int64_t nrow, int64_t N) {
+  double *got = malloc((size_t)(nrow * N) * sizeof *got);
+  for (int64_t i = 0; i < nrow; i++) memcpy(got + i * N, O + rows[i] * N, (size_t)N * sizeof *got);
+  double e = gs_rel(got, ref, nrow * N);
+  free(got);
+  return e;
+}
+
 /* (r, c) operand stored row-major, or transposed (stored (c, r)), on the
  * CPU; *dev is the same view of a device copy of the stored tensor.
  * (Uploading the transposed view itself would give a contiguous device
@@ -1098,24 +1126,13 @@ static void gs_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
     return;
   }
   double *A = nbt_f64(a), *B = nbt_f64(b), *O = nbt_f64(own), *L = nbt_f64(lt);
-  /* sampled rows: all when small, else about 61 spread rows plus the last */
-  int64_t step = M * N * K <= ((int64_t)1 << 27) ? 1 : (M + 60) / 61, nrow = 0;
-  int64_t *rows = malloc((size_t)(M / step + 2) * sizeof *rows);
-  for (int64_t r = 0; r < M; r += step) rows[nrow++] = r;
-  if ((M - 1) % step) rows[nrow++] = M - 1;
-  double *ref = malloc((size_t)(nrow * N) * sizeof *ref), *got = malloc((size_t)(nrow * N) * sizeof *got);
-  for (int64_t i = 0; i < nrow; i++)
-    for (int64_t n = 0; n < N; n++) {
-      double s = 0;
-      for (int64_t k = 0; k < K; k++) s += A[rows[i] * K + k] * B[k * N + n];
-      ref[i * N + n] = s;
-      got[i * N + n] = O[rows[i] * N + n];
-    }
-  double e_ref = gs_rel(got, ref, nrow * N), e_lt = gs_rel(O, L, M * N);
+  int64_t *rows, nrow;
+  double *ref = gs_ref(A, B, M, N, K, &rows, &nrow);
+  double e_ref = gs_err(O, ref, rows, nrow, N), e_lt = gs_rel(O, L, M * N);
   NBT_CHECK(e_ref <= 1e-2, "%s: relative error vs float64 %g", name, e_ref);
   NBT_CHECK(e_lt <= 1e-2, "%s: relative difference vs cuBLASLt %g", name, e_lt);
   if (getenv("NABLA_TEST_VERBOSE")) printf("  %-44s ref %.2e  lt %.2e\n", name, e_ref, e_lt);
-  free(rows); free(ref); free(got); free(A); free(B); free(O); free(L);
+  free(rows); free(ref); free(A); free(B); free(O); free(L);
   nb_scope_end();
 }
 
@@ -1356,34 +1373,6 @@ static void gt_backend(int own) {
 /* Unit roundoff of the output dtype (f32: its accumulation differences). */
 static double gt_unit(nb_dtype dt) { return dt == NB_BF16 ? 0x1p-8 : dt == NB_F16 ? 0x1p-11 : 1e-5; }
 
-/* f64 reference rows (all, or about 61 and the last) of a @ b: *rows, *nrow. */
-static double *gt_ref(const double *A, const double *B, int64_t M, int64_t N, int64_t K,
-                      int64_t **rows, int64_t *nrow) {
-  int64_t step = M * N * K <= ((int64_t)1 << 27) ? 1 : (M + 60) / 61, n = 0;
-  int64_t *r = malloc((size_t)(M / step + 2) * sizeof *r);
-  for (int64_t i = 0; i < M; i += step) r[n++] = i;
-  if ((M - 1) % step) r[n++] = M - 1;
-  double *ref = malloc((size_t)(n * N) * sizeof *ref);
-  for (int64_t i = 0; i < n; i++)
-    for (int64_t j = 0; j < N; j++) {
-      double s = 0;
-      for (int64_t k = 0; k < K; k++) s += A[r[i] * K + k] * B[k * N + j];
-      ref[i * N + j] = s;
-    }
-  *rows = r;
-  *nrow = n;
-  return ref;
-}
-
-/* Relative error of the sampled rows of O (M x N) against ref. */
-static double gt_err(const double *O, const double *ref, const int64_t *rows, int64_t nrow, int64_t N) {
-  double *got = malloc((size_t)(nrow * N) * sizeof *got);
-  for (int64_t i = 0; i < nrow; i++) memcpy(got + i * N, O + rows[i] * N, (size_t)N * sizeof *got);
-  double e = gs_rel(got, ref, nrow * N);
-  free(got);
-  return e;
-}
-
 /* Every candidate on one problem (test layout flags as in gs_case). */
 static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb, int bits,
                     uint64_t seed) {
@@ -1391,7 +1380,7 @@ static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
   nb_tensor *ga, *gb, *a = gs_operand(seed, M, K, dt, ta, &ga), *b = gs_operand(seed + 1, K, N, dt, tb, &gb);
   double *A = nbt_f64(a), *B = nbt_f64(b), *O0 = NULL;
   int64_t *rows, nrow;
-  double *ref = gt_ref(A, B, M, N, K, &rows, &nrow);
+  double *ref = gs_ref(A, B, M, N, K, &rows, &nrow);
   size_t bytes = (size_t)(M * N) * nb_dtype_size(dt);
   char *bits0 = malloc(bytes), *bitsi = malloc(bytes);
   gt_backend(1);
@@ -1410,7 +1399,7 @@ static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
       free(O);
       break;
     }
-    double e_ref = gt_err(O, ref, rows, nrow, N), e_0 = i ? gs_rel(O, O0, M * N) : 0;
+    double e_ref = gs_err(O, ref, rows, nrow, N), e_0 = i ? gs_rel(O, O0, M * N) : 0;
     NBT_CHECK(e_ref <= 1e-2, "%s: relative error vs float64 %g", name, e_ref);
     if (i && bits && strcmp(gt_name(i), "stream-k") != 0)
       NBT_CHECK(memcmp(bits0, bitsi, bytes) == 0, "%s: the bits of candidate 0", name);
@@ -1464,10 +1453,10 @@ static void gt_inplace(int64_t M, int64_t N, int64_t K, uint64_t seed, int64_t *
   *launched = gs_launches() - n0;
   double *A = nbt_f64(a), *B = nbt_f64(b), *C = nbt_f64(c0), *O = nbt_f64(out);
   int64_t *rows, nrow;
-  double *ref = gt_ref(A, B, M, N, K, &rows, &nrow);
+  double *ref = gs_ref(A, B, M, N, K, &rows, &nrow);
   for (int64_t i = 0; i < nrow; i++)
     for (int64_t j = 0; j < N; j++) ref[i * N + j] += C[rows[i] * N + j];
-  double e = st == NB_OK ? gt_err(O, ref, rows, nrow, N) : INFINITY;
+  double e = st == NB_OK ? gs_err(O, ref, rows, nrow, N) : INFINITY;
   NBT_CHECK(e <= 1e-4, "gemm tune: out += a @ b in place (c is out), tuned: relative error %g (%s)", e,
             st ? nb_last_error() : "");
   nb_clear_error();
@@ -1498,7 +1487,7 @@ static void gt_cache(uint64_t seed) {
   nb_tensor *ga, *gb, *a = gs_operand(seed, M, K, NB_BF16, 1, &ga), *b = gs_operand(seed + 1, K, N, NB_BF16, 0, &gb);
   double *A = nbt_f64(a), *B = nbt_f64(b);
   int64_t *rows, nrow;
-  double *ref = gt_ref(A, B, M, N, K, &rows, &nrow);
+  double *ref = gs_ref(A, B, M, N, K, &rows, &nrow);
   gt_backend(1);
   int64_t n0 = gs_launches(), dev = n0 >= 0; /* the own kernel runs here */
   nb_tensor *off = nb_matmul(ga, gb);
@@ -1514,7 +1503,7 @@ static void gt_cache(uint64_t seed) {
     NBT_CHECK(gt_lines(path, key) == 1, "gemm tune: one cache line for %s in %s", key, path);
   }
   double *O = tuned ? nbt_f64(tuned) : NULL, *F = off ? nbt_f64(off) : NULL;
-  double e_ref = O ? gt_err(O, ref, rows, nrow, N) : INFINITY, e_off = O && F ? gs_rel(O, F, M * N) : INFINITY;
+  double e_ref = O ? gs_err(O, ref, rows, nrow, N) : INFINITY, e_off = O && F ? gs_rel(O, F, M * N) : INFINITY;
   NBT_CHECK(e_ref <= 1e-2, "gemm tune: tuned product vs float64 %g (%s)", e_ref, O ? "" : nb_last_error());
   NBT_CHECK(e_off <= gt_unit(NB_BF16), "gemm tune: tuned vs untuned differ by %g (more than rounding)", e_off);
   nb_clear_error();
