@@ -878,7 +878,7 @@ static void sm90_device_label(const nb_cuda_ctx *ctx, char *buf, size_t cap) {
   if (!name[0]) {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, ctx->dev) == cudaSuccess)
-      snprintf(name, sizeof sm90_names[0], "%s", prop.name);
+      snprintf(name, sizeof sm90_names[0], "%.*s", (int)sizeof sm90_names[0] - 1, prop.name);
     else
       snprintf(name, sizeof sm90_names[0], "sm90");
     cudaGetLastError();
