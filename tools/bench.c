@@ -150,6 +150,7 @@ typedef struct {
   int min_reps, max_reps;
   const char *json_path, *md_path, *only;
   int list;
+  int tuning; /* NABLA_AUTOTUNE=1: a case's first run may time GEMM candidates */
 } bench_opts;
 
 /* ---- counting: shapes, bytes, FLOPs ------------------------------------- */
@@ -512,12 +513,15 @@ static nb_status bench_measure(bench_case *c, const bench_opts *o) {
   double est = 0, spent = 0;
   int runs = 0;
   nb_status st;
-  /* Warm-up: at least one run (two unless one is slow), then until warm_ms. */
+  /* Warm-up: at least one run (two unless one is slow), then until warm_ms.
+   * With NABLA_AUTOTUNE=1 always two: the first may tune a GEMM (time its
+   * candidates), and est, which sizes the timed runs, must not include it. */
   do {
     st = bench_time_one(c, o->dev, &est);
     spent += est;
     runs++;
-  } while (!st && runs < 1000 && (spent < o->warm_ms || (runs < 2 && est < 1000.0)));
+  } while (!st && runs < 1000 &&
+           (spent < o->warm_ms || (runs < 2 && (est < 1000.0 || o->tuning))));
   if (st) return st;
   int reps = (int)ceil(o->target_ms / (est > 1e-4 ? est : 1e-4));
   if (reps < o->min_reps) reps = o->min_reps;
@@ -698,8 +702,9 @@ static int bench_write_json(const char *path, const bench_meta *m, const bench_o
   fputs(",\n  \"git_commit\": ", f);
   if (m->commit[0]) bench_json_str(f, m->commit);
   else fputs("null", f);
-  fprintf(f, ",\n  \"quick\": %s, \"deterministic\": %s, \"cpu_threads\": %d,\n  ",
-          o->quick ? "true" : "false", nb_deterministic() ? "true" : "false", m->threads);
+  fprintf(f, ",\n  \"quick\": %s, \"deterministic\": %s, \"autotune\": %s, \"cpu_threads\": %d,\n  ",
+          o->quick ? "true" : "false", nb_deterministic() ? "true" : "false",
+          o->tuning ? "true" : "false", m->threads);
   bench_json_num(f, "rotate_bytes", o->rotate_bytes, ", ");
   bench_json_num(f, "target_ms", o->target_ms, ",\n  ");
   fputs("\"timing\": \"device events around each run (CPU: host clock); median of reps after "
@@ -822,6 +827,13 @@ static void bench_usage(FILE *f) {
           "  --list         print the case ids and exit\n"
           "  --seconds S    timed runs per case fill about S seconds (default 0.5, quick 0.1)\n"
           "  --rotate-mb MB input sets per case total at least MB (default 256, CPU quick 64)\n"
+          "\n"
+          "NABLA_AUTOTUNE=1 times the GEMM candidates (the CPU GEMM's blockings; on CUDA\n"
+          "the own sm_90a kernel's schedules: NABLA_GEMM=own for matmul, by default for\n"
+          "matmul_bias_gelu) at the first use of each shape class, inside a case's first\n"
+          "warm-up run, never in the timed runs; the choices are cached in\n"
+          "NABLA_AUTOTUNE_CACHE (default ~/.cache/nabla/autotune.txt), so a second bench\n"
+          "runs them without timing. Without it: the heuristic choices, or cached ones.\n"
           "\nfamilies:");
   for (int k = 0; k < BK_COUNT; k++) fprintf(f, " %s", bench_family[k]);
   fprintf(f, "\n");
@@ -870,6 +882,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
   o->min_reps = o->quick ? 3 : cuda ? 10 : 5;
   o->max_reps = o->quick ? 50 : 500;
   o->rotate_bytes = BENCH_MIB * (rotate_mb >= 0 ? rotate_mb : (!cuda && o->quick) ? 64 : 256);
+  const char *tune = getenv("NABLA_AUTOTUNE");
+  o->tuning = tune && !strcmp(tune, "1");
   return 0;
 }
 
@@ -949,7 +963,9 @@ static int bench_run_all(const bench_opts *o, bench_meta *m, bench_case **run, i
   printf("nabla bench on %s (%s), %d CPU thread%s%s\n", m->device, m->device_name, m->threads,
          m->threads == 1 ? "" : "s", o->quick ? ", quick" : "");
   printf("times: median of device-event timings after warm-up, inputs rotated over >= %.0f MiB;"
-         " nabla's per-op host overhead included\n\n", o->rotate_bytes / BENCH_MIB);
+         " nabla's per-op host overhead included\n", o->rotate_bytes / BENCH_MIB);
+  if (o->tuning) printf("NABLA_AUTOTUNE=1: GEMM candidates are timed in each case's first warm-up run\n");
+  printf("\n");
   bench_print_header(stdout);
   for (int i = 0; i < n; i++) {
     bench_case *c = run[i];

@@ -15,6 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Seconds for one run of candidate i, or a negative value when i cannot run
  * for this problem (it is skipped). */
 typedef double (*nb_tune_time_fn)(void *ctx, int i);
@@ -50,4 +54,7 @@ void nb_tune_reset(void);
 /* Forces candidate i for every pick (-1: no forcing). For tests. */
 void nb_tune_force(int i);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

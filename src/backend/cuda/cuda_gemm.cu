@@ -462,6 +462,7 @@ static nb_status gx_check(const nb_kview *out, const nb_kview *a, const nb_kview
 }
 
 extern "C" int64_t nb_cuda_gemm_own_launches(int device) { return nb_sm90_launches(device); }
+extern "C" const char *nb_cuda_gemm_own_candidate(int i) { return nb_sm90_candidate(i); }
 
 extern "C" nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview *b,
                                      const nb_gemm_epilogue *ep) {

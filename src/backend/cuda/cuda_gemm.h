@@ -16,7 +16,9 @@ extern "C" {
  *   aux[r, n] = pre                      (when aux is given)
  *   out[r, n] = gelu ? gelu_tanh(pre) : pre
  * bias (N,), c and aux (M, N) are optional (NULL) and have out's dtype; c is
- * read only when beta != 0. gelu_tanh is the tanh form of the CPU backend. */
+ * read only when beta != 0, and may be out itself (each element of c is
+ * read before the same element of out is written). gelu_tanh is the tanh
+ * form of the CPU backend. */
 typedef struct {
   const nb_kview *bias, *c, *aux;
   float alpha, beta;
@@ -37,6 +39,11 @@ nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview
  * capability 9.0). Lets tests check that a case reached the kernel rather
  * than the cuBLASLt fallback. */
 int64_t nb_cuda_gemm_own_launches(int device);
+
+/* The name of candidate i among the own sm_90a GEMM's schedules that
+ * autotuning chooses from (NABLA_AUTOTUNE=1; nb_tune_force(i) in tests),
+ * NULL past the last. Candidate 0 is the choice when tuning is off. */
+const char *nb_cuda_gemm_own_candidate(int i);
 
 #ifdef __cplusplus
 }

@@ -36,13 +36,19 @@
  *     holding the tile's k = 0 part (it reaches it last in its range) adds
  *     the later parts in k order and stores the tile: deterministic, no
  *     atomics on data.
+ *   - Schedules: the raster group, stream-K or not and the grid size are
+ *     launch parameters, not template ones; a few candidate schedules are
+ *     timed per problem class with NABLA_AUTOTUNE=1 and the fastest cached
+ *     (backend/autotune.h); candidate 0, the heuristic above, otherwise.
  * The device code exists only in the sm_90a pass; other passes compile an
  * empty kernel, and the host never launches it off a 9.0 device. */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "backend/autotune.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemm_sm90.h"
 
@@ -59,10 +65,12 @@ constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kOutBuf = 64 * 128; /* one staging chunk: 64 rows x 128 bytes */
 constexpr int kOutBytes = kConsumers * 2 * kOutBuf;
 constexpr size_t kSmem = (size_t)kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * sizeof(uint64_t);
+constexpr int kGroupM = 8; /* the heuristic's tile raster: 8 tile rows walk N together */
 
 /* Everything but the tensor maps; passed by value. */
 struct sm90_params {
   int M, N, K, tiles_m, tiles_n, ktiles;
+  int group;       /* tile raster: this many tile rows walk N together */
   int sk;          /* stream-K schedule */
   int64_t work;    /* stream-K: tiles * ktiles */
   float alpha, beta;
@@ -80,7 +88,6 @@ struct sm90_params {
 
 #ifdef NB_SM90A_DEVICE
 constexpr int kBlock64 = 64 * 64 * 2; /* one 64 x 64 swizzled block */
-constexpr int kGroupM = 8; /* tile raster: 8 tile rows walk N together (L2 reuse) */
 __device__ __forceinline__ uint32_t sm90_smem(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -175,12 +182,12 @@ template <int TA, int TB> struct sm90_mma<__half, TA, TB> {
   }
 };
 
-/* Tile t of the grid in the raster order: kGroupM tile rows walk N together
+/* Tile t of the grid in the raster order: p.group tile rows walk N together
  * so that their A rows and B columns stay in L2. */
-__device__ __forceinline__ void sm90_tile(int t, int tiles_m, int tiles_n, int *m0, int *n0) {
-  int per_group = kGroupM * tiles_n;
-  int first_m = (t / per_group) * kGroupM;
-  int gsize = min(tiles_m - first_m, kGroupM);
+__device__ __forceinline__ void sm90_tile(int t, const sm90_params &p, int *m0, int *n0) {
+  int per_group = p.group * p.tiles_n;
+  int first_m = (t / per_group) * p.group;
+  int gsize = min(p.tiles_m - first_m, p.group);
   *m0 = (first_m + (t % per_group) % gsize) * kBM;
   *n0 = ((t % per_group) / gsize) * kBN;
 }
@@ -229,7 +236,7 @@ __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtens
   int tile, kb, ke;
   while (w.next(p, &tile, &kb, &ke)) {
     int m0, n0;
-    sm90_tile(tile, p.tiles_m, p.tiles_n, &m0, &n0);
+    sm90_tile(tile, p, &m0, &n0);
     for (int kt = kb; kt < ke; kt++, it++) {
       int s = it % kStages;
       uint32_t parity = (uint32_t)((it / kStages) & 1);
@@ -530,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* the first wgmma of each segment (scale-d 0) overwrites the accumulators */
     while (w.next(p, &tile, &kb, &ke)) {
       int m0, n0;
-      sm90_tile(tile, p.tiles_m, p.tiles_n, &m0, &n0);
+      sm90_tile(tile, p, &m0, &n0);
       sm90_consume<T, TA, TB>(d, c, ring, full, empty, it0, ke - kb, lead);
       it0 += ke - kb;
       if (kb > 0) { /* a later part of a split tile: its head stores it */
@@ -669,6 +676,68 @@ static int sm90_sk_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, uns
   return ok;
 }
 
+/* ---- schedules ------------------------------------------------------------
+ * The candidates among which autotuning chooses (backend/autotune.h). They
+ * change only which CTA computes which tile or k range, and in what order;
+ * the tile shape and the instructions stay, so the template instantiations
+ * do not multiply. Candidate 0 is the heuristic, the choice when tuning is
+ * off: raster groups of 8 tile rows, stream-K when sm90_use_sk says so, a
+ * persistent grid of min(tiles, SMs) CTAs. The others: groups of 4 or 16
+ * tile rows; never stream-K; stream-K whenever the workspace can be had
+ * (also for several waves of tiles: it evens out a last partial wave); one
+ * CTA per tile (not persistent: the hardware hands tiles to SMs as CTAs
+ * finish, without the overlap of one tile's stores with the next one's
+ * loads). Each output tile is still summed over k in order by one CTA,
+ * except that stream-K adds the partial sums of its k ranges in a fixed
+ * order: a candidate changes results at most by rounding. */
+static const char *const sm90_cand_names[] = {"default", "group4", "group16",
+                                              "data-parallel", "stream-k", "cta-per-tile"};
+static const struct {
+  int group;    /* tile rows per raster group */
+  int sk;       /* -1: as sm90_use_sk; 0: never; 1: whenever possible */
+  int per_tile; /* data-parallel grid of one CTA per tile */
+} sm90_cands[] = {{kGroupM, -1, 0}, {4, -1, 0}, {16, -1, 0}, {kGroupM, 0, 0}, {kGroupM, 1, 0},
+                  {kGroupM, 0, 1}};
+constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
+static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
+
+const char *nb_sm90_candidate(int i) { return i >= 0 && i < kCands ? sm90_cand_names[i] : NULL; }
+
+/* Candidate i for a problem of p's tiles: what it launches. Two candidates
+ * with the same schedule run the same kernel the same way. */
+struct sm90_sched {
+  int group, sk;
+  int64_t grid;
+};
+
+static sm90_sched sm90_resolve(int i, const sm90_params &p, int n_sm) {
+  int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
+  sm90_sched s;
+  /* a group of at least all the tile rows is one raster: column by column */
+  s.group = sm90_cands[i].group < p.tiles_m ? sm90_cands[i].group : p.tiles_m;
+  s.sk = sm90_cands[i].sk < 0 ? sm90_use_sk(tiles, p.ktiles, n_sm) : sm90_cands[i].sk;
+  s.grid = s.sk ? n_sm : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
+  return s;
+}
+
+static int sm90_same(const sm90_sched &a, const sm90_sched &b) {
+  return a.group == b.group && a.sk == b.sk && a.grid == b.grid;
+}
+
+/* Sets p's schedule to s and returns the grid; stream-K without its
+ * workspace falls back to the persistent data-parallel grid. */
+static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const sm90_sched &s) {
+  int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
+  p->group = s.group;
+  p->sk = 0;
+  if (s.sk && sm90_sk_get(ctx, &p->ws, &p->flags, &p->epoch)) {
+    p->sk = 1;
+    p->work = tiles * p->ktiles;
+    return s.grid;
+  }
+  return s.sk ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
+}
+
 /* ---- launch ----------------------------------------------------------------- */
 struct sm90_maps {
   CUtensorMap a, b, c, aux;
@@ -682,12 +751,11 @@ int64_t nb_sm90_launches(int dev) {
 }
 
 template <typename T, typename TO, int TA, int TB>
-static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const sm90_params &p) {
+static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const sm90_params &p,
+                             int64_t grid) {
   auto kern = sm90_gemm_kernel<T, TO, TA, TB>;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
               "matmul sm90: shared memory attribute");
-  int64_t grid = (int64_t)p.tiles_m * p.tiles_n;
-  if (p.sk || grid > ctx->n_sm) grid = ctx->n_sm; /* persistent: one CTA per SM */
   kern<<<(unsigned)grid, kThreads, kSmem, ctx->stream>>>(m.a, m.b, m.c, m.aux, p);
   __atomic_add_fetch(&sm90_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("sm90_gemm_kernel");
@@ -695,11 +763,21 @@ static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const s
 
 template <typename T, typename TO>
 static nb_status sm90_dispatch(const nb_cuda_ctx *ctx, int ta, int tb, const sm90_maps &m,
-                               const sm90_params &p) {
-  if (!ta && !tb) return sm90_launch<T, TO, 0, 0>(ctx, m, p);
-  if (!ta && tb) return sm90_launch<T, TO, 0, 1>(ctx, m, p);
-  if (ta && !tb) return sm90_launch<T, TO, 1, 0>(ctx, m, p);
-  return sm90_launch<T, TO, 1, 1>(ctx, m, p);
+                               const sm90_params &p, int64_t grid) {
+  if (!ta && !tb) return sm90_launch<T, TO, 0, 0>(ctx, m, p, grid);
+  if (!ta && tb) return sm90_launch<T, TO, 0, 1>(ctx, m, p, grid);
+  if (ta && !tb) return sm90_launch<T, TO, 1, 0>(ctx, m, p, grid);
+  return sm90_launch<T, TO, 1, 1>(ctx, m, p, grid);
+}
+
+/* Launches the kernel for operand dtype in and output dtype out on grid CTAs. */
+static nb_status sm90_go(const nb_cuda_ctx *ctx, nb_dtype in, nb_dtype out, int ta, int tb,
+                         const sm90_maps &m, const sm90_params &p, int64_t grid) {
+  if (in == NB_BF16)
+    return out == NB_F32 ? sm90_dispatch<__nv_bfloat16, float>(ctx, ta, tb, m, p, grid)
+                         : sm90_dispatch<__nv_bfloat16, __nv_bfloat16>(ctx, ta, tb, m, p, grid);
+  return out == NB_F32 ? sm90_dispatch<__half, float>(ctx, ta, tb, m, p, grid)
+                       : sm90_dispatch<__half, __half>(ctx, ta, tb, m, p, grid);
 }
 
 /* Folds the batch axes of v (the first nbd) into its row axis: 1 with the
@@ -777,6 +855,137 @@ static int sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview
   return ok;
 }
 
+/* ---- autotuning ------------------------------------------------------------
+ * The key: device name and SM count, "gemm_sm90", operand dtype (with the
+ * output's when it differs: an f32 output doubles the stores), layout as
+ * in BLAS for row-major matrices (N: a as stored, T: a transposed view; A
+ * then B) and the rows (batches folded in) x N x K class. No epilogue in
+ * the key: fused calls (nb_sm90_gemm_ex) share the plain product's choice.
+ * The candidates differ only in the schedule, and the epilogue is the same
+ * work per tile under each of them, so the product alone ranks them; and
+ * a fused call cannot be timed as itself into its own output, since its c
+ * may be that output (an in-place residual: each run would add c again).
+ * So a fused call that finds the key new times the plain product into
+ * scratch, and a plain call times itself into its output (every run
+ * overwrites it; the chosen run writes it last). */
+static pthread_mutex_t sm90_name_lock = PTHREAD_MUTEX_INITIALIZER;
+static char sm90_names[64][80]; /* per device; guarded by sm90_name_lock */
+
+/* "NAME-132sm" for the device into buf (the name is read once). */
+static void sm90_device_label(const nb_cuda_ctx *ctx, char *buf, size_t cap) {
+  pthread_mutex_lock(&sm90_name_lock);
+  char *name = sm90_names[ctx->dev]; /* dev < 64: sm90_device_ok */
+  if (!name[0]) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, ctx->dev) == cudaSuccess)
+      snprintf(name, sizeof sm90_names[0], "%.*s", (int)sizeof sm90_names[0] - 1, prop.name);
+    else
+      snprintf(name, sizeof sm90_names[0], "sm90");
+    cudaGetLastError();
+  }
+  snprintf(buf, cap, "%s-%dsm", name, ctx->n_sm);
+  pthread_mutex_unlock(&sm90_name_lock);
+}
+
+/* One candidate's timing: the plain product (p, maps m) into out (the
+ * caller's output, or scratch allocated on the first timing when scratch
+ * is set). Events on the context's stream. */
+struct sm90_tune {
+  const nb_cuda_ctx *ctx;
+  const sm90_problem *pr;
+  sm90_params p;
+  sm90_maps m;
+  nb_dtype out;
+  int scratch;
+  void *buf;
+  size_t bytes;
+  cudaEvent_t e0, e1;
+};
+
+/* Scratch output and events for the timings; 0 when they cannot be had. */
+static int sm90_tune_setup(sm90_tune *t) {
+  if (t->scratch && !t->buf) {
+    size_t bytes = (size_t)(t->pr->rows * t->pr->N) * nb_dtype_size(t->out);
+    if (!(t->buf = nb_cuda_scratch(t->ctx, bytes))) return 0;
+    t->bytes = bytes;
+    t->p.c = t->buf;
+    t->p.ldc = t->pr->N;
+    sm90_out_map(&t->m.c, &t->p.tma_c, &t->p.pairs_c, t->out, t->buf, t->pr->rows, t->pr->N, t->pr->N);
+    t->m.aux = t->m.c;
+  }
+  if (!t->e0 && cudaEventCreate(&t->e0) != cudaSuccess) t->e0 = NULL;
+  if (!t->e1 && cudaEventCreate(&t->e1) != cudaSuccess) t->e1 = NULL;
+  return t->e0 && t->e1;
+}
+
+/* nb_tune_time_fn: seconds of one run of candidate i; -1 when it would
+ * launch what an earlier candidate launched (timed there) or fails. One
+ * warm-up and the median of three calls come from nb_tune_pick. */
+static double sm90_time(void *arg, int i) {
+  sm90_tune *t = (sm90_tune *)arg;
+  sm90_sched s = sm90_resolve(i, t->p, t->ctx->n_sm);
+  for (int j = 0; j < i; j++)
+    if (sm90_same(sm90_resolve(j, t->p, t->ctx->n_sm), s)) return -1;
+  int had = nb_error_pending();
+  float ms = -1;
+  if (sm90_tune_setup(t)) {
+    sm90_params p = t->p;
+    int64_t grid = sm90_apply(t->ctx, &p, s);
+    cudaStream_t st = t->ctx->stream;
+    if (cudaEventRecord(t->e0, st) != cudaSuccess ||
+        sm90_go(t->ctx, t->pr->in, t->out, t->pr->ta, t->pr->tb, t->m, p, grid) != NB_OK ||
+        cudaEventRecord(t->e1, st) != cudaSuccess || cudaEventSynchronize(t->e1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, t->e0, t->e1) != cudaSuccess)
+      ms = -1;
+  }
+  if (ms < 0) { /* leave no error behind: the chosen run reports its own */
+    cudaGetLastError();
+    if (!had) nb_clear_error();
+    return -1;
+  }
+  return ms * 1e-3;
+}
+
+/* The candidate for a planned problem whose parameters (schedule unset)
+ * are p: cached, tuned (NABLA_AUTOTUNE=1) or 0. With tuning off and nothing
+ * cached, no key is built. ep: a fused call (times into scratch). */
+static int sm90_pick(const nb_cuda_ctx *ctx, const sm90_problem *pr, const sm90_params &p,
+                     nb_dtype out, int ep) {
+  if (!nb_tune_active()) return 0;
+  char dev[112], dtype[16], key[192];
+  const char layout[3] = {pr->ta ? 'T' : 'N', pr->tb ? 'N' : 'T', 0};
+  sm90_device_label(ctx, dev, sizeof dev);
+  if (out == pr->in) snprintf(dtype, sizeof dtype, "%s", nb_dtype_name(pr->in));
+  else snprintf(dtype, sizeof dtype, "%s-%s", nb_dtype_name(pr->in), nb_dtype_name(out));
+  const int64_t dims[3] = {pr->rows, pr->N, pr->K};
+  if (!nb_tune_key(key, sizeof key, dev, "gemm_sm90", dtype, layout, 3, dims)) return 0;
+  sm90_tune t;
+  memset(&t, 0, sizeof t);
+  t.ctx = ctx;
+  t.pr = pr;
+  t.p = p; /* the plain product: no epilogue */
+  t.p.alpha = 1.0f;
+  t.p.beta = 0.0f;
+  t.p.gelu = 0;
+  t.p.aux = NULL;
+  t.p.tma_aux = 0;
+  t.p.cin = NULL;
+  t.p.bias = NULL;
+  t.m = pr->m;
+  t.out = out;
+  t.scratch = ep;
+  /* a stream being captured into a graph must not be synchronised: no timing */
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  int capturing = cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess ||
+                  cap != cudaStreamCaptureStatusNone;
+  cudaGetLastError();
+  int i = nb_tune_pick(key, kCands, sm90_cand_names, capturing ? NULL : sm90_time, &t, 0);
+  if (t.e0) cudaEventDestroy(t.e0);
+  if (t.e1) cudaEventDestroy(t.e1);
+  nb_cuda_scratch_free(ctx, t.buf, t.bytes);
+  return i;
+}
+
 /* Runs a planned problem: out (and the epilogue's views, NULL ep = none). */
 static nb_status sm90_run(const nb_cuda_ctx *ctx, sm90_problem *pr, const nb_kview *out,
                           const nb_gemm_epilogue *ep, int64_t ldaux, int64_t ldcin) {
@@ -805,16 +1014,9 @@ static nb_status sm90_run(const nb_cuda_ctx *ctx, sm90_problem *pr, const nb_kvi
     p.ldcin = ldcin;
   }
   if (ep && ep->bias) p.bias = ep->bias->data;
-  int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
-  if (sm90_use_sk(tiles, p.ktiles, ctx->n_sm) && sm90_sk_get(ctx, &p.ws, &p.flags, &p.epoch)) {
-    p.sk = 1;
-    p.work = tiles * p.ktiles;
-  }
-  if (pr->in == NB_BF16)
-    return out->dtype == NB_F32 ? sm90_dispatch<__nv_bfloat16, float>(ctx, pr->ta, pr->tb, pr->m, p)
-                                : sm90_dispatch<__nv_bfloat16, __nv_bfloat16>(ctx, pr->ta, pr->tb, pr->m, p);
-  return out->dtype == NB_F32 ? sm90_dispatch<__half, float>(ctx, pr->ta, pr->tb, pr->m, p)
-                              : sm90_dispatch<__half, __half>(ctx, pr->ta, pr->tb, pr->m, p);
+  int cand = sm90_pick(ctx, pr, p, out->dtype, ep != NULL);
+  int64_t grid = sm90_apply(ctx, &p, sm90_resolve(cand, p, ctx->n_sm));
+  return sm90_go(ctx, pr->in, out->dtype, pr->ta, pr->tb, pr->m, p, grid);
 }
 
 int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,

@@ -21,6 +21,10 @@ int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *
 int nb_sm90_gemm_ex(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
                     const nb_kview *b, const nb_gemm_epilogue *ep, nb_status *st);
 
+/* The name of schedule candidate i for autotuning (backend/autotune.h),
+ * NULL past the last; candidate 0 is the heuristic used when tuning is off. */
+const char *nb_sm90_candidate(int i);
+
 /* Launches of the own kernel so far in this process; -1 when device is not
  * compute capability 9.0 (the kernel never runs there). */
 int64_t nb_sm90_launches(int dev);
