@@ -54,6 +54,9 @@ __global__ void nb_rand_kernel(char *out, int dt, int64_t es, nb_iter it, int64_
     if (kind == 0) { /* v = fma(hi - lo, u, lo) in double, as the CPU */
       double u = dt == NB_F64 ? nb_u53_dev(w[0], w[1]) : (double)nb_u01_dev(w[0]);
       v = __fma_rn(b - a, u, a);
+      /* f16/bf16 round from the f32 value, as the CPU documents: nb_store_any
+       * would round the double once, which differs at f32's ties */
+      if (dt != NB_F64) v = (double)__double2float_rn(v);
     } else if (dt == NB_F64) {
       /* u1 = 1 - u53(w0, w1) in (0, 1], u2 = u53(w2, w3) */
       double u1 = __dadd_rn(1.0, -nb_u53_dev(w[0], w[1])), u2 = nb_u53_dev(w[2], w[3]);
