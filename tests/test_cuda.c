@@ -1219,8 +1219,8 @@ static void gs_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
   nb_scope_end();
 }
 
-/* Stream-K (fewer tiles than SMs, long K) gives the same bits on every run:
- * the partial tiles are added in a fixed order. */
+/* Split-K (few tiles, long K) gives the same bits on every run: the partial
+ * tiles are added in a fixed order. */
 static void gs_repeat(int64_t M, int64_t N, int64_t K, int ta, uint64_t seed) {
   nb_scope_begin();
   nb_tensor *ga, *gb;
@@ -1405,7 +1405,7 @@ static void test_gemm_sm90(void) {
           nb_dtype od = fi % 2 ? dts[d] : NB_F32;
           ge_case(eshape[s][0], eshape[s][1], eshape[s][2], dts[d], od, lay & 1, lay >> 1, flags[fi], seed++);
         }
-  if (!quick) { /* GPT-2 mlp fc forward with bias + GELU + pre-activation; a stream-K dW shape */
+  if (!quick) { /* GPT-2 mlp fc forward with bias + GELU + pre-activation; a split-K dW shape */
     ge_case(16384, 3072, 768, NB_BF16, NB_BF16, 0, 1, GE_BIAS | GE_GELU | GE_AUX, seed++);
     ge_case(2304, 768, 16384, NB_BF16, NB_F32, 1, 0, GE_RESID, seed++);
   }
@@ -1564,7 +1564,7 @@ static void gt_cache(uint64_t seed) {
   unsetenv("NABLA_AUTOTUNE");
   nb_tune_reset();
   nb_scope_begin();
-  /* the stream-K shape, A transposed: key .../gemm_sm90/bf16/TN/1024x1024x8192 */
+  /* the split-K shape, A transposed: key .../gemm_sm90/bf16/TN/1024x1024x8192 */
   int64_t M = 1000, N = 520, K = 4136;
   const char *key = "/gemm_sm90/bf16/TN/1024x1024x8192\t";
   nb_tensor *ga, *gb, *a = gs_operand(seed, M, K, NB_BF16, 1, &ga), *b = gs_operand(seed + 1, K, N, NB_BF16, 0, &gb);
@@ -1648,7 +1648,7 @@ static void test_gemm_tune(void) {
   uint64_t seed = 15000;
   /* 17 x 9 = 153 tiles, more than any H100's SMs: data-parallel by default */
   gt_case(2176, 2304, 520, NB_BF16, 0, 1, 1, seed += 2);
-  /* 8 x 3 tiles over 65 k-tiles: stream-K by default; TN, tails in M, N, K */
+  /* 8 x 3 tiles over 65 k-tiles: split-K (4 parts) by default; TN, tails in M, N, K */
   gt_case(1000, 520, 4136, NB_BF16, 1, 0, 0, seed += 2);
   if (!quick) {
     gt_case(1000, 1000, 64, NB_F16, 0, 0, 0, seed += 2); /* one k-tile: forced stream-K has empty ranges */

@@ -29,14 +29,18 @@
  *     rewritten only after the store two chunks back has read it
  *     (cp.async.bulk.wait_group.read 1). TMA clips rows and columns past the
  *     edges. An output TMA cannot describe is stored directly instead.
- *   - Stream-K: when there are fewer tiles than SMs and K is long (weight
- *     gradients), the grid's CTAs split the tiles' k-iterations evenly
- *     instead. A CTA whose range starts inside a tile writes that partial
- *     tile (f32) to a workspace slot of its own and raises a flag; the CTA
- *     holding the tile's k = 0 part (it reaches it last in its range) adds
- *     the later parts in k order and stores the tile: deterministic, no
- *     atomics on data.
- *   - Schedules: the raster group, stream-K or not and the grid size are
+ *   - Split-K: when the tiles fill at most half of the SMs and K is long
+ *     (weight gradients), each tile's k range is cut into S equal parts,
+ *     one CTA each (S * tiles <= SMs, one wave). CTA u takes part u / tiles
+ *     of tile u % tiles, so all CTAs of a part read the same k columns at
+ *     the same time and share them in L2. A part other than the last
+ *     writes its partial tile (f32) to a workspace slot of its own and
+ *     raises a flag; the last part's CTA (the highest-numbered: it waits
+ *     only on CTAs launched before it) adds the others in part order and
+ *     stores the tile: deterministic, no atomics on data. Stream-K (an
+ *     even split of the k-iterations over the CTAs, a tuning candidate)
+ *     uses the same partial tiles.
+ *   - Schedules: the raster group, split-K, stream-K and the grid size are
  *     launch parameters, not template ones; a few candidate schedules are
  *     timed per problem class with NABLA_AUTOTUNE=1 and the fastest cached
  *     (backend/autotune.h); candidate 0, the heuristic above, otherwise.
@@ -73,6 +77,7 @@ struct sm90_params {
   int group;       /* tile raster: this many tile rows walk N together */
   int sk;          /* stream-K schedule */
   int64_t work;    /* stream-K: tiles * ktiles */
+  int splits;      /* split-K: k parts per tile, one CTA each (1: no split-K) */
   float alpha, beta;
   int gelu;
   int tma_c, tma_aux;     /* store through TMA (maps valid) */
@@ -81,8 +86,8 @@ struct sm90_params {
   void *aux; int64_t ldaux;      /* NULL: no pre-activation output */
   const void *cin; int64_t ldcin; /* read when beta != 0 */
   const void *bias;               /* NULL: none */
-  float *ws;                      /* stream-K partial tiles, one slot per CTA */
-  unsigned *flags;                /* stream-K: per (CTA, consumer) epoch */
+  float *ws;                      /* split partial tiles, one slot per CTA */
+  unsigned *flags;                /* split tiles: per (CTA, consumer) epoch */
   unsigned epoch;
 };
 
@@ -196,7 +201,11 @@ __device__ __forceinline__ void sm90_tile(int t, const sm90_params &p, int *m0, 
  * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ... Stream-K: CTA c
  * owns k-iterations [c W / P, (c + 1) W / P) of the W = tiles * ktiles
  * iterations laid end to end, cut into segments at tile boundaries. Only a
- * CTA's first segment can start inside a tile (kb > 0). */
+ * CTA's first segment can start inside a tile (kb > 0). Split-K: one
+ * segment, part blockIdx.x / tiles of tile blockIdx.x % tiles.
+ * A segment's role: store a whole tile, put a partial tile, or be the
+ * tile's head, which adds the other parts' partials and stores it. */
+enum { SM90_WHOLE, SM90_PUT, SM90_HEAD };
 __device__ __forceinline__ int64_t sm90_sk_begin(const sm90_params &p, int c) {
   return (int64_t)c * p.work / gridDim.x;
 }
@@ -204,15 +213,27 @@ struct sm90_walk {
   int64_t it, end;
   __device__ __forceinline__ explicit sm90_walk(const sm90_params &p) {
     it = p.sk ? sm90_sk_begin(p, blockIdx.x) : blockIdx.x;
-    end = p.sk ? sm90_sk_begin(p, blockIdx.x + 1) : (int64_t)p.tiles_m * p.tiles_n;
+    end = p.sk ? sm90_sk_begin(p, blockIdx.x + 1)
+          : p.splits > 1 ? it + 1 : (int64_t)p.tiles_m * p.tiles_n;
   }
-  /* The next segment: tile, k-tiles [kb, ke). false when done. */
-  __device__ __forceinline__ bool next(const sm90_params &p, int *tile, int *kb, int *ke) {
+  /* The next segment: tile, k-tiles [kb, ke), role. false when done. */
+  __device__ __forceinline__ bool next(const sm90_params &p, int *tile, int *kb, int *ke, int *role) {
     if (it >= end) return false;
+    if (p.splits > 1) {
+      /* the last part is the head: a CTA waits only on lower-numbered ones */
+      int tiles = p.tiles_m * p.tiles_n, part = (int)it / tiles;
+      *tile = (int)it % tiles;
+      *kb = (int)((int64_t)part * p.ktiles / p.splits);
+      *ke = (int)((int64_t)(part + 1) * p.ktiles / p.splits);
+      *role = part == p.splits - 1 ? SM90_HEAD : SM90_PUT;
+      it = end;
+      return true;
+    }
     if (!p.sk) {
       *tile = (int)it;
       *kb = 0;
       *ke = p.ktiles;
+      *role = SM90_WHOLE;
       it += gridDim.x;
       return true;
     }
@@ -220,6 +241,7 @@ struct sm90_walk {
     *kb = (int)(it % p.ktiles);
     int64_t left = end - it;
     *ke = left < p.ktiles - *kb ? *kb + (int)left : p.ktiles;
+    *role = *kb > 0 ? SM90_PUT : *ke < p.ktiles ? SM90_HEAD : SM90_WHOLE;
     it += *ke - *kb;
     return true;
   }
@@ -233,8 +255,8 @@ __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtens
                                              uint32_t empty) {
   int it = 0; /* k-tiles issued so far: selects stage and phase */
   sm90_walk w(p);
-  int tile, kb, ke;
-  while (w.next(p, &tile, &kb, &ke)) {
+  int tile, kb, ke, role;
+  while (w.next(p, &tile, &kb, &ke, &role)) {
     int m0, n0;
     sm90_tile(tile, p, &m0, &n0);
     for (int kt = kb; kt < ke; kt++, it++) {
@@ -287,7 +309,7 @@ __device__ __forceinline__ void sm90_consume(float *d, int c, uint32_t ring, uin
   if (lead) sm90_bar_arrive(empty + 8 * ((it0 + ktiles - 1) % kStages));
 }
 
-/* ---- stream-K partial tiles ----------------------------------------------
+/* ---- split partial tiles (split-K, stream-K) ------------------------------
  * A slot holds one CTA's 128 x 256 f32 partial in fragment order: float4 q
  * of consumer c's thread t at (c * 32 + q) * 128 + t, so both the write and
  * the read are 16-byte accesses contiguous across the warpgroup. */
@@ -304,30 +326,41 @@ __device__ __forceinline__ void sm90_partial_put(const float *d, const sm90_para
                  : "memory");
 }
 
-/* The head of a split tile: adds the partials of the CTAs after this one
- * whose ranges start inside the tile, in k order (a fixed order: the sum
- * does not depend on which CTA finished first). */
-__device__ __forceinline__ void sm90_partial_add(float *d, const sm90_params &p, int c, int tile) {
+/* Adds CTA o's partial (consumer c's half) once its flag shows this launch. */
+__device__ __forceinline__ void sm90_partial_take(float *d, const sm90_params &p, int c, int o) {
   int t = threadIdx.x % 128;
+  if (t == 0) {
+    const unsigned *f = p.flags + 2 * o + c;
+    unsigned v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+    } while (v != p.epoch);
+  }
+  sm90_wg_sync(c);
+  const float4 *slot = (const float4 *)(p.ws + (size_t)o * kBM * kBN) + c * 32 * 128;
+#pragma unroll
+  for (int q = 0; q < 32; q++) {
+    float4 v = __ldcg(slot + q * 128 + t);
+    d[4 * q] += v.x; d[4 * q + 1] += v.y; d[4 * q + 2] += v.z; d[4 * q + 3] += v.w;
+  }
+}
+
+/* The head of a split tile adds the other parts' partials in a fixed order,
+ * so the sum does not depend on which CTA finished first. Stream-K: the
+ * CTAs after this one whose ranges start inside the tile, in k order.
+ * Split-K: parts 0 .. S-2 (CTAs tile + s * tiles) onto the last part's. */
+__device__ __forceinline__ void sm90_partial_add(float *d, const sm90_params &p, int c, int tile) {
+  if (p.splits > 1) {
+    int tiles = p.tiles_m * p.tiles_n;
+    for (int s = 0; s < p.splits - 1; s++) sm90_partial_take(d, p, c, tile + s * tiles);
+    return;
+  }
   int64_t tile_end = (int64_t)(tile + 1) * p.ktiles;
   for (int o = blockIdx.x + 1; o < (int)gridDim.x; o++) {
     int64_t b = sm90_sk_begin(p, o);
     if (b >= tile_end) break;
     if (sm90_sk_begin(p, o + 1) == b) continue; /* an empty range */
-    if (t == 0) {
-      const unsigned *f = p.flags + 2 * o + c;
-      unsigned v;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-      } while (v != p.epoch);
-    }
-    sm90_wg_sync(c);
-    const float4 *slot = (const float4 *)(p.ws + (size_t)o * kBM * kBN) + c * 32 * 128;
-#pragma unroll
-    for (int q = 0; q < 32; q++) {
-      float4 v = __ldcg(slot + q * 128 + t);
-      d[4 * q] += v.x; d[4 * q + 1] += v.y; d[4 * q + 2] += v.z; d[4 * q + 3] += v.w;
-    }
+    sm90_partial_take(d, p, c, o);
   }
 }
 
@@ -533,18 +566,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 128; i++) d[i] = 0.0f;
     int c = wg - 1, it0 = 0, nbuf = 0, lead = threadIdx.x % 128 == 0;
     sm90_walk w(p);
-    int tile, kb, ke;
+    int tile, kb, ke, role;
     /* the first wgmma of each segment (scale-d 0) overwrites the accumulators */
-    while (w.next(p, &tile, &kb, &ke)) {
+    while (w.next(p, &tile, &kb, &ke, &role)) {
       int m0, n0;
       sm90_tile(tile, p, &m0, &n0);
       sm90_consume<T, TA, TB>(d, c, ring, full, empty, it0, ke - kb, lead);
       it0 += ke - kb;
-      if (kb > 0) { /* a later part of a split tile: its head stores it */
+      if (role == SM90_PUT) { /* one part of a split tile: its head stores it */
         sm90_partial_put(d, p, c);
         continue;
       }
-      if (ke < p.ktiles) sm90_partial_add(d, p, c, tile);
+      if (role == SM90_HEAD) sm90_partial_add(d, p, c, tile);
       sm90_epilogue<TO>(d, p, &mc, &maux, stage, c, &nbuf, m0 + 64 * c, n0);
     }
     /* the staging buffers must stay until the last stores have read them */
@@ -622,17 +655,45 @@ static void sm90_out_map(CUtensorMap *m, int *tma, int *pairs, nb_dtype dt, void
   *tma = sm90_map(m, dt, p, N, rows, ld, (uint32_t)(128 / es), 64);
 }
 
-/* ---- stream-K ------------------------------------------------------------
- * Used when the tiles do not fill the SMs and K is long enough that an even
- * split of the k-iterations (plus about 4 k-tiles' worth of partial-tile
- * traffic) beats one partly empty wave by 10%. The workspace (one partial
- * tile per SM and two flags per CTA) is allocated once per device and kept;
- * flags carry a launch epoch, so they never need clearing. Launches on the
- * device's one stream run in order, so one workspace serves them all. */
-static int sm90_use_sk(int64_t tiles, int64_t ktiles, int n_sm) {
-  if (tiles >= n_sm) return 0;
-  double per = (double)tiles * (double)ktiles / n_sm;
-  return per >= 8 && per + 4 < 0.9 * (double)ktiles;
+/* ---- split tiles: split-K and stream-K -----------------------------------
+ * Split-K (the heuristic's choice when the tiles do not fill the SMs): S
+ * parts per tile, CTA u on part u / tiles of tile u % tiles. All CTAs of a
+ * part read the same k columns at the same time, so L2 serves the panels
+ * they share. Stream-K (a tuning candidate only) splits the k-iterations
+ * evenly instead, which staggers the CTAs over k: on the H100 the GPT-2
+ * weight-gradient shapes ran 0.54-0.63x cuBLASLt with it (2304x768x16384
+ * TN 0.170 ms), below one partly empty data-parallel wave (768x3072x16384
+ * TN 0.157 against 0.222 ms).
+ * S minimises a time in k-tiles: waves of one CTA per SM times the part's
+ * k-tiles, plus kPartCost for each partial the head adds (a 128 KB f32
+ * tile read from L2 costs about what 3 k-tiles of loads and wgmma do);
+ * among S within 5% of the best, the fewest parts. Parts are at least 8
+ * k-tiles long and the non-head parts fit the workspace's slots.
+ * The workspace (kSlotsPerSM partial tiles per SM and two flags per slot)
+ * is allocated once per device and kept; flags carry a launch epoch, so
+ * they never need clearing. Launches on the device's one stream run in
+ * order, so one workspace serves them all. */
+constexpr int kSlotsPerSM = 2;
+constexpr double kPartCost = 3.0;
+
+static double sm90_split_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t s) {
+  int64_t waves = (tiles * s + n_sm - 1) / n_sm;
+  return (double)(waves * ((ktiles + s - 1) / s)) + kPartCost * (double)(s - 1);
+}
+
+static int sm90_splits(int64_t tiles, int64_t ktiles, int n_sm) {
+  if (tiles >= n_sm) return 1;
+  int64_t top = ktiles / 8, slots = (int64_t)kSlotsPerSM * n_sm;
+  if (top > 16) top = 16;
+  while (top > 1 && (top - 1) * tiles > slots) top--;
+  double best = sm90_split_cost(tiles, ktiles, n_sm, 1);
+  for (int64_t s = 2; s <= top; s++) {
+    double c = sm90_split_cost(tiles, ktiles, n_sm, s);
+    if (c < best) best = c;
+  }
+  for (int64_t s = 1; s <= top; s++)
+    if (sm90_split_cost(tiles, ktiles, n_sm, s) <= 1.05 * best) return (int)s;
+  return 1;
 }
 
 static pthread_mutex_t sm90_sk_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -643,29 +704,30 @@ static struct {
   int slots;
 } sm90_sk[64]; /* per device; guarded by sm90_sk_lock */
 
-/* The device's workspace for n_sm CTAs and the next epoch; 0 when it cannot
- * be had (the caller then runs data-parallel). */
+/* The device's workspace (kSlotsPerSM slots per SM) and the next epoch; 0
+ * when it cannot be had (the caller then runs data-parallel). */
 static int sm90_sk_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch) {
   if (ctx->dev < 0 || ctx->dev >= 64) return 0;
   pthread_mutex_lock(&sm90_sk_lock);
   auto *s = &sm90_sk[ctx->dev];
-  if (s->slots < ctx->n_sm) {
+  int want = kSlotsPerSM * ctx->n_sm;
+  if (s->slots < want) {
     if (s->ws) cudaFree(s->ws); /* not reached with one n_sm per device */
     s->ws = NULL;
     s->slots = 0;
-    size_t tile = (size_t)kBM * kBN * sizeof(float), fl = (size_t)2 * ctx->n_sm * sizeof(unsigned);
+    size_t tile = (size_t)kBM * kBN * sizeof(float), fl = (size_t)2 * want * sizeof(unsigned);
     void *m = NULL;
-    if (cudaMalloc(&m, tile * ctx->n_sm + fl) == cudaSuccess &&
-        cudaMemsetAsync((char *)m + tile * ctx->n_sm, 0, fl, ctx->stream) == cudaSuccess) {
+    if (cudaMalloc(&m, tile * want + fl) == cudaSuccess &&
+        cudaMemsetAsync((char *)m + tile * want, 0, fl, ctx->stream) == cudaSuccess) {
       s->ws = (float *)m;
-      s->flags = (unsigned *)((char *)m + tile * ctx->n_sm);
-      s->slots = ctx->n_sm;
+      s->flags = (unsigned *)((char *)m + tile * want);
+      s->slots = want;
     } else {
       if (m) cudaFree(m);
       cudaGetLastError();
     }
   }
-  int ok = s->slots >= ctx->n_sm;
+  int ok = s->slots >= want;
   if (ok) {
     if (++s->epoch == 0) s->epoch = 1; /* 0 is the cleared state */
     *ws = s->ws;
@@ -681,20 +743,21 @@ static int sm90_sk_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, uns
  * change only which CTA computes which tile or k range, and in what order;
  * the tile shape and the instructions stay, so the template instantiations
  * do not multiply. Candidate 0 is the heuristic, the choice when tuning is
- * off: raster groups of 8 tile rows, stream-K when sm90_use_sk says so, a
- * persistent grid of min(tiles, SMs) CTAs. The others: groups of 4 or 16
- * tile rows; never stream-K; stream-K whenever the workspace can be had
- * (also for several waves of tiles: it evens out a last partial wave); one
- * CTA per tile (not persistent: the hardware hands tiles to SMs as CTAs
- * finish, without the overlap of one tile's stores with the next one's
- * loads). Each output tile is still summed over k in order by one CTA,
- * except that stream-K adds the partial sums of its k ranges in a fixed
- * order: a candidate changes results at most by rounding. */
+ * off: raster groups of 8 tile rows, split-K when sm90_splits says so,
+ * else a persistent grid of min(tiles, SMs) CTAs. The others: groups of 4
+ * or 16 tile rows (split-K as the heuristic); data-parallel (never split);
+ * stream-K whenever the workspace can be had (also for several waves of
+ * tiles: it evens out a last partial wave); one CTA per tile (not
+ * persistent: the hardware hands tiles to SMs as CTAs finish, without the
+ * overlap of one tile's stores with the next one's loads). An output tile
+ * is summed over k in order by one CTA, except that split-K and stream-K
+ * add the partial sums of their k ranges in a fixed order: a candidate
+ * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default", "group4", "group16",
                                               "data-parallel", "stream-k", "cta-per-tile"};
 static const struct {
   int group;    /* tile rows per raster group */
-  int sk;       /* -1: as sm90_use_sk; 0: never; 1: whenever possible */
+  int sk;       /* -1: the heuristic's split-K (sm90_splits); 0: neither; 1: stream-K */
   int per_tile; /* data-parallel grid of one CTA per tile */
 } sm90_cands[] = {{kGroupM, -1, 0}, {4, -1, 0}, {16, -1, 0}, {kGroupM, 0, 0}, {kGroupM, 1, 0},
                   {kGroupM, 0, 1}};
@@ -706,7 +769,7 @@ const char *nb_sm90_candidate(int i) { return i >= 0 && i < kCands ? sm90_cand_n
 /* Candidate i for a problem of p's tiles: what it launches. Two candidates
  * with the same schedule run the same kernel the same way. */
 struct sm90_sched {
-  int group, sk;
+  int group, sk, splits;
   int64_t grid;
 };
 
@@ -715,27 +778,32 @@ static sm90_sched sm90_resolve(int i, const sm90_params &p, int n_sm) {
   sm90_sched s;
   /* a group of at least all the tile rows is one raster: column by column */
   s.group = sm90_cands[i].group < p.tiles_m ? sm90_cands[i].group : p.tiles_m;
-  s.sk = sm90_cands[i].sk < 0 ? sm90_use_sk(tiles, p.ktiles, n_sm) : sm90_cands[i].sk;
-  s.grid = s.sk ? n_sm : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
+  s.sk = sm90_cands[i].sk > 0;
+  s.splits = sm90_cands[i].sk < 0 ? sm90_splits(tiles, p.ktiles, n_sm) : 1;
+  s.grid = s.sk ? n_sm
+           : s.splits > 1 ? tiles * s.splits
+           : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   return s;
 }
 
 static int sm90_same(const sm90_sched &a, const sm90_sched &b) {
-  return a.group == b.group && a.sk == b.sk && a.grid == b.grid;
+  return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.grid == b.grid;
 }
 
-/* Sets p's schedule to s and returns the grid; stream-K without its
+/* Sets p's schedule to s and returns the grid; a split schedule without its
  * workspace falls back to the persistent data-parallel grid. */
 static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const sm90_sched &s) {
   int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   p->group = s.group;
   p->sk = 0;
-  if (s.sk && sm90_sk_get(ctx, &p->ws, &p->flags, &p->epoch)) {
-    p->sk = 1;
+  p->splits = 1;
+  if ((s.sk || s.splits > 1) && sm90_sk_get(ctx, &p->ws, &p->flags, &p->epoch)) {
+    p->sk = s.sk;
+    p->splits = s.splits;
     p->work = tiles * p->ktiles;
     return s.grid;
   }
-  return s.sk ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
+  return s.sk || s.splits > 1 ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
 }
 
 /* ---- launch ----------------------------------------------------------------- */
