@@ -39,6 +39,20 @@ step() {
 
 skip() { names+=("$1"); results+=("skipped: $2"); secs+=(0); }
 
+# racecheck_nabla CMD...: runs a racecheck command; exit 99 only when a
+# reported hazard lies outside cuBLASLt's nvjet kernels (see the step).
+racecheck_nabla() {
+  local log rc ours
+  log=$(mktemp)
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  ours=$(grep 'Race reported' "$log" | grep -vc 'nvjet')
+  echo "racecheck: $(grep -c 'Race reported' "$log") hazard reports, $ours outside cuBLASLt's nvjet kernels"
+  rm -f "$log"
+  if [ "$rc" -eq 99 ] && [ "$ours" -eq 0 ]; then return 0; fi
+  return "$rc"
+}
+
 nvidia-smi 2>&1 | tee "$OUT/nvidia-smi.log" || true
 
 step configure 1 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
@@ -64,7 +78,11 @@ if [ "$built" -eq 0 ]; then
           --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda"
       fi
       if want sanitize || want racecheck; then
-        step racecheck 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+        # racecheck does not follow the mbarrier/TMA synchronisation of
+        # cuBLASLt's own sm_90 kernels (nvjet_*) and reports hazards inside
+        # them (seen on the H100, CUDA 13); those are vendor code, so the
+        # step fails only on hazards in any other kernel.
+        step racecheck 1 racecheck_nabla env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
           --error-exitcode 99 "$BUILD/tests/test_cuda"
       fi
     else
@@ -107,7 +125,8 @@ for i in "${!names[@]}"; do
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
     esac
     case "$n" in
-      memcheck|racecheck) detail="$detail $(grep -E 'ERROR SUMMARY' "$OUT/$n.log" | tail -1)" ;;
+      memcheck) detail="$detail $(grep -E 'ERROR SUMMARY' "$OUT/$n.log" | tail -1)" ;;
+      racecheck) detail="$detail $(grep -E '^racecheck: ' "$OUT/$n.log" | tail -1)" ;;
     esac
   fi
   printf '%-14s %-28s %6s  %s\n' "$n" "${results[$i]}" "${secs[$i]}" "$detail"
