@@ -27,6 +27,7 @@
 #include "nabla.h"
 #include "tool.h"
 #ifdef NABLA_HAVE_CUDA
+#include "backend/autotune.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_timing.h"
 #include "core/core.h"
@@ -882,8 +883,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
   o->min_reps = o->quick ? 3 : cuda ? 10 : 5;
   o->max_reps = o->quick ? 50 : 500;
   o->rotate_bytes = BENCH_MIB * (rotate_mb >= 0 ? rotate_mb : (!cuda && o->quick) ? 64 : 256);
-  const char *tune = getenv("NABLA_AUTOTUNE");
-  o->tuning = tune && !strcmp(tune, "1");
+  o->tuning = nb_tune_enabled();
   return 0;
 }
 

@@ -696,20 +696,20 @@ static int sm90_splits(int64_t tiles, int64_t ktiles, int n_sm) {
   return 1;
 }
 
-static pthread_mutex_t sm90_sk_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sm90_ws_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   float *ws;
   unsigned *flags;
   unsigned epoch;
   int slots;
-} sm90_sk[64]; /* per device; guarded by sm90_sk_lock */
+} sm90_ws[64]; /* per device; guarded by sm90_ws_lock */
 
 /* The device's workspace (kSlotsPerSM slots per SM) and the next epoch; 0
  * when it cannot be had (the caller then runs data-parallel). */
-static int sm90_sk_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch) {
+static int sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch) {
   if (ctx->dev < 0 || ctx->dev >= 64) return 0;
-  pthread_mutex_lock(&sm90_sk_lock);
-  auto *s = &sm90_sk[ctx->dev];
+  pthread_mutex_lock(&sm90_ws_lock);
+  auto *s = &sm90_ws[ctx->dev];
   int want = kSlotsPerSM * ctx->n_sm;
   if (s->slots < want) {
     if (s->ws) cudaFree(s->ws); /* not reached with one n_sm per device */
@@ -734,7 +734,7 @@ static int sm90_sk_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, uns
     *flags = s->flags;
     *epoch = s->epoch;
   }
-  pthread_mutex_unlock(&sm90_sk_lock);
+  pthread_mutex_unlock(&sm90_ws_lock);
   return ok;
 }
 
@@ -755,12 +755,14 @@ static int sm90_sk_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, uns
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default", "group4", "group16",
                                               "data-parallel", "stream-k", "cta-per-tile"};
+enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K };
 static const struct {
-  int group;    /* tile rows per raster group */
-  int sk;       /* -1: the heuristic's split-K (sm90_splits); 0: neither; 1: stream-K */
-  int per_tile; /* data-parallel grid of one CTA per tile */
-} sm90_cands[] = {{kGroupM, -1, 0}, {4, -1, 0}, {16, -1, 0}, {kGroupM, 0, 0}, {kGroupM, 1, 0},
-                  {kGroupM, 0, 1}};
+  int group;          /* tile rows per raster group */
+  sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
+  int per_tile;       /* data-parallel grid of one CTA per tile */
+} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0},  {4, SM90_SPLIT_K, 0},
+                  {16, SM90_SPLIT_K, 0},       {kGroupM, SM90_NO_SPLIT, 0},
+                  {kGroupM, SM90_STREAM_K, 0}, {kGroupM, SM90_NO_SPLIT, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -778,8 +780,8 @@ static sm90_sched sm90_resolve(int i, const sm90_params &p, int n_sm) {
   sm90_sched s;
   /* a group of at least all the tile rows is one raster: column by column */
   s.group = sm90_cands[i].group < p.tiles_m ? sm90_cands[i].group : p.tiles_m;
-  s.sk = sm90_cands[i].sk > 0;
-  s.splits = sm90_cands[i].sk < 0 ? sm90_splits(tiles, p.ktiles, n_sm) : 1;
+  s.sk = sm90_cands[i].split == SM90_STREAM_K;
+  s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, p.ktiles, n_sm) : 1;
   s.grid = s.sk ? n_sm
            : s.splits > 1 ? tiles * s.splits
            : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
@@ -797,7 +799,7 @@ static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const sm90_sch
   p->group = s.group;
   p->sk = 0;
   p->splits = 1;
-  if ((s.sk || s.splits > 1) && sm90_sk_get(ctx, &p->ws, &p->flags, &p->epoch)) {
+  if ((s.sk || s.splits > 1) && sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
     p->sk = s.sk;
     p->splits = s.splits;
     p->work = tiles * p->ktiles;
