@@ -24,9 +24,11 @@
 
 /* GEMM backend: 0 cuBLASLt; 1 nabla's own kernels where they apply
  * (gemm_sm90.cu on 9.0, gemm_sm80.cu on other devices >= 8.0), cuBLASLt
- * otherwise; 2 unset (plain products use cuBLASLt, products with a fused
- * epilogue the own kernel, since cuBLASLt's path runs the epilogue as a
- * second kernel); 3 the portable gemm_sm80.cu kernel on every device >= 8.0.
+ * otherwise; 2 unset: the own sm_90a kernel on 9.0 (0.86-1.0x cuBLASLt on
+ * the GPT-2 shapes, 1.3x with a fused epilogue), cuBLASLt elsewhere (the
+ * portable kernel measured 0.34-0.41x of it on the H100), products with a
+ * fused epilogue the own kernel everywhere it applies; 3 the portable
+ * gemm_sm80.cu kernel on every device >= 8.0.
  * NABLA_GEMM=own|sm80|cublaslt, read at first use; nb_cuda_set_gemm_backend
  * overrides it. */
 static int lt_backend = -1;
@@ -328,7 +330,7 @@ extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, cons
   nb_status st = nb_cuda_enter(out->data, "matmul", &ctx);
   if (st) return st;
   int mode = lt_mode();
-  if (mode == 1 && nb_sm90_matmul(&ctx, out, a, b, &st)) return st;
+  if ((mode == 1 || mode == 2) && nb_sm90_matmul(&ctx, out, a, b, &st)) return st;
   if ((mode == 1 || mode == 3) && nb_sm80_matmul(&ctx, out, a, b, mode == 3 ? 2 : 1, &st)) return st;
   nb_lt_call c;
   int need_a = 0, need_b = 0, form = lt_plan(&p, &c, &need_a, &need_b);
