@@ -40,7 +40,14 @@
  *     stores the tile: deterministic, no atomics on data. Stream-K (an
  *     even split of the k-iterations over the CTAs, a tuning candidate)
  *     uses the same partial tiles.
- *   - Schedules: the raster group, split-K, stream-K and the grid size are
+ *   - Clusters of 2 (a tuning candidate): the two CTAs take vertically
+ *     adjacent tiles in step; each producer loads its own A tile and one
+ *     half of the shared B tile, multicast into both CTAs' rings (one TMA
+ *     with a CTA mask), so each full barrier receives half of B from each
+ *     producer; a stage is refilled only when the consumers of both CTAs
+ *     have released it (each arrives on its own and the other's empty
+ *     barrier).
+ *   - Schedules: the raster group, split-K, stream-K, clusters and the grid size are
  *     launch parameters, not template ones; a few candidate schedules are
  *     timed per problem class with NABLA_AUTOTUNE=1 and the fastest cached
  *     (backend/autotune.h); candidate 0, the heuristic above, otherwise.
@@ -78,6 +85,7 @@ struct sm90_params {
   int sk;          /* stream-K schedule */
   int64_t work;    /* stream-K: tiles * ktiles */
   int splits;      /* split-K: k parts per tile, one CTA each (1: no split-K) */
+  int cluster;     /* CTAs per cluster (1, or 2: pairs of tile rows share B by multicast) */
   float alpha, beta;
   int gelu;
   int tma_c, tma_aux;     /* store through TMA (maps valid) */
@@ -120,6 +128,39 @@ __device__ __forceinline__ void sm90_tma_load(uint32_t dst, const CUtensorMap *m
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4}], [%2];"
                ::"r"(dst), "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+/* The same load delivered to the CTAs of the cluster in mask (the same
+ * shared offset and barrier offset in each). */
+__device__ __forceinline__ void sm90_tma_load_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                                 int c0, int c1, uint16_t mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;"
+               ::"r"(dst), "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "h"(mask) : "memory");
+}
+__device__ __forceinline__ uint32_t sm90_rank(const sm90_params &p) {
+  uint32_t r = 0;
+  if (p.cluster > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+/* Every thread of every CTA of the cluster: shared memory and barriers
+ * written before are visible to the other CTAs after. */
+__device__ __forceinline__ void sm90_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/* The shared::cluster address of offset a in the cluster's CTA rank. */
+__device__ __forceinline__ uint32_t sm90_mapa(uint32_t a, uint32_t rank) {
+  uint32_t r;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+/* Arrives on a barrier of another CTA of the cluster (address from
+ * sm90_mapa). CTA-scope release, as for the local arrivals: the wgmma
+ * reads it publishes have completed (wait_group), and a cluster-scope
+ * release, a fence on every k-tile, made the clustered kernel 1.6x slower
+ * on the H100. */
+__device__ __forceinline__ void sm90_bar_arrive_remote(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 /* 2-D TMA store of the staged box src to (c0 inner, c1 outer), in a bulk group. */
 __device__ __forceinline__ void sm90_tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1) {
@@ -187,18 +228,24 @@ template <int TA, int TB> struct sm90_mma<__half, TA, TB> {
   }
 };
 
-/* Tile t of the grid in the raster order: p.group tile rows walk N together
- * so that their A rows and B columns stay in L2. */
-__device__ __forceinline__ void sm90_tile(int t, const sm90_params &p, int *m0, int *n0) {
+/* Unit t of the grid in the raster order: p.group unit rows walk N together
+ * so that their A rows and B columns stay in L2. A unit is a tile, or with
+ * clusters of 2 a pair of vertically adjacent tiles sharing their B tile,
+ * of which cluster rank r takes the r-th (past the last tile row when
+ * tiles_m is odd: that tile loads zeros and stores nothing). */
+__device__ __forceinline__ void sm90_tile(int t, const sm90_params &p, uint32_t rank, int *m0, int *n0) {
+  int rows = (p.tiles_m + p.cluster - 1) / p.cluster;
   int per_group = p.group * p.tiles_n;
   int first_m = (t / per_group) * p.group;
-  int gsize = min(p.tiles_m - first_m, p.group);
-  *m0 = (first_m + (t % per_group) % gsize) * kBM;
+  int gsize = min(rows - first_m, p.group);
+  *m0 = ((first_m + (t % per_group) % gsize) * p.cluster + (int)rank) * kBM;
   *n0 = ((t % per_group) / gsize) * kBN;
 }
 
 /* ---- schedule: the (tile, k range) segments of this CTA -------------------
- * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ... Stream-K: CTA c
+ * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ...; with clusters,
+ * units blockIdx.x / 2, + gridDim.x / 2, ... (both CTAs of a cluster walk
+ * the same units, so their rings stay in step). Stream-K: CTA c
  * owns k-iterations [c W / P, (c + 1) W / P) of the W = tiles * ktiles
  * iterations laid end to end, cut into segments at tile boundaries. Only a
  * CTA's first segment can start inside a tile (kb > 0). Split-K: one
@@ -212,9 +259,9 @@ __device__ __forceinline__ int64_t sm90_sk_begin(const sm90_params &p, int c) {
 struct sm90_walk {
   int64_t it, end;
   __device__ __forceinline__ explicit sm90_walk(const sm90_params &p) {
-    it = p.sk ? sm90_sk_begin(p, blockIdx.x) : blockIdx.x;
+    it = p.sk ? sm90_sk_begin(p, blockIdx.x) : blockIdx.x / p.cluster;
     end = p.sk ? sm90_sk_begin(p, blockIdx.x + 1)
-          : p.splits > 1 ? it + 1 : (int64_t)p.tiles_m * p.tiles_n;
+          : p.splits > 1 ? it + 1 : (int64_t)((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n;
   }
   /* The next segment: tile, k-tiles [kb, ke), role. false when done. */
   __device__ __forceinline__ bool next(const sm90_params &p, int *tile, int *kb, int *ke, int *role) {
@@ -234,7 +281,7 @@ struct sm90_walk {
       *kb = 0;
       *ke = p.ktiles;
       *role = SM90_WHOLE;
-      it += gridDim.x;
+      it += gridDim.x / p.cluster;
       return true;
     }
     *tile = (int)(it / p.ktiles);
@@ -248,17 +295,22 @@ struct sm90_walk {
 };
 
 /* Producer: one thread streams the k-tiles of this CTA's segments into the
- * ring; it runs ahead into the next tile while the consumers store. */
+ * ring; it runs ahead into the next tile while the consumers store. The B
+ * tile goes in two halves of 128 rows; in a cluster of 2, rank r loads
+ * half r and multicasts it to both CTAs, so each CTA's full barrier counts
+ * the whole stage, half of B from each producer. */
 template <int TA, int TB>
 __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtensorMap *mb,
                                              const sm90_params &p, uint32_t ring, uint32_t full,
                                              uint32_t empty) {
   int it = 0; /* k-tiles issued so far: selects stage and phase */
+  uint32_t rank = sm90_rank(p);
+  int h0 = p.cluster > 1 ? (int)rank : 0, h1 = p.cluster > 1 ? h0 + 1 : 2; /* B halves to load */
   sm90_walk w(p);
   int tile, kb, ke, role;
   while (w.next(p, &tile, &kb, &ke, &role)) {
     int m0, n0;
-    sm90_tile(tile, p, &m0, &n0);
+    sm90_tile(tile, p, rank, &m0, &n0);
     for (int kt = kb; kt < ke; kt++, it++) {
       int s = it % kStages;
       uint32_t parity = (uint32_t)((it / kStages) & 1);
@@ -271,20 +323,37 @@ __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtens
       } else {
         sm90_tma_load(sa, ma, fb, k0, m0);
       }
-      if (TB) {
-        for (int j = 0; j < kBN / 64; j++) sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
-      } else {
-        sm90_tma_load(sb, mb, fb, k0, n0);
+      for (int h = h0; h < h1; h++) {
+        if (TB) { /* half h: two 64-column blocks */
+          for (int j = 2 * h; j < 2 * h + 2; j++) {
+            if (p.cluster > 1) sm90_tma_load_mc(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0, 3);
+            else sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
+          }
+        } else if (p.cluster > 1) {
+          sm90_tma_load_mc(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2), 3);
+        } else {
+          sm90_tma_load(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2));
+        }
       }
     }
   }
+}
+
+/* Frees stage s: arrives on its empty barrier in this CTA and, in a
+ * cluster, in the other CTA, whose producer multicasts into this one.
+ * (The rank is read here, not kept: the consumers have no register to
+ * spare.) */
+__device__ __forceinline__ void sm90_release(const sm90_params &p, uint32_t empty, int s) {
+  sm90_bar_arrive(empty + 8 * s);
+  if (p.cluster > 1) sm90_bar_arrive_remote(sm90_mapa(empty + 8 * s, sm90_rank(p) ^ 1));
 }
 
 /* Consumer c: rows [64c, 64c + 64) of one tile, all 256 columns, over
  * k-tiles it0 .. it0 + ktiles - 1 of the ring. */
 template <typename T, int TA, int TB>
 __device__ __forceinline__ void sm90_consume(float *d, int c, uint32_t ring, uint32_t full,
-                                             uint32_t empty, int it0, int ktiles, int lead) {
+                                             uint32_t empty, const sm90_params &p, int it0,
+                                             int ktiles, int lead) {
   const uint32_t a_lbo = TA ? kBlock64 : 16, b_lbo = TB ? kBlock64 : 16;
   for (int kt = 0; kt < ktiles; kt++) {
     int it = it0 + kt, s = it % kStages;
@@ -302,11 +371,11 @@ __device__ __forceinline__ void sm90_consume(float *d, int c, uint32_t ring, uin
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     sm90_fence_acc(d);
     /* the group of k-tile kt-1 has finished reading its stage */
-    if (kt > 0 && lead) sm90_bar_arrive(empty + 8 * ((it - 1) % kStages));
+    if (kt > 0 && lead) sm90_release(p, empty, (it - 1) % kStages);
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   sm90_fence_acc(d);
-  if (lead) sm90_bar_arrive(empty + 8 * ((it0 + ktiles - 1) % kStages));
+  if (lead) sm90_release(p, empty, (it0 + ktiles - 1) % kStages);
 }
 
 /* ---- split partial tiles (split-K, stream-K) ------------------------------
@@ -549,12 +618,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; s++) {
       sm90_bar_init(full + 8 * s, 1);
-      sm90_bar_init(empty + 8 * s, kConsumers);
+      sm90_bar_init(empty + 8 * s, kConsumers * p.cluster);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  /* the other CTA's barriers must exist before anything lands in them */
+  if (p.cluster > 1) sm90_cluster_sync();
   int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -570,8 +641,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* the first wgmma of each segment (scale-d 0) overwrites the accumulators */
     while (w.next(p, &tile, &kb, &ke, &role)) {
       int m0, n0;
-      sm90_tile(tile, p, &m0, &n0);
-      sm90_consume<T, TA, TB>(d, c, ring, full, empty, it0, ke - kb, lead);
+      sm90_tile(tile, p, sm90_rank(p), &m0, &n0);
+      sm90_consume<T, TA, TB>(d, c, ring, full, empty, p, it0, ke - kb, lead);
       it0 += ke - kb;
       if (role == SM90_PUT) { /* one part of a split tile: its head stores it */
         sm90_partial_put(d, p, c);
@@ -583,6 +654,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* the staging buffers must stay until the last stores have read them */
     if (lead) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
+  /* a CTA leaves only after the other one's last arrivals on its barriers */
+  __syncwarp();
+  if (p.cluster > 1) sm90_cluster_sync();
 #else
   (void)ma; (void)mb; (void)mc; (void)maux; (void)p;
 #endif
@@ -749,20 +823,26 @@ static int sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, uns
  * stream-K whenever the workspace can be had (also for several waves of
  * tiles: it evens out a last partial wave); one CTA per tile (not
  * persistent: the hardware hands tiles to SMs as CTAs finish, without the
- * overlap of one tile's stores with the next one's loads). An output tile
+ * overlap of one tile's stores with the next one's loads); clusters of 2
+ * (data-parallel, pairs of tile rows share each B tile by TMA multicast:
+ * half the B traffic from L2; on the H100 within +-2% of the unclustered
+ * grid on the GPT-2 and square shapes, 6% slower at 2048^3, so not the
+ * heuristic's choice). An output tile
  * is summed over k in order by one CTA, except that split-K and stream-K
  * add the partial sums of their k ranges in a fixed order: a candidate
  * changes results at most by rounding. */
-static const char *const sm90_cand_names[] = {"default", "group4", "group16",
-                                              "data-parallel", "stream-k", "cta-per-tile"};
+static const char *const sm90_cand_names[] = {"default", "group4", "group16", "data-parallel",
+                                              "stream-k", "cta-per-tile", "cluster2"};
 enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K };
 static const struct {
   int group;          /* tile rows per raster group */
   sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
   int per_tile;       /* data-parallel grid of one CTA per tile */
-} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0},  {4, SM90_SPLIT_K, 0},
-                  {16, SM90_SPLIT_K, 0},       {kGroupM, SM90_NO_SPLIT, 0},
-                  {kGroupM, SM90_STREAM_K, 0}, {kGroupM, SM90_NO_SPLIT, 1}};
+  int cluster;        /* 1, or 2 (when unsplit and there are two tile rows) */
+} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1},  {4, SM90_SPLIT_K, 0, 1},
+                  {16, SM90_SPLIT_K, 0, 1},       {kGroupM, SM90_NO_SPLIT, 0, 1},
+                  {kGroupM, SM90_STREAM_K, 0, 1}, {kGroupM, SM90_NO_SPLIT, 1, 1},
+                  {kGroupM, SM90_NO_SPLIT, 0, 2}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -771,25 +851,31 @@ const char *nb_sm90_candidate(int i) { return i >= 0 && i < kCands ? sm90_cand_n
 /* Candidate i for a problem of p's tiles: what it launches. Two candidates
  * with the same schedule run the same kernel the same way. */
 struct sm90_sched {
-  int group, sk, splits;
+  int group, sk, splits, cluster;
   int64_t grid;
 };
 
 static sm90_sched sm90_resolve(int i, const sm90_params &p, int n_sm) {
   int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
   sm90_sched s;
-  /* a group of at least all the tile rows is one raster: column by column */
-  s.group = sm90_cands[i].group < p.tiles_m ? sm90_cands[i].group : p.tiles_m;
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
   s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, p.ktiles, n_sm) : 1;
-  s.grid = s.sk ? n_sm
-           : s.splits > 1 ? tiles * s.splits
-           : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
+  s.cluster = !s.sk && s.splits == 1 && p.tiles_m >= 2 ? sm90_cands[i].cluster : 1;
+  /* a group of at least all the unit rows is one raster: column by column */
+  int64_t rows = (p.tiles_m + s.cluster - 1) / s.cluster, units = rows * p.tiles_n;
+  s.group = sm90_cands[i].group / s.cluster < rows ? sm90_cands[i].group / s.cluster : (int)rows;
+  if (s.cluster > 1) /* clusters of 2 CTAs, one per unit at most */
+    s.grid = 2 * (units < n_sm / 2 ? units : n_sm / 2);
+  else
+    s.grid = s.sk ? n_sm
+             : s.splits > 1 ? tiles * s.splits
+             : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   return s;
 }
 
 static int sm90_same(const sm90_sched &a, const sm90_sched &b) {
-  return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.grid == b.grid;
+  return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
+         a.grid == b.grid;
 }
 
 /* Sets p's schedule to s and returns the grid; a split schedule without its
@@ -797,6 +883,7 @@ static int sm90_same(const sm90_sched &a, const sm90_sched &b) {
 static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const sm90_sched &s) {
   int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   p->group = s.group;
+  p->cluster = s.cluster;
   p->sk = 0;
   p->splits = 1;
   if ((s.sk || s.splits > 1) && sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
@@ -820,14 +907,50 @@ int64_t nb_sm90_launches(int dev) {
   return sm90_device_ok(dev) ? __atomic_load_n(&sm90_launches, __ATOMIC_RELAXED) : -1;
 }
 
+/* How many clusters of p.cluster CTAs can run at once (cached per device:
+ * every instantiation has the same threads and shared memory). */
+static pthread_mutex_t sm90_occ_lock = PTHREAD_MUTEX_INITIALIZER;
+static int sm90_occ[64];
+template <typename K>
+static int sm90_max_clusters(const nb_cuda_ctx *ctx, K kern, const cudaLaunchConfig_t *cfg) {
+  pthread_mutex_lock(&sm90_occ_lock);
+  int *n = &sm90_occ[ctx->dev]; /* dev < 64: sm90_device_ok */
+  if (!*n && (cudaOccupancyMaxActiveClusters(n, kern, cfg) != cudaSuccess || *n < 1)) {
+    cudaGetLastError();
+    *n = ctx->n_sm / 2; /* one CTA per SM */
+  }
+  int r = *n;
+  pthread_mutex_unlock(&sm90_occ_lock);
+  return r;
+}
+
 template <typename T, typename TO, int TA, int TB>
 static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const sm90_params &p,
                              int64_t grid) {
   auto kern = sm90_gemm_kernel<T, TO, TA, TB>;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
               "matmul sm90: shared memory attribute");
-  kern<<<(unsigned)grid, kThreads, kSmem, ctx->stream>>>(m.a, m.b, m.c, m.aux, p);
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchAttribute at[1];
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = ctx->stream;
+  if (p.cluster > 1) {
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)p.cluster;
+    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3((unsigned)grid);
+    /* a persistent grid: no more clusters than can be resident together */
+    int64_t most = (int64_t)p.cluster * sm90_max_clusters(ctx, kern, &cfg);
+    if (grid > most) grid = most;
+  }
+  cfg.gridDim = dim3((unsigned)grid);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kern, m.a, m.b, m.c, m.aux, p);
   __atomic_add_fetch(&sm90_launches, 1, __ATOMIC_RELAXED);
+  if (e != cudaSuccess) return nb_cuda_status(e, "sm90_gemm_kernel launch");
   return nb_cuda_launch_check("sm90_gemm_kernel");
 }
 
@@ -914,7 +1037,7 @@ static int sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview
   int ok = ta ? sm90_map(&pr->m.a, dt, a->data, rows, K, sak, 64, 64)
               : sm90_map(&pr->m.a, dt, a->data, K, rows, M == 1 ? K : sam, kBK, kBM);
   ok = ok && (tb ? sm90_map(&pr->m.b, dt, b->data, N, K, sbk, 64, 64)
-                 : sm90_map(&pr->m.b, dt, b->data, K, N, N == 1 ? K : sbn, kBK, kBN));
+                 : sm90_map(&pr->m.b, dt, b->data, K, N, N == 1 ? K : sbn, kBK, kBN / 2));
   pr->in = dt;
   pr->ta = ta;
   pr->tb = tb;
@@ -988,9 +1111,17 @@ static int sm90_tune_setup(sm90_tune *t) {
   return t->e0 && t->e1;
 }
 
-/* nb_tune_time_fn: seconds of one run of candidate i; -1 when it would
- * launch what an earlier candidate launched (timed there) or fails. One
- * warm-up and the median of three calls come from nb_tune_pick. */
+/* Launches per timing sample: about 1 ms of work at 500 TFLOP/s, so that
+ * a small product's sample is not one launch's jitter. */
+static int sm90_time_reps(const sm90_problem *pr) {
+  double s = 2.0 * (double)pr->rows * (double)pr->N * (double)pr->K / 5e14;
+  return s >= 1e-3 ? 1 : s * 64 <= 1e-3 ? 64 : (int)(1e-3 / s) + 1;
+}
+
+/* nb_tune_time_fn: seconds of one run of candidate i (the mean over
+ * sm90_time_reps launches); -1 when it would launch what an earlier
+ * candidate launched (timed there) or fails. One warm-up and the median of
+ * three samples come from nb_tune_pick. Each launch takes its own epoch. */
 static double sm90_time(void *arg, int i) {
   sm90_tune *t = (sm90_tune *)arg;
   sm90_sched s = sm90_resolve(i, t->p, t->ctx->n_sm);
@@ -998,13 +1129,16 @@ static double sm90_time(void *arg, int i) {
     if (sm90_same(sm90_resolve(j, t->p, t->ctx->n_sm), s)) return -1;
   int had = nb_error_pending();
   float ms = -1;
+  int reps = sm90_time_reps(t->pr);
   if (sm90_tune_setup(t)) {
-    sm90_params p = t->p;
-    int64_t grid = sm90_apply(t->ctx, &p, s);
     cudaStream_t st = t->ctx->stream;
-    if (cudaEventRecord(t->e0, st) != cudaSuccess ||
-        sm90_go(t->ctx, t->pr->in, t->out, t->pr->ta, t->pr->tb, t->m, p, grid) != NB_OK ||
-        cudaEventRecord(t->e1, st) != cudaSuccess || cudaEventSynchronize(t->e1) != cudaSuccess ||
+    int ok = cudaEventRecord(t->e0, st) == cudaSuccess;
+    for (int r = 0; ok && r < reps; r++) {
+      sm90_params p = t->p;
+      int64_t grid = sm90_apply(t->ctx, &p, s);
+      ok = sm90_go(t->ctx, t->pr->in, t->out, t->pr->ta, t->pr->tb, t->m, p, grid) == NB_OK;
+    }
+    if (!ok || cudaEventRecord(t->e1, st) != cudaSuccess || cudaEventSynchronize(t->e1) != cudaSuccess ||
         cudaEventElapsedTime(&ms, t->e0, t->e1) != cudaSuccess)
       ms = -1;
   }
@@ -1013,7 +1147,7 @@ static double sm90_time(void *arg, int i) {
     if (!had) nb_clear_error();
     return -1;
   }
-  return ms * 1e-3;
+  return ms * 1e-3 / reps;
 }
 
 /* The candidate for a planned problem whose parameters (schedule unset)
