@@ -24,8 +24,8 @@
 
 /* GEMM backend: 0 cuBLASLt; 1 nabla's own kernels where they apply
  * (gemm_sm90.cu on 9.0, gemm_sm80.cu on other devices >= 8.0), cuBLASLt
- * otherwise; 2 unset: the own sm_90a kernel on 9.0 (0.86-1.0x cuBLASLt on
- * the GPT-2 shapes, 1.3x with a fused epilogue), cuBLASLt elsewhere (the
+ * otherwise; 2 unset: the own sm_90a kernel on 9.0 (0.83-1.01x cuBLASLt on
+ * the GPT-2 shapes, 1.26x with a fused epilogue), cuBLASLt elsewhere (the
  * portable kernel measured 0.34-0.41x of it on the H100), products with a
  * fused epilogue the own kernel everywhere it applies; 3 the portable
  * gemm_sm80.cu kernel on every device >= 8.0.
