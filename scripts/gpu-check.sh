@@ -14,9 +14,10 @@ BUILD=${BUILD:-build-gpu}
 ARCHS=${CUDA_ARCHS:-"90a-real;80-real"}
 JOBS=${JOBS:-16}
 
-# STEPS selects parts (default all): cpu (the CPU ctest suite), cuda
+# STEPS selects parts (default all but gemm): cpu (the CPU ctest suite), cuda
 # (test_cuda), sanitize (memcheck + racecheck; or memcheck, racecheck alone), train (the main job, `make
-# run`, on the GPU), bench (nabla bench + torch).
+# run`, on the GPU), bench (nabla bench + torch), gemm (scripts/gemm-compare.sh: the own
+# GEMM's schedules GEMM_SCHEDULES, default heuristic,data-parallel,cluster2, against cuBLASLt).
 STEPS=${STEPS:-cpu,cuda,sanitize,train,bench}
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
 
@@ -99,6 +100,9 @@ if [ "$built" -eq 0 ]; then
     fi
   fi
   if want bench; then step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"; fi
+  if want gemm; then
+    step gemm-compare 0 scripts/gemm-compare.sh "$BUILD" "${GEMM_SCHEDULES:-heuristic,data-parallel,cluster2}"
+  fi
   if ! want bench; then :
   elif [ -f bench/compare_torch.py ] && [ -f "$OUT/bench.json" ]; then
     if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then

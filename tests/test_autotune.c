@@ -1,6 +1,7 @@
 /* Autotuning cache (backend/autotune.c): keys and shape classes, picking
  * with a fake timer, the cache file's round trip and its bad forms, tuning
- * off, and the CPU GEMM's tuned blocking against a float64 reference. */
+ * off, forcing a candidate by name, and the CPU GEMM's tuned blocking
+ * against a float64 reference. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,47 @@ static void test_file(void) {
   nb_tune_reset();
 }
 
+/* NABLA_AUTOTUNE_FORCE=NAME: a kernel with a candidate of that name runs
+ * it, with no timing and nothing cached, even with tuning on; a kernel
+ * without one (or with no names) goes on as before; nb_tune_force wins; an
+ * over-long name is ignored. */
+static void test_force_name(void) {
+  remove(g_path);
+  const char *names[] = {"a", "b", "c"}, *others[] = {"x", "y", "z"};
+  fake f = {(const double[]){3, 2, 1}, 0};
+  unsetenv("NABLA_AUTOTUNE");
+  setenv("NABLA_AUTOTUNE_FORCE", "b", 1);
+  nb_tune_reset();
+  NBT_CHECK(nb_tune_forced_name() && strcmp(nb_tune_forced_name(), "b") == 0, "forced name read");
+  NBT_CHECK(nb_tune_active(), "a forced name makes picks active");
+  NBT_CHECK(nb_tune_pick("n/a", 3, names, fake_time, &f, 0) == 1 && f.calls == 0, "forced by name");
+  NBT_CHECK(nb_tune_pick("n/a", 3, others, fake_time, &f, 2) == 2, "no such name: heuristic");
+  NBT_CHECK(nb_tune_pick("n/a", 3, NULL, fake_time, &f, 2) == 2, "no names: heuristic");
+  setenv("NABLA_AUTOTUNE", "1", 1);
+  nb_tune_reset();
+  NBT_CHECK(nb_tune_pick("n/b", 3, names, fake_time, &f, 0) == 1 && f.calls == 0,
+            "forced by name with tuning on: no timing");
+  NBT_CHECK(nb_tune_pick("n/b", 3, others, fake_time, &f, 0) == 2 && f.calls > 0,
+            "tuning on, no such name: tuned");
+  FILE *fp = fopen(g_path, "r");
+  char line[128];
+  int forced_cached = 0;
+  while (fp && fgets(line, sizeof line, fp)) forced_cached |= strncmp(line, "n/b	1", 5) == 0;
+  if (fp) fclose(fp);
+  NBT_CHECK(!forced_cached, "a forced choice is not cached");
+  nb_tune_force(0);
+  NBT_CHECK(nb_tune_pick("n/b", 3, names, fake_time, &f, 2) == 0, "nb_tune_force wins");
+  nb_tune_force(-1);
+  setenv("NABLA_AUTOTUNE_FORCE", "a-name-longer-than-any-candidate-name-could-be-in-nabla-at-all-x", 1);
+  nb_tune_reset();
+  NBT_CHECK(!nb_tune_forced_name(), "over-long name ignored");
+  unsetenv("NABLA_AUTOTUNE_FORCE");
+  unsetenv("NABLA_AUTOTUNE");
+  remove(g_path); /* the tuned n/b line would make picks active */
+  nb_tune_reset();
+  NBT_CHECK(!nb_tune_forced_name() && !nb_tune_active(), "unset: nothing forced");
+}
+
 /* out = a @ b^T-view in f64 from the same values, for a float64 reference. */
 static double *ref_product(const double *a, const double *bt, int64_t M, int64_t N, int64_t K) {
   double *r = malloc((size_t)(M * N) * sizeof *r);
@@ -182,6 +224,7 @@ int main(void) {
   test_keys();
   test_pick();
   test_file();
+  test_force_name();
   test_gemm(NB_F32);
   test_gemm(NB_F64);
   remove(g_path);

@@ -24,10 +24,10 @@
 #include <omp.h>
 #endif
 
+#include "backend/autotune.h"
 #include "nabla.h"
 #include "tool.h"
 #ifdef NABLA_HAVE_CUDA
-#include "backend/autotune.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_timing.h"
 #include "core/core.h"
@@ -706,6 +706,10 @@ static int bench_write_json(const char *path, const bench_meta *m, const bench_o
   fprintf(f, ",\n  \"quick\": %s, \"deterministic\": %s, \"autotune\": %s, \"cpu_threads\": %d,\n  ",
           o->quick ? "true" : "false", nb_deterministic() ? "true" : "false",
           o->tuning ? "true" : "false", m->threads);
+  fputs("\"autotune_force\": ", f);
+  if (nb_tune_forced_name()) bench_json_str(f, nb_tune_forced_name());
+  else fputs("null", f);
+  fputs(", ", f);
   bench_json_num(f, "rotate_bytes", o->rotate_bytes, ", ");
   bench_json_num(f, "target_ms", o->target_ms, ",\n  ");
   fputs("\"timing\": \"device events around each run (CPU: host clock); median of reps after "
@@ -965,6 +969,8 @@ static int bench_run_all(const bench_opts *o, bench_meta *m, bench_case **run, i
   printf("times: median of device-event timings after warm-up, inputs rotated over >= %.0f MiB;"
          " nabla's per-op host overhead included\n", o->rotate_bytes / BENCH_MIB);
   if (o->tuning) printf("NABLA_AUTOTUNE=1: GEMM candidates are timed in each case's first warm-up run\n");
+  if (nb_tune_forced_name())
+    printf("NABLA_AUTOTUNE_FORCE=%s: kernels with a candidate of that name run it\n", nb_tune_forced_name());
   printf("\n");
   bench_print_header(stdout);
   for (int i = 0; i < n; i++) {

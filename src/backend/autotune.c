@@ -35,6 +35,7 @@ static int nbt_forced = -1;
  * Read without the lock by nb_tune_active, the kernels' fast path. */
 static _Atomic int nbt_state;
 static int nbt_on; /* NABLA_AUTOTUNE=1 when the cache was loaded */
+static char nbt_force_name[64]; /* NABLA_AUTOTUNE_FORCE when the cache was loaded; "" if unset */
 
 int64_t nb_tune_pow2(int64_t n) {
   int64_t p = 1;
@@ -58,6 +59,22 @@ char *nb_tune_key(char *buf, size_t cap, const char *device, const char *op,
 static int nbt_env_on(void) {
   const char *e = getenv("NABLA_AUTOTUNE");
   return e && strcmp(e, "1") == 0;
+}
+
+/* NABLA_AUTOTUNE_FORCE into nbt_force_name ("" when unset or too long). */
+static void nbt_env_force(void) {
+  const char *e = getenv("NABLA_AUTOTUNE_FORCE");
+  nbt_force_name[0] = 0;
+  if (e && strlen(e) < sizeof nbt_force_name) snprintf(nbt_force_name, sizeof nbt_force_name, "%s", e);
+  else if (e) fprintf(stderr, "nabla: ignoring NABLA_AUTOTUNE_FORCE (longer than a candidate name)\n");
+}
+
+/* The candidate named NABLA_AUTOTUNE_FORCE among names[0..n), or -1. */
+static int nbt_force_index(int n, const char *const *names) {
+  if (!nbt_force_name[0] || !names) return -1;
+  for (int i = 0; i < n; i++)
+    if (names[i] && strcmp(names[i], nbt_force_name) == 0) return i;
+  return -1;
 }
 
 /* The cache file's path into buf; 0 when none can be formed. */
@@ -126,8 +143,9 @@ static void nbt_load_file(void);
 static void nbt_load(void) {
   nbt_loaded = 1;
   nbt_on = nbt_env_on();
+  nbt_env_force();
   nbt_load_file();
-  atomic_store(&nbt_state, nbt_on || nbt_n || nbt_forced >= 0 ? 2 : 1);
+  atomic_store(&nbt_state, nbt_on || nbt_n || nbt_forced >= 0 || nbt_force_name[0] ? 2 : 1);
 }
 
 static void nbt_load_file(void) {
@@ -201,6 +219,11 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
     return f;
   }
   if (!nbt_loaded) nbt_load();
+  int named = nbt_force_index(n, names);
+  if (named >= 0) { /* NABLA_AUTOTUNE_FORCE names one of this kernel's candidates */
+    pthread_mutex_unlock(&nbt_mu);
+    return named;
+  }
   nbt_entry *e = nbt_find(key);
   int pick = e && e->index < n ? e->index : -1;
   pthread_mutex_unlock(&nbt_mu);
@@ -240,10 +263,19 @@ int nb_tune_active(void) {
   return s == 2;
 }
 
+const char *nb_tune_forced_name(void) {
+  pthread_mutex_lock(&nbt_mu);
+  if (!nbt_loaded) nbt_load();
+  const char *r = nbt_force_name[0] ? nbt_force_name : NULL;
+  pthread_mutex_unlock(&nbt_mu);
+  return r;
+}
+
 void nb_tune_reset(void) {
   pthread_mutex_lock(&nbt_mu);
   free(nbt_tab);
   nbt_tab = NULL;
+  nbt_force_name[0] = 0;
   nbt_n = nbt_cap = nbt_loaded = nbt_bad = nbt_on = 0;
   atomic_store(&nbt_state, 0);
   pthread_mutex_unlock(&nbt_mu);

@@ -6,7 +6,10 @@
  * With NABLA_AUTOTUNE=1 a key seen for the first time is tuned: each
  * candidate is timed (median of a few runs), the fastest is kept and appended
  * to the cache file. Otherwise a cached choice is used, else the caller's
- * heuristic, without timing. The cache file is NABLA_AUTOTUNE_CACHE, else
+ * heuristic, without timing. NABLA_AUTOTUNE_FORCE=NAME makes every kernel
+ * with a candidate of that name run it (no timing, nothing cached; other
+ * kernels are unaffected): for comparing schedules in separate runs of a
+ * benchmark. The cache file is NABLA_AUTOTUNE_CACHE, else
  * $XDG_CACHE_HOME/nabla/autotune.txt, else $HOME/.cache/nabla/autotune.txt;
  * its lines are "key<TAB>index<TAB>name" after a version header. A bad file
  * is ignored with one warning. All functions are thread-safe. */
@@ -41,6 +44,10 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
 /* Whether NABLA_AUTOTUNE=1 (read when the cache is first loaded, and again
  * after nb_tune_reset). */
 int nb_tune_enabled(void);
+
+/* NABLA_AUTOTUNE_FORCE (read with NABLA_AUTOTUNE), or NULL when unset. The
+ * string stays valid until nb_tune_reset. */
+const char *nb_tune_forced_name(void);
 
 /* Whether a pick can return anything but the heuristic: tuning is on, the
  * cache holds a choice or a choice is forced. A lock-free check, so a kernel

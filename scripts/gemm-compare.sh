@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GEMM schedules side by side: `nabla bench --only matmul` once per
+# schedule, each in its own process (NABLA_AUTOTUNE_FORCE=NAME; "heuristic"
+# forces nothing), then once with cuBLASLt (NABLA_GEMM=cublaslt; CUDA only).
+# Separate processes with device events and rotated inputs, so no run
+# inherits another's clocks or caches. Prints one row per case: each
+# schedule's median ms and cuBLASLt's time divided by it (>1: faster).
+#   scripts/gemm-compare.sh [BUILD_DIR] [SCHEDULES] [DEVICE]
+#   e.g. scripts/gemm-compare.sh build-gpu heuristic,data-parallel,cluster2
+# QUICK=1 passes --quick to the bench. Files: $OUT/gemm-<schedule>.json/.log
+# ('/' in a name becomes '_').
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build-gpu}
+SCHEDULES=${2:-heuristic,data-parallel,cluster2}
+DEVICE=${3:-cuda}
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+bench() { # bench NAME ENV...: one run into $OUT/gemm-NAME.json
+  local name=$1 file=${1//\//_}; shift
+  env "$@" "$BUILD/nabla" bench --device "$DEVICE" --only matmul ${QUICK:+--quick} \
+    --json "$OUT/gemm-$file.json" >"$OUT/gemm-$file.log" 2>&1 ||
+    { echo "gemm-compare: $name failed:" >&2; tail -5 "$OUT/gemm-$file.log" >&2; exit 1; }
+}
+IFS=, read -r -a names <<<"$SCHEDULES"
+for n in "${names[@]}"; do
+  if [ "$n" = heuristic ]; then bench "$n" -u NABLA_AUTOTUNE_FORCE
+  else bench "$n" NABLA_AUTOTUNE_FORCE="$n"; fi
+done
+ref=""
+if [ "$DEVICE" != cpu ]; then bench cublaslt -u NABLA_AUTOTUNE_FORCE NABLA_GEMM=cublaslt; ref=cublaslt; fi
+python3 - "$OUT" "$ref" "${names[@]}" <<'PY'
+import json, sys
+out, ref, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+def load(n):
+    d = json.load(open(f"{out}/gemm-{n.replace('/', '_')}.json"))
+    return d, {c["id"]: c.get("ms_median") for c in d["cases"] if c["id"].startswith("matmul")}
+meta, _ = load(names[0])
+runs = {n: load(n)[1] for n in names + ([ref] if ref else [])}
+print(f"# GEMM schedules on {meta['device_name']} ({meta['date']}, commit {str(meta['git_commit'])[:7]}); median ms"
+      + (f", and {ref}/schedule" if ref else ""))
+head = "| case | " + " | ".join(names + ([ref] if ref else [])) + " |"
+print(head)
+print("|" + "---|" * (head.count("|") - 1))
+for case in runs[names[0]]:
+    cells = []
+    for n in names:
+        ms, r = runs[n].get(case), runs[ref].get(case) if ref else None
+        cells.append("-" if ms is None else f"{ms:.4f}" + (f" ({r / ms:.3f})" if r else ""))
+    if ref:
+        r = runs[ref].get(case)
+        cells.append("-" if r is None else f"{r:.4f}")
+    print(f"| {case} | " + " | ".join(cells) + " |")
+PY
