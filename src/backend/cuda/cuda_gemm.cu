@@ -466,6 +466,11 @@ static nb_status gx_check(const nb_kview *out, const nb_kview *a, const nb_kview
 extern "C" int64_t nb_cuda_gemm_own_launches(int device) { return nb_sm90_launches(device); }
 extern "C" const char *nb_cuda_gemm_own_candidate(int i) { return nb_sm90_candidate(i); }
 
+extern "C" int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
+                                         nb_gemm_own_schedule *out) {
+  return nb_sm90_schedule(i, rows, N, K, n_sm, out);
+}
+
 extern "C" nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview *b,
                                      const nb_gemm_epilogue *ep) {
   nb_status st = gx_check(out, a, b, ep);

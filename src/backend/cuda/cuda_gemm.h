@@ -45,6 +45,19 @@ int64_t nb_cuda_gemm_own_launches(int device);
  * NULL past the last. Candidate 0 is the choice when tuning is off. */
 const char *nb_cuda_gemm_own_candidate(int i);
 
+/* The launch that the own sm_90a GEMM's candidate i makes for a product of
+ * rows x N x K on a device with n_sm SMs (host arithmetic only, no device
+ * needed): for tests of the schedule model. tiles: 128 x 256 output tiles;
+ * splits: split-K parts per tile (1: none); group: unit rows per raster
+ * group; grid: CTAs (a clustered grid is further capped at launch by the
+ * clusters that fit). 0 when i is out of range or a size is below 1. */
+typedef struct {
+  int64_t tiles, grid;
+  int splits, stream_k, cluster, group;
+} nb_gemm_own_schedule;
+int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
+                              nb_gemm_own_schedule *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -878,6 +878,34 @@ static int sm90_same(const sm90_sched &a, const sm90_sched &b) {
          a.grid == b.grid;
 }
 
+/* Zeroed parameters for a rows x N x K product: sizes and tile counts
+ * (each at most INT32_MAX: sm90_plan checks). */
+static void sm90_shape(sm90_params *p, int64_t rows, int64_t N, int64_t K) {
+  memset(p, 0, sizeof *p);
+  p->M = (int)rows;
+  p->N = (int)N;
+  p->K = (int)K;
+  p->tiles_m = (int)((rows + kBM - 1) / kBM);
+  p->tiles_n = (int)((N + kBN - 1) / kBN);
+  p->ktiles = (int)((K + kBK - 1) / kBK);
+}
+
+int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out) {
+  if (i < 0 || i >= kCands || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
+      N > INT32_MAX || K > INT32_MAX)
+    return 0;
+  sm90_params p;
+  sm90_shape(&p, rows, N, K);
+  sm90_sched s = sm90_resolve(i, p, n_sm);
+  out->tiles = (int64_t)p.tiles_m * p.tiles_n;
+  out->grid = s.grid;
+  out->splits = s.splits;
+  out->stream_k = s.sk;
+  out->cluster = s.cluster;
+  out->group = s.group;
+  return 1;
+}
+
 /* Sets p's schedule to s and returns the grid; a split schedule without its
  * workspace falls back to the persistent data-parallel grid. */
 static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const sm90_sched &s) {
@@ -1194,13 +1222,7 @@ static int sm90_pick(const nb_cuda_ctx *ctx, const sm90_problem *pr, const sm90_
 static nb_status sm90_run(const nb_cuda_ctx *ctx, sm90_problem *pr, const nb_kview *out,
                           const nb_gemm_epilogue *ep, int64_t ldaux, int64_t ldcin) {
   sm90_params p;
-  memset(&p, 0, sizeof p);
-  p.M = (int)pr->rows;
-  p.N = (int)pr->N;
-  p.K = (int)pr->K;
-  p.tiles_m = (int)((pr->rows + kBM - 1) / kBM);
-  p.tiles_n = (int)((pr->N + kBN - 1) / kBN);
-  p.ktiles = (int)((pr->K + kBK - 1) / kBK);
+  sm90_shape(&p, pr->rows, pr->N, pr->K);
   p.alpha = ep ? ep->alpha : 1.0f;
   p.beta = ep && ep->c ? ep->beta : 0.0f;
   p.gelu = ep ? ep->gelu : 0;

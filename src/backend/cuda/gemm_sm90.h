@@ -25,6 +25,10 @@ int nb_sm90_gemm_ex(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview 
  * NULL past the last; candidate 0 is the heuristic used when tuning is off. */
 const char *nb_sm90_candidate(int i);
 
+/* nb_cuda_gemm_own_schedule (cuda_gemm.h): candidate i's launch for a
+ * rows x N x K product on n_sm SMs, without a device. */
+int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out);
+
 /* Launches of the own kernel so far in this process; -1 when device is not
  * compute capability 9.0 (the kernel never runs there). */
 int64_t nb_sm90_launches(int dev);
