@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -84,6 +85,25 @@ double nb_event_elapsed_ms(nb_event *start, nb_event *end); /* < 0 on error */
 void nb_event_free(nb_event *e);
 /* Waits for all queued work on the device. */
 nb_status nb_device_synchronize(nb_device dev);
+
+/* Kernel profiler. Between start and stop, every kernel nabla runs on any
+ * device is timed between two events (device events in the CUDA stream;
+ * the host clock on the CPU) and counted under its kernel's name
+ * ("matmul", "add", "layer_norm_bwd", "adamw_multi", ...) and phase (bwd:
+ * inside nb_backward, else fwd: forward, optimizer, anything else). Nothing
+ * waits while profiling; stop waits for the devices once and adds up.
+ * Events cost host time per kernel, so throughput while profiling is lower
+ * than without. One profile at a time, driven from one thread. */
+nb_status nb_profile_start(void);   /* NB_ERR_VALUE if one is running */
+nb_status nb_profile_stop(void);    /* NB_ERR_VALUE if none is running */
+int nb_profile_running(void);
+/* The table of the last stopped profile, longest total first: kernel,
+ * phase, calls, total ms, mean us, share of kernel time; then wall clock. */
+nb_status nb_profile_report(FILE *f);
+/* Calls and total ms of one kernel name and phase (backward 0/1) in the
+ * last stopped profile: 1 when it ran, else 0 with zeros. */
+int nb_profile_stat(const char *name, int backward, int64_t *calls, double *ms);
+void nb_profile_reset(void);        /* forgets the profile (and stops one) */
 
 /* ---- tensors --------------------------------------------------------- */
 typedef struct nb_tensor nb_tensor;

@@ -380,11 +380,26 @@ static void train_describe(const trainer *tr) {
   fflush(stdout);
 }
 
+/* Ends the profile of --profile and prints its table (steps: run this time). */
+static int train_profile_report(int64_t steps) {
+  if (!nb_profile_running()) {
+    printf("profile: nothing profiled (the first step is left out; this run had %lld)\n",
+           (long long)steps);
+    return 0;
+  }
+  if (nb_profile_stop() || nb_profile_report(stdout)) return train_fail("the profile");
+  printf("(kernels of %lld steps after the first)\n", (long long)(steps - 1));
+  return 0;
+}
+
 static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
   int64_t last = tr->o.stop_at ? tr->o.stop_at : tr->o.steps;
   train_clock c = {tool_now(), 0, tr->step, isatty(fileno(stderr))};
   while (tr->step < last) {
     double loss = NAN;
+    /* the first step allocates and warms up: profile the ones after it */
+    if (tr->o.profile && tr->step == c.first_step + 1 && nb_profile_start())
+      return train_fail("starting the profiler");
     if (train_step(tr, x, y, &loss)) return train_fail("training step");
     tr->loss[tr->step++] = (float)loss;
     train_progress(tr, &c, loss, last);
@@ -393,7 +408,7 @@ static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
       return NB_TOOL_EXIT_RUNTIME;
   }
   *seconds = tool_now() - c.t0;
-  return 0;
+  return tr->o.profile ? train_profile_report(tr->step - c.first_step) : 0;
 }
 
 /* Mean of the recorded loss over steps [a, b). */

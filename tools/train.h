@@ -25,7 +25,7 @@ typedef struct {
   int64_t steps, stop_at, warmup, eval_every, log_every;
   double lr;
   uint64_t seed;
-  int quiet, no_svg, help;
+  int quiet, no_svg, help, profile;
   unsigned set;
 } train_opts;
 

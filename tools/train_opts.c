@@ -39,6 +39,8 @@ void train_usage(FILE *f) {
     "  --log-every N      progress line every N steps when stderr is not a terminal\n"
     "  --svg FILE         loss curve (default loss.svg); --no-svg to skip it\n"
     "  --quiet            no progress output\n"
+    "  --profile          time every kernel of the steps after the first and print\n"
+    "                     the table at the end (the steps run slower meanwhile)\n"
     "\n"
     "Defaults are sized for the device: a small model on the CPU, a larger one on\n"
     "the GPU. Exit status: 0 done, 1 run-time failure, 2 bad input.\n");
@@ -124,6 +126,7 @@ static int opt_value(train_opts *o, const char *name, const char *v) {
 static int opt_flag(train_opts *o, const char *name) {
   if (!strcmp(name, "--quiet") || !strcmp(name, "-q")) return o->quiet = 1, 0;
   if (!strcmp(name, "--no-svg")) return o->no_svg = 1, 0;
+  if (!strcmp(name, "--profile")) return o->profile = 1, 0;
   if (!strcmp(name, "--help") || !strcmp(name, "-h")) return o->help = 1, 0;
   return -1;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "autograd/autograd.h"
+#include "backend/backend.h"
 
 static _Thread_local int no_grad_depth;
 static _Thread_local int64_t pass_counter;
@@ -247,6 +248,7 @@ static nb_status run_backward(nb_tensor *t, const nb_tensor *grad, int retain, i
   if (st) return st;
   if (!create) nb_no_grad_begin();
   pass_keeps_graph = retain || create;
+  nb_profile_backward(1);
   nb_scope_begin();
   nb_tensor *g0 = grad ? (nb_tensor *)grad : nb_ones_like(t);
   if (grad && grad->dtype != t->dtype) g0 = nb_cast(grad, t->dtype);
@@ -283,6 +285,7 @@ static nb_status run_backward(nb_tensor *t, const nb_tensor *grad, int retain, i
   for (int i = 0; i < all.len; i++) nb_node_release(all.v[i]);
   free(all.v);
   nb_scope_end();
+  nb_profile_backward(0);
   if (!create) nb_no_grad_end();
   return st;
 }

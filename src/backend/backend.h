@@ -176,6 +176,12 @@ typedef struct nb_backend {
 } nb_backend;
 
 const nb_backend *nb_backend_for(nb_device dev);   /* NULL + error if absent */
+const nb_backend *nb_backend_find(nb_device dev);  /* the same, never the profiler's proxy */
+/* core/profile.c: real itself, or while profiling its timed proxy (dev is
+ * the device the entries will run on); nb_profile_backward(1/0) brackets a
+ * backward pass so that its kernels count as bwd. */
+const nb_backend *nb_profile_wrap(const nb_backend *real, nb_device dev);
+void nb_profile_backward(int enter);
 extern const nb_backend nb_cpu_backend;
 #ifdef NABLA_HAVE_CUDA
 const nb_backend *nb_cuda_backend(void);

@@ -132,6 +132,11 @@ const nb_backend nb_cpu_backend = {
 };
 
 const nb_backend *nb_backend_for(nb_device dev) {
+  if (nb_profile_running()) return nb_profile_wrap(nb_backend_find(dev), dev);
+  return nb_backend_find(dev);
+}
+
+const nb_backend *nb_backend_find(nb_device dev) {
   if (dev.type == NB_CPU) return &nb_cpu_backend;
 #ifdef NABLA_HAVE_CUDA
   if (dev.type == NB_CUDA) {

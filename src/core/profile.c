@@ -1,0 +1,348 @@
+/* The kernel profiler (nb_profile_* in nabla.h).
+ *
+ * While it is on, nb_backend_for hands out a proxy of the device's backend
+ * whose kernel entries time the real kernel between two events (nb_event:
+ * device events in the CUDA stream, the host clock on the CPU) and log the
+ * pair under the kernel's name and phase. Memory and transfer entries are
+ * the real ones. Nothing waits while profiling: nb_profile_stop
+ * synchronises the devices it saw once, then reads every pair and adds up
+ * per (name, phase). A kernel entry that calls another backend entry (none
+ * do today) is timed once, at the outermost call.
+ *
+ * State is process-wide and meant for one thread driving the devices, as
+ * nabla's ops are; the calling device of a proxied entry is the one
+ * nb_backend_for was last asked for on this thread. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "core/core.h"
+
+typedef struct { /* one timed kernel, resolved at stop */
+  nb_event *start, *end;
+  const char *name;
+  int bwd;
+} nbp_mark;
+
+typedef struct { /* the totals of one (name, phase) */
+  const char *name;
+  int bwd;
+  int64_t calls;
+  double ms;
+} nbp_stat;
+
+static int nbp_on, nbp_have; /* profiling; a stopped profile holds totals */
+static nbp_mark *nbp_log;
+static int64_t nbp_n, nbp_cap;
+static nbp_stat *nbp_stats;
+static int nbp_nstats, nbp_capstats;
+static double nbp_wall_start, nbp_wall_ms;
+static int nbp_failed; /* an event could not be had: timings incomplete */
+static int nbp_bwd_depth;
+static _Thread_local nb_device nbp_dev;
+static _Thread_local int nbp_depth;
+static int nbp_seen[2][64]; /* devices used while profiling: [cpu, cuda][index] */
+static nb_backend nbp_proxy[2];
+static const nb_backend *nbp_real[2];
+
+static double nbp_host_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static const char *const nbp_uop[NB_UOP_COUNT] = {
+    "neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal",
+    "sin", "cos", "tanh", "sigmoid", "relu", "gelu_erf", "gelu_tanh", "silu", "softplus", "sign",
+    "floor", "ceil", "round", "gelu_erf_d", "gelu_tanh_d", "silu_d"};
+static const char *const nbp_bop[NB_BOP_COUNT] = {"add", "sub", "mul", "div", "pow", "max", "min",
+                                                  "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+static const char *const nbp_rop[NB_ROP_COUNT] = {"sum", "max", "min", "argmax", "argmin"};
+
+/* ---- timing a proxied call -------------------------------------------------- */
+static int nbp_begin(nbp_mark *m, const char *name) {
+  if (nbp_depth++ || !nbp_on) return 0;
+  m->name = name;
+  m->bwd = nbp_bwd_depth > 0;
+  m->end = NULL;
+  m->start = nb_event_record(nbp_dev);
+  if (!m->start) nb_clear_error();
+  return 1;
+}
+
+static void nbp_end(nbp_mark *m, int timed) {
+  nbp_depth--;
+  if (!timed) return;
+  m->end = m->start ? nb_event_record(nbp_dev) : NULL;
+  if (!m->end) nb_clear_error();
+  if (!m->start || !m->end) { /* leave the kernel's status alone; note the gap */
+    nb_event_free(m->start);
+    nb_event_free(m->end);
+    nbp_failed = 1;
+    return;
+  }
+  if (nbp_n == nbp_cap) {
+    int64_t nc = nbp_cap ? 2 * nbp_cap : 1024;
+    nbp_mark *t = realloc(nbp_log, (size_t)nc * sizeof *t);
+    if (!t) {
+      nb_event_free(m->start);
+      nb_event_free(m->end);
+      nbp_failed = 1;
+      return;
+    }
+    nbp_log = t;
+    nbp_cap = nc;
+  }
+  nbp_log[nbp_n++] = *m;
+}
+
+#define NBP_REAL (nbp_real[nbp_dev.type == NB_CUDA])
+/* A proxied entry: times REAL->CALL under NAME. */
+#define NBP_TIMED(NAME, CALL)                    \
+  nbp_mark mark_;                                \
+  int timed_ = nbp_begin(&mark_, (NAME));        \
+  nb_status st_ = NBP_REAL->CALL;                \
+  nbp_end(&mark_, timed_);                       \
+  return st_
+
+static nb_status nbp_fill(const nb_kview *o, double v) { NBP_TIMED("fill", fill(o, v)); }
+static nb_status nbp_arange(const nb_kview *o, double a, double s) { NBP_TIMED("arange", arange(o, a, s)); }
+static nb_status nbp_copy(const nb_kview *o, const nb_kview *i) { NBP_TIMED("copy", copy(o, i)); }
+static nb_status nbp_unary(nb_uop op, const nb_kview *o, const nb_kview *i) {
+  NBP_TIMED(nbp_uop[op], unary(op, o, i));
+}
+static nb_status nbp_binary(nb_bop op, const nb_kview *o, const nb_kview *a, const nb_kview *b) {
+  NBP_TIMED(nbp_bop[op], binary(op, o, a, b));
+}
+static nb_status nbp_where(const nb_kview *o, const nb_kview *c, const nb_kview *a, const nb_kview *b) {
+  NBP_TIMED("where", where(o, c, a, b));
+}
+static nb_status nbp_reduce(nb_rop op, const nb_kview *o, const nb_kview *i, int n) {
+  NBP_TIMED(nbp_rop[op], reduce(op, o, i, n));
+}
+static nb_status nbp_matmul(const nb_kview *o, const nb_kview *a, const nb_kview *b) {
+  NBP_TIMED("matmul", matmul(o, a, b));
+}
+static nb_status nbp_rand_uniform(const nb_kview *o, uint64_t s, uint64_t off, double lo, double hi) {
+  NBP_TIMED("rand_uniform", rand_uniform(o, s, off, lo, hi));
+}
+static nb_status nbp_rand_normal(const nb_kview *o, uint64_t s, uint64_t off, double mu, double sd) {
+  NBP_TIMED("rand_normal", rand_normal(o, s, off, mu, sd));
+}
+static nb_status nbp_randint(const nb_kview *o, uint64_t s, uint64_t off, int64_t lo, int64_t hi) {
+  NBP_TIMED("randint", randint(o, s, off, lo, hi));
+}
+static nb_status nbp_softmax_fwd(const nb_kview *y, const nb_kview *x, int log) {
+  NBP_TIMED(log ? "log_softmax" : "softmax", softmax_fwd(y, x, log));
+}
+static nb_status nbp_softmax_bwd(const nb_kview *dx, const nb_kview *dy, const nb_kview *y, int log) {
+  NBP_TIMED(log ? "log_softmax_bwd" : "softmax_bwd", softmax_bwd(dx, dy, y, log));
+}
+static nb_status nbp_norm_fwd(const nb_kview *y, const nb_kview *mean, const nb_kview *rstd,
+                              const nb_kview *x, const nb_kview *w, const nb_kview *b, double eps, int rms) {
+  NBP_TIMED(rms ? "rms_norm" : "layer_norm", norm_fwd(y, mean, rstd, x, w, b, eps, rms));
+}
+static nb_status nbp_norm_bwd(const nb_kview *dx, const nb_kview *dw, const nb_kview *db,
+                              const nb_kview *dy, const nb_kview *x, const nb_kview *mean,
+                              const nb_kview *rstd, const nb_kview *w, int rms) {
+  NBP_TIMED(rms ? "rms_norm_bwd" : "layer_norm_bwd", norm_bwd(dx, dw, db, dy, x, mean, rstd, w, rms));
+}
+static nb_status nbp_xent_fwd(const nb_kview *loss, const nb_kview *lse, const nb_kview *logits,
+                              const nb_kview *t, int64_t ignore, double smoothing) {
+  NBP_TIMED("cross_entropy", xent_fwd(loss, lse, logits, t, ignore, smoothing));
+}
+static nb_status nbp_xent_bwd(const nb_kview *dlogits, const nb_kview *dloss, const nb_kview *logits,
+                              const nb_kview *t, const nb_kview *lse, int64_t ignore, double smoothing) {
+  NBP_TIMED("cross_entropy_bwd", xent_bwd(dlogits, dloss, logits, t, lse, ignore, smoothing));
+}
+static nb_status nbp_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
+                                const nb_kview *dloss, const nb_kview *out, int mean,
+                                const nb_kview *logits, const nb_kview *t, int64_t ignore,
+                                double smoothing) {
+  NBP_TIMED("cross_entropy_fused", xent_fused(loss, lse, dlogits, dloss, out, mean, logits, t, ignore, smoothing));
+}
+static nb_status nbp_index_select(const nb_kview *o, const nb_kview *x, int axis, const nb_kview *idx) {
+  NBP_TIMED("index_select", index_select(o, x, axis, idx));
+}
+static nb_status nbp_index_add(const nb_kview *o, int axis, const nb_kview *idx, const nb_kview *src, int det) {
+  NBP_TIMED("index_add", index_add(o, axis, idx, src, det));
+}
+static nb_status nbp_gather(const nb_kview *o, const nb_kview *x, int axis, const nb_kview *idx) {
+  NBP_TIMED("gather", gather(o, x, axis, idx));
+}
+static nb_status nbp_scatter_add(const nb_kview *o, int axis, const nb_kview *idx, const nb_kview *src, int det) {
+  NBP_TIMED("scatter_add", scatter_add(o, axis, idx, src, det));
+}
+static nb_status nbp_dropout(const nb_kview *o, const nb_kview *x, double p, uint64_t s, uint64_t off) {
+  NBP_TIMED("dropout", dropout(o, x, p, s, off));
+}
+static nb_status nbp_im2col(const nb_kview *cols, const nb_kview *x, const nb_im2col_params *p) {
+  NBP_TIMED("im2col", im2col(cols, x, p));
+}
+static nb_status nbp_col2im(const nb_kview *x, const nb_kview *cols, const nb_im2col_params *p) {
+  NBP_TIMED("col2im", col2im(x, cols, p));
+}
+static nb_status nbp_maxpool2d_fwd(const nb_kview *y, const nb_kview *am, const nb_kview *x,
+                                   const nb_im2col_params *p) {
+  NBP_TIMED("maxpool2d", maxpool2d_fwd(y, am, x, p));
+}
+static nb_status nbp_maxpool2d_bwd(const nb_kview *dx, const nb_kview *dy, const nb_kview *am,
+                                   const nb_im2col_params *p) {
+  NBP_TIMED("maxpool2d_bwd", maxpool2d_bwd(dx, dy, am, p));
+}
+static nb_status nbp_avgpool2d_fwd(const nb_kview *y, const nb_kview *x, const nb_im2col_params *p) {
+  NBP_TIMED("avgpool2d", avgpool2d_fwd(y, x, p));
+}
+static nb_status nbp_avgpool2d_bwd(const nb_kview *dx, const nb_kview *dy, const nb_im2col_params *p) {
+  NBP_TIMED("avgpool2d_bwd", avgpool2d_bwd(dx, dy, p));
+}
+static nb_status nbp_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview *m, const nb_kview *v,
+                                double lr, double b1, double b2, double eps, double wd, int64_t step) {
+  NBP_TIMED("adamw", adamw_step(p, g, m, v, lr, b1, b2, eps, wd, step));
+}
+static nb_status nbp_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *buf, double lr,
+                              double mom, double damp, int nesterov, double wd) {
+  NBP_TIMED("sgd", sgd_step(p, g, buf, lr, mom, damp, nesterov, wd));
+}
+static nb_status nbp_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                                 const nb_kview *v, double lr, double b1, double b2, double eps,
+                                 double wd, int64_t step) {
+  NBP_TIMED("adamw_multi", adamw_multi(n, p, g, m, v, lr, b1, b2, eps, wd, step));
+}
+
+/* The proxy of real: its kernel entries timed, absent ones left absent. */
+static void nbp_build(nb_backend *px, const nb_backend *r) {
+  *px = *r;
+#define NBP_SET(f) px->f = r->f ? nbp_##f : NULL
+  NBP_SET(fill); NBP_SET(arange); NBP_SET(copy); NBP_SET(unary); NBP_SET(binary); NBP_SET(where);
+  NBP_SET(reduce); NBP_SET(matmul); NBP_SET(rand_uniform); NBP_SET(rand_normal); NBP_SET(randint);
+  NBP_SET(softmax_fwd); NBP_SET(softmax_bwd); NBP_SET(norm_fwd); NBP_SET(norm_bwd);
+  NBP_SET(xent_fwd); NBP_SET(xent_bwd); NBP_SET(xent_fused); NBP_SET(index_select);
+  NBP_SET(index_add); NBP_SET(gather); NBP_SET(scatter_add); NBP_SET(dropout); NBP_SET(im2col);
+  NBP_SET(col2im); NBP_SET(maxpool2d_fwd); NBP_SET(maxpool2d_bwd); NBP_SET(avgpool2d_fwd);
+  NBP_SET(avgpool2d_bwd); NBP_SET(adamw_step); NBP_SET(sgd_step); NBP_SET(adamw_multi);
+#undef NBP_SET
+}
+
+const nb_backend *nb_profile_wrap(const nb_backend *real, nb_device dev) {
+  if (!nbp_on || !real) return real;
+  int k = dev.type == NB_CUDA;
+  if (nbp_real[k] != real) {
+    nbp_real[k] = real;
+    nbp_build(&nbp_proxy[k], real);
+  }
+  nbp_dev = dev;
+  if (dev.index >= 0 && dev.index < 64) nbp_seen[k][dev.index] = 1;
+  return &nbp_proxy[k];
+}
+
+void nb_profile_backward(int enter) { nbp_bwd_depth += enter ? 1 : -1; }
+
+/* ---- the profile ----------------------------------------------------------- */
+static void nbp_free_log(void) {
+  for (int64_t i = 0; i < nbp_n; i++) {
+    nb_event_free(nbp_log[i].start);
+    nb_event_free(nbp_log[i].end);
+  }
+  free(nbp_log);
+  nbp_log = NULL;
+  nbp_n = nbp_cap = 0;
+}
+
+void nb_profile_reset(void) {
+  nbp_on = nbp_have = nbp_failed = 0;
+  nbp_free_log();
+  free(nbp_stats);
+  nbp_stats = NULL;
+  nbp_nstats = nbp_capstats = 0;
+  nbp_wall_ms = 0;
+  memset(nbp_seen, 0, sizeof nbp_seen);
+}
+
+nb_status nb_profile_start(void) {
+  if (nbp_on) return nb_error_set(NB_ERR_VALUE, "nb_profile_start: a profile is already running");
+  nb_profile_reset();
+  nbp_on = 1;
+  nbp_wall_start = nbp_host_ms();
+  return NB_OK;
+}
+
+int nb_profile_running(void) { return nbp_on; }
+
+/* The totals of (name, bwd), created on first use; NULL on no memory. */
+static nbp_stat *nbp_stat_for(const char *name, int bwd) {
+  for (int i = 0; i < nbp_nstats; i++)
+    if (nbp_stats[i].bwd == bwd && strcmp(nbp_stats[i].name, name) == 0) return &nbp_stats[i];
+  if (nbp_nstats == nbp_capstats) {
+    int nc = nbp_capstats ? 2 * nbp_capstats : 32;
+    nbp_stat *t = realloc(nbp_stats, (size_t)nc * sizeof *t);
+    if (!t) return NULL;
+    nbp_stats = t;
+    nbp_capstats = nc;
+  }
+  nbp_stat *s = &nbp_stats[nbp_nstats++];
+  s->name = name;
+  s->bwd = bwd;
+  s->calls = 0;
+  s->ms = 0;
+  return s;
+}
+
+nb_status nb_profile_stop(void) {
+  if (!nbp_on) return nb_error_set(NB_ERR_VALUE, "nb_profile_stop: no profile is running");
+  nbp_on = 0;
+  nb_status st = NB_OK;
+  for (int k = 0; k < 2; k++) /* one wait per device, then every pair is ready */
+    for (int i = 0; i < 64; i++)
+      if (nbp_seen[k][i] && !st) st = nb_device_synchronize(k ? nb_device_cuda(i) : NB_DEVICE_CPU);
+  nbp_wall_ms = nbp_host_ms() - nbp_wall_start;
+  for (int64_t i = 0; i < nbp_n && !st; i++) {
+    double ms = nb_event_elapsed_ms(nbp_log[i].start, nbp_log[i].end);
+    nbp_stat *s = nbp_stat_for(nbp_log[i].name, nbp_log[i].bwd);
+    if (!s) st = nb_error_set(NB_ERR_OOM, "nb_profile_stop: out of memory");
+    else if (ms < 0) nbp_failed = 1;
+    else s->calls++, s->ms += ms;
+  }
+  nbp_free_log();
+  nbp_have = !st;
+  return st;
+}
+
+int nb_profile_stat(const char *name, int backward, int64_t *calls, double *ms) {
+  *calls = 0;
+  *ms = 0;
+  for (int i = 0; name && i < nbp_nstats; i++)
+    if (nbp_stats[i].bwd == (backward != 0) && strcmp(nbp_stats[i].name, name) == 0) {
+      *calls = nbp_stats[i].calls;
+      *ms = nbp_stats[i].ms;
+      return 1;
+    }
+  return 0;
+}
+
+static int nbp_by_time(const void *a, const void *b) {
+  double x = ((const nbp_stat *)a)->ms, y = ((const nbp_stat *)b)->ms;
+  return (x < y) - (x > y);
+}
+
+nb_status nb_profile_report(FILE *f) {
+  if (!f) return nb_error_null("nb_profile_report", "f");
+  if (nbp_on) return nb_error_set(NB_ERR_VALUE, "nb_profile_report: stop the profile first");
+  if (!nbp_have) return nb_error_set(NB_ERR_VALUE, "nb_profile_report: no profile was taken");
+  qsort(nbp_stats, (size_t)nbp_nstats, sizeof *nbp_stats, nbp_by_time);
+  double total = 0;
+  int64_t calls = 0;
+  for (int i = 0; i < nbp_nstats; i++) total += nbp_stats[i].ms, calls += nbp_stats[i].calls;
+  fprintf(f, "profile: %lld kernels, %.3f ms in kernels, %.3f ms wall clock%s\n", (long long)calls,
+          total, nbp_wall_ms, nbp_failed ? " (some kernels could not be timed)" : "");
+  fprintf(f, "%-24s %-5s %9s %12s %11s %7s\n", "kernel", "phase", "calls", "total ms", "mean us", "share");
+  for (int i = 0; i < nbp_nstats; i++) {
+    const nbp_stat *s = &nbp_stats[i];
+    fprintf(f, "%-24s %-5s %9lld %12.3f %11.2f %6.1f%%\n", s->name, s->bwd ? "bwd" : "fwd",
+            (long long)s->calls, s->ms, 1e3 * s->ms / (double)(s->calls ? s->calls : 1),
+            total > 0 ? 100 * s->ms / total : 0.0);
+  }
+  return NB_OK;
+}
