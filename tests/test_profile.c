@@ -73,9 +73,29 @@ static void test_counts(void) {
   nb_scope_end();
 }
 
+/* A kernel that fails while profiled keeps its own error, and is not counted. */
+static void test_failing_kernel(void) {
+  nb_scope_begin();
+  nb_tensor *x = nbt_randn(3, 2, (int64_t[]){4, 3}, NB_F32);
+  int64_t bad[2] = {0, 7};
+  nb_tensor *idx = nb_from_buffer(bad, 1, (int64_t[]){2}, NB_I64, NB_DEVICE_CPU);
+  NBT_CHECK(nb_profile_start() == NB_OK, "start");
+  nb_tensor *y = nb_index_select(x, 0, idx);
+  const char *err = nb_last_error();
+  NBT_CHECK(!y && nb_last_status() == NB_ERR_INDEX && strstr(err, "7"),
+            "out-of-range index while profiling: its own error (%s)", err);
+  nb_clear_error();
+  NBT_CHECK(nb_profile_stop() == NB_OK, "stop");
+  int64_t calls;
+  double ms;
+  NBT_CHECK(!nb_profile_stat("index_select", 0, &calls, &ms), "the failed kernel is not counted");
+  nb_scope_end();
+}
+
 int main(void) {
   test_misuse();
   test_counts();
+  test_failing_kernel();
   nb_profile_reset();
   return nbt_finish();
 }

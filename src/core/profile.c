@@ -72,14 +72,21 @@ static int nbp_begin(nbp_mark *m, const char *name) {
   return 1;
 }
 
-static void nbp_end(nbp_mark *m, int timed) {
+/* Closes a timed call whose kernel returned st. A failed kernel is not
+ * logged and its error stays the pending one; an event that cannot be had
+ * leaves a gap in the profile, noted in the report, and no error. */
+static void nbp_end(nbp_mark *m, int timed, nb_status st) {
   nbp_depth--;
   if (!timed) return;
-  m->end = m->start ? nb_event_record(nbp_dev) : NULL;
-  if (!m->end) nb_clear_error();
-  if (!m->start || !m->end) { /* leave the kernel's status alone; note the gap */
+  if (st != NB_OK || !m->start) {
     nb_event_free(m->start);
-    nb_event_free(m->end);
+    if (!m->start) nbp_failed = 1;
+    return;
+  }
+  m->end = nb_event_record(nbp_dev);
+  if (!m->end) {
+    nb_clear_error();
+    nb_event_free(m->start);
     nbp_failed = 1;
     return;
   }
@@ -104,7 +111,7 @@ static void nbp_end(nbp_mark *m, int timed) {
   nbp_mark mark_;                                \
   int timed_ = nbp_begin(&mark_, (NAME));        \
   nb_status st_ = NBP_REAL->CALL;                \
-  nbp_end(&mark_, timed_);                       \
+  nbp_end(&mark_, timed_, st_);                  \
   return st_
 
 static nb_status nbp_fill(const nb_kview *o, double v) { NBP_TIMED("fill", fill(o, v)); }
