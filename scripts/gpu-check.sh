@@ -16,7 +16,7 @@ JOBS=${JOBS:-16}
 
 # STEPS selects parts (default all but gemm): cpu (the CPU ctest suite), cuda
 # (test_cuda), sanitize (memcheck + racecheck; or memcheck, racecheck alone), train (the main job, `make
-# run`, on the GPU), bench (nabla bench + torch), gemm (scripts/gemm-compare.sh: the own
+# run`, on the GPU, and a kernel profile of 20 steps), bench (nabla bench + torch), gemm (scripts/gemm-compare.sh: the own
 # GEMM's schedules GEMM_SCHEDULES, default heuristic,data-parallel,cluster2, against cuBLASLt).
 STEPS=${STEPS:-cpu,cuda,sanitize,train,bench}
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
@@ -95,6 +95,8 @@ if [ "$built" -eq 0 ]; then
   fi
   if want train; then
     step train 1 timeout 600 "$BUILD/nabla" train --device cuda --log-every 100 --svg "$OUT/loss.svg"
+    # where a step's time goes: every kernel of 20 steps, by name and phase
+    step train-profile 0 timeout 300 "$BUILD/nabla" train --device cuda --steps 21 --profile --no-svg --quiet
     if python3 -c "import torch" 2>/dev/null; then
       step train-compare 0 timeout 600 scripts/train-compare.sh "$BUILD"
     fi
@@ -127,6 +129,7 @@ for i in "${!names[@]}"; do
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
       train-compare) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \([^)]*\): //') ;;
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
+      train-profile) detail=$(grep -E '^profile: ' "$OUT/$n.log") ;;
     esac
     case "$n" in
       memcheck) detail="$detail $(grep -E 'ERROR SUMMARY' "$OUT/$n.log" | tail -1)" ;;
