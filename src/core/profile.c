@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/backend.h"
 #include "core/core.h"
@@ -46,12 +45,6 @@ static _Thread_local int nbp_depth;
 static int nbp_seen[2][64]; /* devices used while profiling: [cpu, cuda][index] */
 static nb_backend nbp_proxy[2];
 static const nb_backend *nbp_real[2];
-
-static double nbp_host_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
 
 static const char *const nbp_uop[NB_UOP_COUNT] = {
     "neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal",
@@ -272,16 +265,23 @@ nb_status nb_profile_start(void) {
   if (nbp_on) return nb_error_set(NB_ERR_VALUE, "nb_profile_start: a profile is already running");
   nb_profile_reset();
   nbp_on = 1;
-  nbp_wall_start = nbp_host_ms();
+  nbp_wall_start = nb_host_ms();
   return NB_OK;
 }
 
 int nb_profile_running(void) { return nbp_on; }
 
-/* The totals of (name, bwd), created on first use; NULL on no memory. */
-static nbp_stat *nbp_stat_for(const char *name, int bwd) {
+/* The totals of (name, bwd), or NULL when it has none. */
+static nbp_stat *nbp_find(const char *name, int bwd) {
   for (int i = 0; i < nbp_nstats; i++)
     if (nbp_stats[i].bwd == bwd && strcmp(nbp_stats[i].name, name) == 0) return &nbp_stats[i];
+  return NULL;
+}
+
+/* The totals of (name, bwd), created on first use; NULL on no memory. */
+static nbp_stat *nbp_stat_for(const char *name, int bwd) {
+  nbp_stat *found = nbp_find(name, bwd);
+  if (found) return found;
   if (nbp_nstats == nbp_capstats) {
     int nc = nbp_capstats ? 2 * nbp_capstats : 32;
     nbp_stat *t = realloc(nbp_stats, (size_t)nc * sizeof *t);
@@ -304,7 +304,7 @@ nb_status nb_profile_stop(void) {
   for (int k = 0; k < 2; k++) /* one wait per device, then every pair is ready */
     for (int i = 0; i < 64; i++)
       if (nbp_seen[k][i] && !st) st = nb_device_synchronize(k ? nb_device_cuda(i) : NB_DEVICE_CPU);
-  nbp_wall_ms = nbp_host_ms() - nbp_wall_start;
+  nbp_wall_ms = nb_host_ms() - nbp_wall_start;
   for (int64_t i = 0; i < nbp_n && !st; i++) {
     double ms = nb_event_elapsed_ms(nbp_log[i].start, nbp_log[i].end);
     nbp_stat *s = nbp_stat_for(nbp_log[i].name, nbp_log[i].bwd);
@@ -318,15 +318,10 @@ nb_status nb_profile_stop(void) {
 }
 
 int nb_profile_stat(const char *name, int backward, int64_t *calls, double *ms) {
-  *calls = 0;
-  *ms = 0;
-  for (int i = 0; name && i < nbp_nstats; i++)
-    if (nbp_stats[i].bwd == (backward != 0) && strcmp(nbp_stats[i].name, name) == 0) {
-      *calls = nbp_stats[i].calls;
-      *ms = nbp_stats[i].ms;
-      return 1;
-    }
-  return 0;
+  const nbp_stat *s = name ? nbp_find(name, backward != 0) : NULL;
+  *calls = s ? s->calls : 0;
+  *ms = s ? s->ms : 0;
+  return s != NULL;
 }
 
 static int nbp_by_time(const void *a, const void *b) {

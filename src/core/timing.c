@@ -21,7 +21,7 @@ struct nb_event {
   void *cuda;      /* CUDA: the cudaEvent_t, owned */
 };
 
-static double timing_host_ms(void) {
+double nb_host_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
@@ -54,7 +54,7 @@ nb_event *nb_event_record(nb_device dev) {
   }
   e->dev = dev;
   if (dev.type == NB_CPU) {
-    e->host_ms = timing_host_ms();
+    e->host_ms = nb_host_ms();
     return e;
   }
   if (timing_record_device(e) != NB_OK) {
