@@ -429,10 +429,27 @@ static nb_tensor *f_avgpool(nb_tensor *const *x, void *c) { return nb_avg_pool2d
 static nb_tensor *f_mlp(nb_tensor *const *x, void *c) {
   return nb_gelu(nb_linear(nb_tanh(x[0]), x[1], x[2]));
 }
+/* q k^T and (q k^T) v on (B, H, T, D) views of one (B, T, 3, H, D) tensor, as
+ * attention reads its projection: batch axes that do not merge. */
+static nb_tensor *f_qkv_views(nb_tensor *const *x, void *c) {
+  (void)c;
+  nb_tensor *t = nb_permute(x[0], (int[]){2, 0, 3, 1, 4});
+  nb_tensor *q = nb_select(t, 0, 0), *k = nb_select(t, 0, 1), *v = nb_select(t, 0, 2);
+  return nb_matmul(nb_matmul(q, nb_transpose(k, -1, -2)), v);
+}
 
 static void test_nn(void) {
   for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
     nb_dtype dt = FLOATS[d];
+    /* B = 9 products of H each: copied and run as one batch (cuda_gemm.cu's
+     * mm_flatten_pays); B = 3: one call per b */
+    for (int64_t B = 9; B >= 3; B -= 6) {
+      nb_scope_begin();
+      nb_tensor *qkv = randn(80 + (int)B, 5, (int64_t[]){B, 7, 3, 2, 8}, dt);
+      grad_cmp(B > 4 ? "matmul on attention views, copied" : "matmul on attention views, looped",
+               f_qkv_views, NULL, 1, &qkv, dt, 8.0);
+      nb_scope_end();
+    }
     const int64_t Ds[] = {7, 100, quick ? 1500 : 5000, quick ? 9000 : 20000};
     for (int k = 0; k < 4; k++) {
       nb_scope_begin();

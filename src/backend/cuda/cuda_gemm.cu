@@ -316,6 +316,85 @@ static nb_status lt_batched(const nb_cuda_ctx *ctx, const nb_lt_types *t, const 
   return NB_OK;
 }
 
+/* ---- operand copies --------------------------------------------------------
+ * Operands that no product call can read as they are (or a batch that would
+ * take one call per index, below) are copied to contiguous scratch, and an
+ * output that cannot be written in place is computed contiguous and copied
+ * back. */
+typedef struct {
+  nb_kview a, b, out;
+  void *ma, *mb, *mo;
+  size_t ba, bb, bo;
+} mm_copy;
+
+static nb_status mm_copy_make(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
+                              const nb_kview *b, int copy_a, int copy_b, int copy_out, mm_copy *c) {
+  memset(c, 0, sizeof *c);
+  c->a = *a;
+  c->b = *b;
+  c->out = *out;
+  int nbd = out->ndim - 2;
+  nb_status st = NB_OK;
+  if (copy_a) st = lt_contig(ctx, a, nbd, out->shape, &c->a, &c->ma, &c->ba);
+  if (!st && copy_b) st = lt_contig(ctx, b, nbd, out->shape, &c->b, &c->mb, &c->bb);
+  if (!st && copy_out) {
+    nb_contiguous_strides(out->ndim, c->out.shape, c->out.strides);
+    c->bo = (size_t)nb_kview_numel(out) * nb_dtype_size(out->dtype);
+    c->out.data = c->mo = nb_cuda_scratch(ctx, c->bo);
+    if (!c->mo) st = nb_last_status();
+  }
+  return st;
+}
+
+/* Copies a scratch output back (when st is NB_OK) and frees the copies. */
+static nb_status mm_copy_finish(const nb_cuda_ctx *ctx, const nb_kview *out, mm_copy *c,
+                                nb_status st) {
+  if (!st && c->mo) st = nb_cuda_copy(out, &c->out);
+  nb_cuda_scratch_free(ctx, c->ma, c->ba);
+  nb_cuda_scratch_free(ctx, c->mb, c->bb);
+  nb_cuda_scratch_free(ctx, c->mo, c->bo);
+  return st;
+}
+
+/* ---- batches that do not merge ----------------------------------------------
+ * Batch axes merge into one stride when each steps exactly over the next
+ * for every operand; otherwise the product runs once per index of the
+ * outer axes. Attention's q k^T on (B, H, T, D) views of a (B, T, 3, H, D)
+ * projection is such a case: B calls of H products each. When those calls
+ * are many and small, their fixed cost (a cuBLASLt call's descriptors, a
+ * launch) is most of the time, so the operands that do not merge are
+ * copied and the product runs as one call. Large products keep the loop:
+ * a copy would cost memory and bandwidth for no gain. */
+#define MM_FLAT_MIN_CALLS 4             /* up to this many calls: keep the loop */
+#define MM_FLAT_MAX_FLOP (1LL << 28)    /* per call: above this, keep the loop */
+
+/* The number of outer batch indices (product calls) over nops views. */
+static int64_t mm_calls(const nb_kview *const *v, int nops, const int64_t *shape, int nbd) {
+  const int64_t *st[3];
+  for (int k = 0; k < nops; k++) st[k] = v[k]->strides;
+  nb_iter it;
+  nb_iter_make(&it, nbd, shape, nops, st);
+  int64_t calls = 1;
+  for (int d = 0; d + 1 < it.ndim; d++) calls *= it.size[d];
+  return calls;
+}
+
+static int mm_merges(const nb_kview *v, const int64_t *shape, int nbd) {
+  return mm_calls(&v, 1, shape, nbd) == 1;
+}
+
+static int mm_flatten_pays(const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                           const nb_mm *p) {
+  int nbd = out->ndim - 2;
+  if (nbd < 2) return 0; /* one batch axis always merges */
+  const nb_kview *v[3] = {out, a, b};
+  int64_t calls = mm_calls(v, 3, out->shape, nbd);
+  if (calls <= MM_FLAT_MIN_CALLS) return 0;
+  double per_call = 2.0 * (double)p->M * (double)p->N * (double)p->K *
+                    (double)(nb_shape_numel(nbd, out->shape) / calls);
+  return per_call < (double)MM_FLAT_MAX_FLOP;
+}
+
 extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *b) {
   int od = out->ndim;
   if (od < 2) return nb_error_set(NB_ERR_SHAPE, "cuda matmul: out must have 2 or more axes");
@@ -329,41 +408,30 @@ extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, cons
   nb_cuda_ctx ctx;
   nb_status st = nb_cuda_enter(out->data, "matmul", &ctx);
   if (st) return st;
+  mm_copy c;
+  if (mm_flatten_pays(out, a, b, &p)) { /* copies merge, so this recursion ends */
+    int nbd = od - 2;
+    st = mm_copy_make(&ctx, out, a, b, !mm_merges(a, out->shape, nbd),
+                      !mm_merges(b, out->shape, nbd), !mm_merges(out, out->shape, nbd), &c);
+    if (!st) st = nb_cuda_matmul(&c.out, &c.a, &c.b);
+    return mm_copy_finish(&ctx, out, &c, st);
+  }
   int mode = lt_mode();
   if ((mode == 1 || mode == 2) && nb_sm90_matmul(&ctx, out, a, b, &st)) return st;
   if ((mode == 1 || mode == 3) && nb_sm80_matmul(&ctx, out, a, b, mode == 3 ? 2 : 1, &st)) return st;
-  nb_lt_call c;
-  int need_a = 0, need_b = 0, form = lt_plan(&p, &c, &need_a, &need_b);
-  if (form && !need_a && !need_b) {
-    st = lt_batched(&ctx, &t, &p);
-    return st;
-  }
+  nb_lt_call lc;
+  int need_a = 0, need_b = 0, form = lt_plan(&p, &lc, &need_a, &need_b);
+  if (form && !need_a && !need_b) return lt_batched(&ctx, &t, &p);
   /* Copy what does not fit: inputs to contiguous buffers; an output that
    * fits neither layout is computed contiguous and copied back. */
-  int nbd = od - 2;
-  nb_kview ca, cb, co;
-  void *ma = NULL, *mb = NULL, *mo = NULL;
-  size_t ba = 0, bb = 0, bo = 0;
-  if (!form || need_a) st = lt_contig(&ctx, a, nbd, out->shape, &ca, &ma, &ba);
-  if (!st && (!form || need_b)) st = lt_contig(&ctx, b, nbd, out->shape, &cb, &mb, &bb);
-  if (!st && !form) {
-    co = *out;
-    nb_contiguous_strides(od, co.shape, co.strides);
-    bo = (size_t)nb_kview_numel(out) * t.es;
-    co.data = mo = nb_cuda_scratch(&ctx, bo);
-    if (!mo) st = nb_last_status();
-  }
+  st = mm_copy_make(&ctx, out, a, b, !form || need_a, !form || need_b, !form, &c);
   if (!st) {
-    nb_mm q = {mo ? &co : out, ma ? &ca : a, mb ? &cb : b, p.M, p.N, p.K};
+    nb_mm q = {&c.out, &c.a, &c.b, p.M, p.N, p.K};
     st = lt_batched(&ctx, &t, &q);
     if (st == NB_ERR_UNSUPPORTED && !nb_error_pending())
       st = nb_error_set(NB_ERR_BACKEND, "cuda matmul: no cuBLASLt layout for the operands");
-    if (!st && mo) st = nb_cuda_copy(out, &co);
   }
-  nb_cuda_scratch_free(&ctx, ma, ba);
-  nb_cuda_scratch_free(&ctx, mb, bb);
-  nb_cuda_scratch_free(&ctx, mo, bo);
-  return st;
+  return mm_copy_finish(&ctx, out, &c, st);
 }
 
 /* ==== GEMM with a fused epilogue (nb_cuda_gemm_ex) ==========================
