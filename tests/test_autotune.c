@@ -74,6 +74,21 @@ static void test_pick(void) {
   nb_tune_force(-1);
 }
 
+/* NABLA_AUTOTUNE_SAMPLE_US: microseconds of launches per timing sample. */
+static void test_sample(void) {
+  const struct { const char *env; double s; } cases[] = {
+      {NULL, 1e-3}, {"", 1e-3}, {"250", 250e-6}, {"0", 0.0}, {"-5", 1e-3}, {"2ms", 1e-3},
+      {"nan", 1e-3}, {"1e9", 1e-3}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    if (cases[i].env) setenv("NABLA_AUTOTUNE_SAMPLE_US", cases[i].env, 1);
+    else unsetenv("NABLA_AUTOTUNE_SAMPLE_US");
+    double s = nb_tune_sample_seconds();
+    NBT_CHECK(fabs(s - cases[i].s) <= 1e-12, "NABLA_AUTOTUNE_SAMPLE_US=%s: %g s, expected %g",
+              cases[i].env ? cases[i].env : "(unset)", s, cases[i].s);
+  }
+  unsetenv("NABLA_AUTOTUNE_SAMPLE_US");
+}
+
 static void test_file(void) {
   remove(g_path);
   setenv("NABLA_AUTOTUNE", "1", 1);
@@ -223,6 +238,7 @@ int main(void) {
   setenv("NABLA_AUTOTUNE_CACHE", g_path, 1);
   test_keys();
   test_pick();
+  test_sample();
   test_file();
   test_force_name();
   test_gemm(NB_F32);

@@ -263,6 +263,14 @@ int nb_tune_active(void) {
   return s == 2;
 }
 
+double nb_tune_sample_seconds(void) {
+  const char *e = getenv("NABLA_AUTOTUNE_SAMPLE_US");
+  char *end;
+  double us = e && e[0] ? strtod(e, &end) : 1000.0;
+  if (!e || !e[0] || *end || !(us >= 0) || us > 1e6) us = 1000.0; /* unset or not a duration */
+  return us * 1e-6;
+}
+
 const char *nb_tune_forced_name(void) {
   pthread_mutex_lock(&nbt_mu);
   if (!nbt_loaded) nbt_load();

@@ -48,6 +48,13 @@ int nb_tune_enabled(void);
 /* NABLA_AUTOTUNE_FORCE (read with NABLA_AUTOTUNE), or NULL when unset. The
  * string stays valid until nb_tune_reset. */
 const char *nb_tune_forced_name(void);
+/* Device time one timing sample should span (many short launches make one
+ * sample, so launch gaps and clock ramps average out):
+ * NABLA_AUTOTUNE_SAMPLE_US microseconds, default 1000; 0 times one launch
+ * per sample (under compute-sanitizer every launch is instrumented and
+ * slow). */
+double nb_tune_sample_seconds(void);
+
 
 /* Whether a pick can return anything but the heuristic: tuning is on, the
  * cache holds a choice or a choice is forced. A lock-free check, so a kernel

@@ -1139,11 +1139,12 @@ static int sm90_tune_setup(sm90_tune *t) {
   return t->e0 && t->e1;
 }
 
-/* Launches per timing sample: about 1 ms of work at 500 TFLOP/s, so that
- * a small product's sample is not one launch's jitter. */
+/* Launches per timing sample (at most 64): nb_tune_sample_seconds() of work
+ * at 500 TFLOP/s (1 ms by default), so that a small product's sample is not
+ * one launch's jitter. */
 static int sm90_time_reps(const sm90_problem *pr) {
-  double s = 2.0 * (double)pr->rows * (double)pr->N * (double)pr->K / 5e14;
-  return s >= 1e-3 ? 1 : s * 64 <= 1e-3 ? 64 : (int)(1e-3 / s) + 1;
+  double s = 2.0 * (double)pr->rows * (double)pr->N * (double)pr->K / 5e14, want = nb_tune_sample_seconds();
+  return s >= want ? 1 : s * 64 <= want ? 64 : (int)(want / s) + 1;
 }
 
 /* nb_tune_time_fn: seconds of one run of candidate i (the mean over
