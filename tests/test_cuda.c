@@ -773,6 +773,7 @@ static void test_random(void) {
 }
 
 /* ---- optimizers ----------------------------------------------------------------- */
+static void test_clip_multi(void); /* below, with the fast paths */
 static void test_optim(void) {
   for (int kind = 0; kind < 2; kind++)
     for (int dd = 0; dd < 2; dd++) {
@@ -801,6 +802,73 @@ static void test_optim(void) {
       cmp(kind ? "sgd nesterov 3 steps" : "adamw 3 steps", dt, res[0], res[1], 2.0);
       nb_scope_end();
     }
+  test_clip_multi();
+}
+
+/* Gradient clipping over 70 gradients of four dtypes and odd sizes (more
+ * tensors than one multi-tensor launch takes, one larger than many blocks):
+ * the norm against a float64 sum of the gradients' values on the host, the
+ * clipped gradients against the CPU's, and the same bits on a second run
+ * (the device's sum has a fixed order). */
+static double clip_run(nb_params *ps, nb_tensor *const *w, int n, int dv) {
+  for (int i = 0; i < n; i++) {
+    nb_tensor *p = nb_params_get(ps, i);
+    nb_zero_grad(p);
+    nb_scope_begin();
+    nb_backward(nb_mul_scalar(p, 1.0), dv ? gpu(w[i]) : w[i]); /* grad = w[i] exactly */
+    nb_scope_end();
+  }
+  return nb_clip_grad_norm(ps, 1.0);
+}
+
+static void test_clip_multi(void) {
+  enum { N = 70 };
+  const nb_dtype dts[] = {NB_F32, NB_BF16, NB_F16, NB_F64};
+  nb_scope_begin();
+  nb_tensor *w[N];
+  nb_params *ps[2] = {nb_params_new(), nb_params_new()};
+  double want = 0;
+  for (int i = 0; i < N; i++) {
+    int64_t len = i == 5 ? 70001 : 1 + (i * 37) % 3001;
+    w[i] = randn(300 + i, 1, &len, dts[i % 4]);
+    double *h = nbt_f64(w[i]);
+    for (int64_t j = 0; j < len; j++) want += h[j] * h[j];
+    free(h);
+    for (int dv = 0; dv < 2; dv++) {
+      nb_tensor *p = nb_zeros(1, &len, dts[i % 4], dv ? G : NB_DEVICE_CPU);
+      nb_set_requires_grad(p, 1);
+      char name[16];
+      snprintf(name, sizeof name, "g%d", i);
+      nb_params_add(ps[dv], name, p);
+    }
+  }
+  double nc = clip_run(ps[0], w, N, 0), ng = clip_run(ps[1], w, N, 1);
+  NBT_CHECK(fabs(nc - sqrt(want)) <= 1e-12 * sqrt(want), "clip norm cpu %.15g vs float64 %.15g", nc, sqrt(want));
+  NBT_CHECK(fabs(ng - sqrt(want)) <= 1e-12 * sqrt(want), "clip norm cuda %.15g vs float64 %.15g (%s)", ng,
+            sqrt(want), nb_last_error());
+  for (int i = 0; i < N; i += 3) {
+    char name[64];
+    snprintf(name, sizeof name, "clipped gradient %d (%s)", i, nb_dtype_name(dts[i % 4]));
+    cmp(name, dts[i % 4], nb_grad(nb_params_get(ps[0], i)), nb_grad(nb_params_get(ps[1], i)), 1.0);
+  }
+  double again = clip_run(ps[1], w, N, 1);
+  NBT_CHECK(memcmp(&again, &ng, sizeof ng) == 0, "clip norm repeats bit for bit (%.17g, %.17g)", ng, again);
+  { /* the backend entries' own checks (the CPU's under NABLA_TEST_SELF) */
+    const nb_backend *be = nb_backend_for(G);
+    nb_tensor *o32 = nb_zeros(0, NULL, NB_F32, G);
+    nb_kview ko, kx;
+    nb_kview_of(o32, &ko);
+    nb_kview_of(nb_params_get(ps[1], 0), &kx);
+    nbt_check_error("sumsq_multi into f32", be->sumsq_multi(1, &kx, &ko) != NB_OK, NB_ERR_DTYPE,
+                    "sumsq_multi", "f32", NULL);
+    nb_tensor *ints = nb_zeros(1, (int64_t[]){4}, NB_I64, G);
+    nb_kview_of(ints, &kx);
+    nbt_check_error("scale_multi on i64", be->scale_multi(1, &kx, 2.0) != NB_OK, NB_ERR_DTYPE,
+                    "scale_multi", "i64", NULL);
+  }
+  nb_params_free(ps[0]);
+  nb_params_free(ps[1]);
+  nb_scope_end();
 }
 
 /* ---- fast paths: elementwise vectors, multi-tensor AdamW, embedding rows ------

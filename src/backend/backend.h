@@ -173,6 +173,15 @@ typedef struct nb_backend {
   nb_status (*adamw_multi)(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
                            const nb_kview *v, double lr, double beta1, double beta2, double eps,
                            double weight_decay, int64_t step);
+  /* Gradient clipping's two passes over n tensors in one or a few launches.
+   * Every view is contiguous, of a float dtype, on this backend's one
+   * device. sumsq_multi: out (a 0-d f64 view there) = the sum of x^2 over
+   * every element, accumulated in f64 in a fixed order (the same bits every
+   * run). scale_multi: x *= s in place (on CUDA in f32 for f32/f16/bf16
+   * tensors, as mul_scalar; the CPU in double); the x[i] do not overlap
+   * one another. */
+  nb_status (*sumsq_multi)(int n, const nb_kview *x, const nb_kview *out);
+  nb_status (*scale_multi)(int n, const nb_kview *x, double s);
 } nb_backend;
 
 const nb_backend *nb_backend_for(nb_device dev);   /* NULL + error if absent */

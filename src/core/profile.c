@@ -211,6 +211,12 @@ static nb_status nbp_adamw_multi(int n, const nb_kview *p, const nb_kview *g, co
                                  double wd, int64_t step) {
   NBP_TIMED("adamw_multi", adamw_multi(n, p, g, m, v, lr, b1, b2, eps, wd, step));
 }
+static nb_status nbp_sumsq_multi(int n, const nb_kview *x, const nb_kview *out) {
+  NBP_TIMED("sumsq_multi", sumsq_multi(n, x, out));
+}
+static nb_status nbp_scale_multi(int n, const nb_kview *x, double s) {
+  NBP_TIMED("scale_multi", scale_multi(n, x, s));
+}
 
 /* The proxy of real: its kernel entries timed, absent ones left absent. */
 static void nbp_build(nb_backend *px, const nb_backend *r) {
@@ -223,6 +229,7 @@ static void nbp_build(nb_backend *px, const nb_backend *r) {
   NBP_SET(index_add); NBP_SET(gather); NBP_SET(scatter_add); NBP_SET(dropout); NBP_SET(im2col);
   NBP_SET(col2im); NBP_SET(maxpool2d_fwd); NBP_SET(maxpool2d_bwd); NBP_SET(avgpool2d_fwd);
   NBP_SET(avgpool2d_bwd); NBP_SET(adamw_step); NBP_SET(sgd_step); NBP_SET(adamw_multi);
+  NBP_SET(sumsq_multi); NBP_SET(scale_multi);
 #undef NBP_SET
 }
 

@@ -397,15 +397,54 @@ static nb_tensor *clip_sum_squares(const nb_tensor *g) {
   return nb_cast(nb_sum(nb_square(c), 0, NULL, 0), NB_F64);
 }
 
-/* Sum of squares over all gradients in f64. Sums on the first gradient's
- * device stay there, so the common single-device case reads one value back
- * (one synchronisation); gradients elsewhere are read back one by one. */
-static nb_status clip_total(nb_params *params, double *total) {
-  nb_tensor *dev_total = NULL;
-  double host_total = 0;
+/* The gradients that the backend's multi-tensor passes take: contiguous,
+ * non-empty, of a float dtype, on the first such gradient's device, when
+ * that backend has sumsq_multi and scale_multi. batched[i] marks them; kv
+ * gets their views, in order; returns how many (*be, *dev: their backend
+ * and device). */
+static int clip_batch(nb_params *params, char *batched, nb_kview *kv, const nb_backend **be,
+                      nb_device *dev) {
+  int k = 0;
+  *be = NULL;
   for (int i = 0; i < nb_params_count(params); i++) {
     nb_tensor *g = nb_grad(nb_params_get(params, i));
-    if (!g || !nb_numel(g)) continue;
+    batched[i] = 0;
+    if (!g || !nb_numel(g) || !nb_is_contiguous(g) || !nb_dtype_is_float(nb_dtype_of(g))) continue;
+    if (!*be) {
+      const nb_backend *b = nb_backend_for(nb_device_of(g));
+      if (!b || !b->sumsq_multi || !b->scale_multi) {
+        nb_clear_error();
+        return 0;
+      }
+      *be = b;
+      *dev = nb_device_of(g);
+    } else if (!nb_same_device(nb_device_of(g), *dev)) {
+      continue;
+    }
+    batched[i] = 1;
+    nb_kview_of(g, &kv[k++]);
+  }
+  return k;
+}
+
+/* Sum of squares over all gradients in f64: the batch in one backend call
+ * (its sum stays on the device: one value read back, one synchronisation),
+ * the rest one by one as clip_sum_squares, added there when on the batch's
+ * device, else read back each. */
+static nb_status clip_total(nb_params *params, const char *batched, const nb_kview *kv, int k,
+                            const nb_backend *be, nb_device dev, double *total) {
+  nb_tensor *dev_total = NULL;
+  double host_total = 0;
+  if (k) {
+    if (!(dev_total = nb_empty(0, NULL, NB_F64, dev))) return nb_last_status();
+    nb_kview ko;
+    nb_kview_of(dev_total, &ko);
+    nb_status st = be->sumsq_multi(k, kv, &ko);
+    if (st) return st;
+  }
+  for (int i = 0; i < nb_params_count(params); i++) {
+    nb_tensor *g = nb_grad(nb_params_get(params, i));
+    if (batched[i] || !g || !nb_numel(g)) continue;
     nb_tensor *s = clip_sum_squares(g);
     if (!s) return nb_last_status();
     if (!dev_total) dev_total = s;
@@ -417,6 +456,21 @@ static nb_status clip_total(nb_params *params, double *total) {
   return NB_OK;
 }
 
+/* g *= coef for every gradient: the batch in one backend call (unless two
+ * of its views share bytes), the rest through mul_scalar and a copy. */
+static nb_status clip_scale(nb_params *params, const char *batched, const nb_kview *kv, int k,
+                            const nb_backend *be, double coef) {
+  int one_call = k && !optim_overlap(kv, k);
+  nb_status st = one_call ? be->scale_multi(k, kv, coef) : NB_OK;
+  for (int i = 0; i < nb_params_count(params) && !st; i++) {
+    nb_tensor *g = nb_grad(nb_params_get(params, i));
+    if (!g || !nb_numel(g)) continue;
+    if (batched[i] && one_call) g->storage->filled = 0; /* written in place by the kernel */
+    else st = nb_copy_(g, nb_mul_scalar(g, coef));
+  }
+  return st;
+}
+
 double nb_clip_grad_norm(nb_params *params, double max_norm) {
   if (!params) {
     nb_error_null("nb_clip_grad_norm", "params");
@@ -426,21 +480,30 @@ double nb_clip_grad_norm(nb_params *params, double max_norm) {
     nb_error_set(NB_ERR_VALUE, "nb_clip_grad_norm: max_norm %g (expected >= 0)", max_norm);
     return -1;
   }
+  int n = nb_params_count(params);
+  char *batched = malloc((size_t)(n ? n : 1));
+  nb_kview *kv = malloc((size_t)(n ? n : 1) * sizeof *kv);
+  if (!batched || !kv) {
+    free(batched);
+    free(kv);
+    nb_error_set(NB_ERR_OOM, "nb_clip_grad_norm: out of memory for the gradient table");
+    return -1;
+  }
   double total = 0;
   nb_scope_begin();
   nb_no_grad_begin();
-  int n = nb_params_count(params);
-  nb_status st = clip_total(params, &total);
+  const nb_backend *be = NULL;
+  nb_device dev = NB_DEVICE_CPU;
+  int k = clip_batch(params, batched, kv, &be, &dev);
+  nb_status st = clip_total(params, batched, kv, k, be, dev, &total);
   double norm = sqrt(total);
   /* torch's rule: scale by max_norm/(norm+1e-6) when that is below 1. A
    * non-finite norm propagates into the gradients, as in torch. */
   double coef = max_norm / (norm + 1e-6);
-  if (!(coef >= 1.0))
-    for (int i = 0; i < n && !st; i++) {
-      nb_tensor *g = nb_grad(nb_params_get(params, i));
-      if (g && nb_numel(g)) st = nb_copy_(g, nb_mul_scalar(g, coef));
-    }
+  if (!st && !(coef >= 1.0)) st = clip_scale(params, batched, kv, k, be, coef);
   nb_no_grad_end();
   nb_scope_end();
+  free(batched);
+  free(kv);
   return st ? -1 : norm;
 }

@@ -129,6 +129,8 @@ const nb_backend nb_cpu_backend = {
   .adamw_step = nb_cpu_adamw_step,
   .sgd_step = nb_cpu_sgd_step,
   .adamw_multi = nb_cpu_adamw_multi,
+  .sumsq_multi = nb_cpu_sumsq_multi,
+  .scale_multi = nb_cpu_scale_multi,
 };
 
 const nb_backend *nb_backend_for(nb_device dev) {

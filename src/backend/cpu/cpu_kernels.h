@@ -72,4 +72,6 @@ nb_status nb_cpu_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *
 nb_status nb_cpu_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
                              const nb_kview *v, double lr, double beta1, double beta2, double eps,
                              double weight_decay, int64_t step);
+nb_status nb_cpu_sumsq_multi(int n, const nb_kview *x, const nb_kview *out);
+nb_status nb_cpu_scale_multi(int n, const nb_kview *x, double s);
 #endif

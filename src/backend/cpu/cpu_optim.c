@@ -91,6 +91,54 @@ nb_status nb_cpu_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *
 /* AdamW over a list of tensors: the per-tensor kernel in order, so the
  * results are those of n adamw_step calls bit for bit (each call already
  * runs its tiles in parallel). */
+/* Gradient clipping's passes (see backend.h). The sum goes tensor by
+ * tensor, tile by tile, in order: one thread, so the CPU's answer is one
+ * fixed sum (the reference the device's is compared with). */
+static nb_status multi_dtypes_ok(const char *op, int n, const nb_kview *x) {
+  for (int i = 0; i < n; i++)
+    if (!nb_dtype_is_float(x[i].dtype))
+      return nb_error_set(NB_ERR_DTYPE, "cpu %s: tensor %d is %s (expected a float dtype)", op, i,
+                          nb_dtype_name(x[i].dtype));
+  return NB_OK;
+}
+
+nb_status nb_cpu_sumsq_multi(int n, const nb_kview *x, const nb_kview *out) {
+  if (out->dtype != NB_F64 || op_numel(out) != 1)
+    return nb_error_set(NB_ERR_DTYPE, "cpu sumsq_multi: out is %s with %lld elements (expected one f64)",
+                        nb_dtype_name(out->dtype), (long long)op_numel(out));
+  nb_status st = multi_dtypes_ok("sumsq_multi", n, x);
+  if (st) return st;
+  double s = 0;
+  for (int i = 0; i < n; i++) {
+    const int64_t ne = op_numel(&x[i]), ntile = (ne + NB_CPU_TILE - 1) / NB_CPU_TILE;
+    for (int64_t t = 0; t < ntile; t++) {
+      double b[NB_CPU_TILE];
+      const int64_t k = ne - t * NB_CPU_TILE < NB_CPU_TILE ? ne - t * NB_CPU_TILE : NB_CPU_TILE;
+      op_load(&x[i], t, k, b);
+      for (int64_t j = 0; j < k; j++) s += b[j] * b[j];
+    }
+  }
+  *(double *)out->data = s;
+  return NB_OK;
+}
+
+nb_status nb_cpu_scale_multi(int n, const nb_kview *x, double s) {
+  nb_status st = multi_dtypes_ok("scale_multi", n, x);
+  if (st) return st;
+  for (int i = 0; i < n; i++) {
+    const int64_t ne = op_numel(&x[i]), ntile = (ne + NB_CPU_TILE - 1) / NB_CPU_TILE;
+#pragma omp parallel for schedule(static) if (ne >= NB_CPU_PAR_MIN)
+    for (int64_t t = 0; t < ntile; t++) {
+      double b[NB_CPU_TILE];
+      const int64_t k = ne - t * NB_CPU_TILE < NB_CPU_TILE ? ne - t * NB_CPU_TILE : NB_CPU_TILE;
+      op_load(&x[i], t, k, b);
+      for (int64_t j = 0; j < k; j++) b[j] *= s;
+      op_store(&x[i], t, k, b);
+    }
+  }
+  return NB_OK;
+}
+
 nb_status nb_cpu_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
                              const nb_kview *v, double lr, double beta1, double beta2, double eps,
                              double weight_decay, int64_t step) {

@@ -44,10 +44,12 @@ static const nb_backend nb_cuda_table = {
   nb_cuda_adamw_step,
   nb_cuda_sgd_step,
   nb_cuda_adamw_multi,
+  nb_cuda_sumsq_multi,
+  nb_cuda_scale_multi,
 };
 
 /* Positional initialisation (C++ has no designated initialisers for every
  * member in order before C++20): this checks the member count stays put. */
-static_assert(sizeof(nb_backend) == sizeof(void *) * 41, "nb_backend changed: update the table");
+static_assert(sizeof(nb_backend) == sizeof(void *) * 43, "nb_backend changed: update the table");
 
 extern "C" const nb_backend *nb_cuda_backend(void) { return &nb_cuda_table; }
