@@ -799,6 +799,57 @@ static void bench_add(void) {
 #endif
 }
 
+/* Gradient clipping's multi-tensor passes: the sum of squares over an f32
+ * tensor larger than the parallel threshold, an f64 one and an empty one
+ * against a float64 sum (and the same bits under 1 and 3 threads); the
+ * scale in place; bad dtypes refused with the op named. */
+static void test_clip_multi(void) {
+  int64_t n0 = 100003, n1 = 7, n2 = 0;
+  float *a = malloc((size_t)n0 * sizeof *a);
+  double b[7], want = 0;
+  for (int64_t i = 0; i < n0; i++) {
+    uint32_t w[4];
+    nb_philox4x32(11, (uint64_t)i, w);
+    a[i] = nb_philox_u01(w[0]) * 2.0f - 1.0f;
+    want += (double)a[i] * a[i];
+  }
+  for (int i = 0; i < 7; i++) b[i] = i - 3.5, want += b[i] * b[i];
+  nb_kview x[3] = {contiguous(a, NB_F32, 1, &n0), contiguous(b, NB_F64, 1, &n1),
+                   contiguous(NULL, NB_F32, 1, &n2)};
+  double got = -1, got1 = -2, got3 = -3;
+  nb_kview out = contiguous(&got, NB_F64, 0, NULL);
+  CHECK(nb_cpu_sumsq_multi(3, x, &out) == NB_OK && fabs(got - want) <= 1e-12 * want,
+        "sumsq_multi %.17g want %.17g", got, want);
+#ifdef _OPENMP
+  int nt = omp_get_max_threads();
+  omp_set_num_threads(1);
+  out.data = &got1;
+  nb_cpu_sumsq_multi(3, x, &out);
+  omp_set_num_threads(3);
+  out.data = &got3;
+  nb_cpu_sumsq_multi(3, x, &out);
+  omp_set_num_threads(nt);
+  CHECK(memcmp(&got, &got1, sizeof got) == 0 && memcmp(&got, &got3, sizeof got) == 0,
+        "sumsq_multi bits independent of threads (%.17g %.17g %.17g)", got, got1, got3);
+#endif
+  float a5 = a[5];
+  CHECK(nb_cpu_scale_multi(3, x, 0.5) == NB_OK && a[5] == a5 * 0.5f && b[0] == -1.75,
+        "scale_multi halves in place");
+  int64_t ints[2] = {1, 2}, n = 2;
+  nb_kview bad = contiguous(ints, NB_I64, 1, &n);
+  out.data = &got;
+  CHECK(nb_cpu_sumsq_multi(1, &bad, &out) == NB_ERR_DTYPE && strstr(nb_last_error(), "sumsq_multi"),
+        "sumsq_multi on i64: %s", nb_last_error());
+  CHECK(nb_cpu_scale_multi(1, &bad, 2.0) == NB_ERR_DTYPE && strstr(nb_last_error(), "scale_multi") &&
+            ints[1] == 2, "scale_multi on i64 refused, untouched: %s", nb_last_error());
+  float f = 0;
+  nb_kview fout = contiguous(&f, NB_F32, 0, NULL);
+  CHECK(nb_cpu_sumsq_multi(1, x, &fout) == NB_ERR_DTYPE && strstr(nb_last_error(), "f64"),
+        "sumsq_multi into f32: %s", nb_last_error());
+  nb_clear_error();
+  free(a);
+}
+
 int main(void) {
   test_philox_kat();
   test_unary();
@@ -811,6 +862,7 @@ int main(void) {
   test_reduce();
   test_reduce_large();
   test_random();
+  test_clip_multi();
   bench_add();
   printf("%d passed, %d failed\n", kt_pass, kt_fail);
   return kt_fail != 0;

@@ -6,6 +6,7 @@
  * dtype they were allocated with (f32 by contract). The update arithmetic is
  * in double on the CPU, the reference backend. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cpu/cpu_iter.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -91,9 +92,6 @@ nb_status nb_cpu_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *
 /* AdamW over a list of tensors: the per-tensor kernel in order, so the
  * results are those of n adamw_step calls bit for bit (each call already
  * runs its tiles in parallel). */
-/* Gradient clipping's passes (see backend.h). The sum goes tensor by
- * tensor, tile by tile, in order: one thread, so the CPU's answer is one
- * fixed sum (the reference the device's is compared with). */
 static nb_status multi_dtypes_ok(const char *op, int n, const nb_kview *x) {
   for (int i = 0; i < n; i++)
     if (!nb_dtype_is_float(x[i].dtype))
@@ -102,24 +100,36 @@ static nb_status multi_dtypes_ok(const char *op, int n, const nb_kview *x) {
   return NB_OK;
 }
 
+/* Gradient clipping's passes (see backend.h). The sum of squares: one
+ * partial per tile (tiles in parallel), then the partials added tensor by
+ * tensor, tile by tile, in order: the same sum for any thread count. */
+static nb_status sumsq_add(const nb_kview *x, double *sum) {
+  const int64_t ne = op_numel(x), ntile = (ne + NB_CPU_TILE - 1) / NB_CPU_TILE;
+  double *part = malloc((size_t)(ntile ? ntile : 1) * sizeof *part);
+  if (!part) return nb_error_set(NB_ERR_OOM, "cpu sumsq_multi: out of memory for %lld partial sums",
+                                 (long long)ntile);
+#pragma omp parallel for schedule(static) if (ne >= NB_CPU_PAR_MIN)
+  for (int64_t t = 0; t < ntile; t++) {
+    double b[NB_CPU_TILE], s = 0;
+    const int64_t k = ne - t * NB_CPU_TILE < NB_CPU_TILE ? ne - t * NB_CPU_TILE : NB_CPU_TILE;
+    op_load(x, t, k, b);
+    for (int64_t j = 0; j < k; j++) s += b[j] * b[j];
+    part[t] = s;
+  }
+  for (int64_t t = 0; t < ntile; t++) *sum += part[t];
+  free(part);
+  return NB_OK;
+}
+
 nb_status nb_cpu_sumsq_multi(int n, const nb_kview *x, const nb_kview *out) {
   if (out->dtype != NB_F64 || op_numel(out) != 1)
     return nb_error_set(NB_ERR_DTYPE, "cpu sumsq_multi: out is %s with %lld elements (expected one f64)",
                         nb_dtype_name(out->dtype), (long long)op_numel(out));
   nb_status st = multi_dtypes_ok("sumsq_multi", n, x);
-  if (st) return st;
   double s = 0;
-  for (int i = 0; i < n; i++) {
-    const int64_t ne = op_numel(&x[i]), ntile = (ne + NB_CPU_TILE - 1) / NB_CPU_TILE;
-    for (int64_t t = 0; t < ntile; t++) {
-      double b[NB_CPU_TILE];
-      const int64_t k = ne - t * NB_CPU_TILE < NB_CPU_TILE ? ne - t * NB_CPU_TILE : NB_CPU_TILE;
-      op_load(&x[i], t, k, b);
-      for (int64_t j = 0; j < k; j++) s += b[j] * b[j];
-    }
-  }
-  *(double *)out->data = s;
-  return NB_OK;
+  for (int i = 0; i < n && !st; i++) st = sumsq_add(&x[i], &s);
+  if (!st) *(double *)out->data = s;
+  return st;
 }
 
 nb_status nb_cpu_scale_multi(int n, const nb_kview *x, double s) {
