@@ -16,7 +16,7 @@ JOBS=${JOBS:-16}
 
 # STEPS selects parts (default all but gemm): cpu (the CPU ctest suite), cuda
 # (test_cuda), sanitize (memcheck + racecheck; or memcheck, racecheck alone), train (the main job, `make
-# run`, on the GPU, and a kernel profile of 20 steps), bench (nabla bench + torch), gemm (scripts/gemm-compare.sh: the own
+# run`, on the GPU, and a kernel profile of 10 steps of train-compare's model), bench (nabla bench + torch), gemm (scripts/gemm-compare.sh: the own
 # GEMM's schedules GEMM_SCHEDULES, default heuristic,data-parallel,cluster2, against cuBLASLt).
 STEPS=${STEPS:-cpu,cuda,sanitize,train,bench}
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
@@ -105,7 +105,11 @@ if [ "$built" -eq 0 ]; then
   if want train; then
     step train 1 timeout 600 "$BUILD/nabla" train --device cuda --log-every 100 --svg "$OUT/loss.svg"
     # where a step's time goes: every kernel of 20 steps, by name and phase
-    step train-profile 0 timeout 300 "$BUILD/nabla" train --device cuda --steps 21 --profile --no-svg --quiet
+    # the profile is of train-compare's model (a character model of this
+    # repository's C sources), without held-out evaluation in the steps
+    cat src/*/*.c src/*/*/*.c tools/*.c >"$OUT/profile-text.txt"
+    step train-profile 0 timeout 300 "$BUILD/nabla" train --device cuda --data "$OUT/profile-text.txt" \
+      --steps 11 --eval-every 0 --profile --no-svg --quiet
     if python3 -c "import torch" 2>/dev/null; then
       step train-compare 0 timeout 600 scripts/train-compare.sh "$BUILD"
     fi
