@@ -97,6 +97,11 @@ nb_status nb_device_synchronize(nb_device dev);
 nb_status nb_profile_start(void);   /* NB_ERR_VALUE if one is running */
 nb_status nb_profile_stop(void);    /* NB_ERR_VALUE if none is running */
 int nb_profile_running(void);
+/* pause 1: kernels are not timed and the wall clock stops until
+ * nb_profile_pause(0) (e.g. around an evaluation inside profiled training
+ * steps); pausing waits for the devices once. NB_ERR_VALUE without a
+ * running profile or when already in that state. */
+nb_status nb_profile_pause(int pause);
 /* The table of the last stopped profile, longest total first: kernel,
  * phase, calls, total ms, mean us, share of kernel time; then wall clock. */
 nb_status nb_profile_report(FILE *f);

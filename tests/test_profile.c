@@ -2,7 +2,8 @@
  * misuse gets a clear error; a forward and backward pass is counted per
  * kernel and phase (a matmul forward, its two backward matmuls); each
  * kernel's time lies within the host time of the call that ran it; the
- * report lists the kernels; nothing is counted after stop; reset forgets. */
+ * report lists the kernels; nothing is counted after stop; reset forgets;
+ * a paused profile times nothing and stops its wall clock. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -92,10 +93,52 @@ static void test_failing_kernel(void) {
   nb_scope_end();
 }
 
+/* A paused profile times nothing and its wall clock stops. */
+static void test_pause(void) {
+  nbt_check_error("pause without a profile", nb_profile_pause(1) != NB_OK, NB_ERR_VALUE,
+                  "nb_profile_pause", NULL);
+  nb_scope_begin();
+  nb_tensor *a = nbt_randn(5, 2, (int64_t[]){64, 64}, NB_F32);
+  NBT_CHECK(nb_profile_start() == NB_OK, "start");
+  nbt_check_error("resume a running profile", nb_profile_pause(0) != NB_OK, NB_ERR_VALUE,
+                  "already running", NULL);
+  nb_matmul(a, a);
+  NBT_CHECK(nb_profile_pause(1) == NB_OK, "pause");
+  nbt_check_error("pause twice", nb_profile_pause(1) != NB_OK, NB_ERR_VALUE, "already paused", NULL);
+  nb_tanh(a);
+  nb_matmul(a, a);
+  for (double t0 = now_ms(); now_ms() - t0 < 50;) {
+  } /* 50 ms paused: not in the wall clock */
+  NBT_CHECK(nb_profile_pause(0) == NB_OK, "resume");
+  nb_exp(a);
+  NBT_CHECK(nb_profile_stop() == NB_OK, "stop");
+  int64_t calls;
+  double ms;
+  NBT_CHECK(nb_profile_stat("matmul", 0, &calls, &ms) && calls == 1, "the paused matmul is not counted (%lld)",
+            (long long)calls);
+  NBT_CHECK(!nb_profile_stat("tanh", 0, &calls, &ms), "the paused tanh is not counted");
+  NBT_CHECK(nb_profile_stat("exp", 0, &calls, &ms) && calls == 1, "after resuming: counted");
+  char buf[4096] = "";
+  FILE *f = tmpfile();
+  NBT_CHECK(f && nb_profile_report(f) == NB_OK, "report");
+  if (f) {
+    rewind(f);
+    buf[fread(buf, 1, sizeof buf - 1, f)] = 0;
+    fclose(f);
+  }
+  double wall = -1;
+  const char *w = strstr(buf, "ms in kernels, ");
+  if (w) wall = atof(w + strlen("ms in kernels, "));
+  NBT_CHECK(wall >= 0 && wall < 40, "wall clock without the 50 ms pause: %g ms", wall);
+  nb_profile_reset();
+  nb_scope_end();
+}
+
 int main(void) {
   test_misuse();
   test_counts();
   test_failing_kernel();
+  test_pause();
   nb_profile_reset();
   return nbt_finish();
 }

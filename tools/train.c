@@ -388,8 +388,18 @@ static int train_profile_report(int64_t steps) {
     return 0;
   }
   if (nb_profile_stop() || nb_profile_report(stdout)) return train_fail("the profile");
-  printf("(kernels of %lld steps after the first)\n", (long long)(steps - 1));
+  printf("(kernels of %lld steps after the first; held-out evaluations not included)\n",
+         (long long)(steps - 1));
   return 0;
+}
+
+/* A held-out evaluation between steps; a running profile pauses for it,
+ * so that the profile is of training steps only. */
+static int train_evaluate_unprofiled(trainer *tr, int64_t *x, int64_t *y) {
+  int paused = nb_profile_running() && nb_profile_pause(1) == NB_OK;
+  int rc = train_evaluate(tr, x, y, 0);
+  if (paused && nb_profile_pause(0)) return train_fail("resuming the profiler");
+  return rc;
 }
 
 static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
@@ -404,7 +414,7 @@ static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
     tr->loss[tr->step++] = (float)loss;
     train_progress(tr, &c, loss, last);
     if (tr->o.eval_every && tr->step % tr->o.eval_every == 0 && tr->step < last &&
-        train_evaluate(tr, x, y, 0))
+        train_evaluate_unprofiled(tr, x, y))
       return NB_TOOL_EXIT_RUNTIME;
   }
   *seconds = tool_now() - c.t0;

@@ -33,6 +33,8 @@ typedef struct { /* the totals of one (name, phase) */
 } nbp_stat;
 
 static int nbp_on, nbp_have; /* profiling; a stopped profile holds totals */
+static int nbp_paused;       /* nb_profile_pause(1): nothing timed, wall clock stopped */
+static double nbp_pause_start, nbp_paused_ms;
 static nbp_mark *nbp_log;
 static int64_t nbp_n, nbp_cap;
 static nbp_stat *nbp_stats;
@@ -56,7 +58,7 @@ static const char *const nbp_rop[NB_ROP_COUNT] = {"sum", "max", "min", "argmax",
 
 /* ---- timing a proxied call -------------------------------------------------- */
 static int nbp_begin(nbp_mark *m, const char *name) {
-  if (nbp_depth++ || !nbp_on) return 0;
+  if (nbp_depth++ || !nbp_on || nbp_paused) return 0;
   m->name = name;
   m->bwd = nbp_bwd_depth > 0;
   m->end = NULL;
@@ -259,7 +261,8 @@ static void nbp_free_log(void) {
 }
 
 void nb_profile_reset(void) {
-  nbp_on = nbp_have = nbp_failed = 0;
+  nbp_on = nbp_have = nbp_failed = nbp_paused = 0;
+  nbp_paused_ms = 0;
   nbp_free_log();
   free(nbp_stats);
   nbp_stats = NULL;
@@ -277,6 +280,33 @@ nb_status nb_profile_start(void) {
 }
 
 int nb_profile_running(void) { return nbp_on; }
+
+/* One wait for each device the profile used (so that the wall clock
+ * covers their queued kernels). */
+static nb_status nbp_sync_seen(void) {
+  nb_status st = NB_OK;
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < 64; i++)
+      if (nbp_seen[k][i] && !st) st = nb_device_synchronize(k ? nb_device_cuda(i) : NB_DEVICE_CPU);
+  return st;
+}
+
+nb_status nb_profile_pause(int pause) {
+  pause = pause != 0;
+  if (!nbp_on) return nb_error_set(NB_ERR_VALUE, "nb_profile_pause: no profile is running");
+  if (pause == nbp_paused)
+    return nb_error_set(NB_ERR_VALUE, "nb_profile_pause(%d): the profile is already %s", pause,
+                        pause ? "paused" : "running");
+  if (pause) { /* the kernels timed so far end before the pause starts */
+    nb_status st = nbp_sync_seen();
+    if (st) return st;
+    nbp_pause_start = nb_host_ms();
+  } else {
+    nbp_paused_ms += nb_host_ms() - nbp_pause_start;
+  }
+  nbp_paused = pause;
+  return NB_OK;
+}
 
 /* The totals of (name, bwd), or NULL when it has none. */
 static nbp_stat *nbp_find(const char *name, int bwd) {
@@ -306,12 +336,10 @@ static nbp_stat *nbp_stat_for(const char *name, int bwd) {
 
 nb_status nb_profile_stop(void) {
   if (!nbp_on) return nb_error_set(NB_ERR_VALUE, "nb_profile_stop: no profile is running");
-  nbp_on = 0;
-  nb_status st = NB_OK;
-  for (int k = 0; k < 2; k++) /* one wait per device, then every pair is ready */
-    for (int i = 0; i < 64; i++)
-      if (nbp_seen[k][i] && !st) st = nb_device_synchronize(k ? nb_device_cuda(i) : NB_DEVICE_CPU);
-  nbp_wall_ms = nb_host_ms() - nbp_wall_start;
+  if (nbp_paused) nbp_paused_ms += nb_host_ms() - nbp_pause_start;
+  nbp_on = nbp_paused = 0;
+  nb_status st = nbp_sync_seen(); /* then every pair is ready */
+  nbp_wall_ms = nb_host_ms() - nbp_wall_start - nbp_paused_ms;
   for (int64_t i = 0; i < nbp_n && !st; i++) {
     double ms = nb_event_elapsed_ms(nbp_log[i].start, nbp_log[i].end);
     nbp_stat *s = nbp_stat_for(nbp_log[i].name, nbp_log[i].bwd);
