@@ -383,11 +383,11 @@ static int mm_merges(const nb_kview *v, const int64_t *shape, int nbd) {
   return mm_calls(&v, 1, shape, nbd) == 1;
 }
 
-static int mm_flatten_pays(const nb_kview *out, const nb_kview *a, const nb_kview *b,
-                           const nb_mm *p) {
+static int mm_flatten_pays(const nb_mm *p) {
+  const nb_kview *out = p->out;
   int nbd = out->ndim - 2;
   if (nbd < 2) return 0; /* one batch axis always merges */
-  const nb_kview *v[3] = {out, a, b};
+  const nb_kview *v[3] = {out, p->a, p->b};
   int64_t calls = mm_calls(v, 3, out->shape, nbd);
   if (calls <= MM_FLAT_MIN_CALLS) return 0;
   double per_call = 2.0 * (double)p->M * (double)p->N * (double)p->K *
@@ -409,7 +409,7 @@ extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, cons
   nb_status st = nb_cuda_enter(out->data, "matmul", &ctx);
   if (st) return st;
   mm_copy c;
-  if (mm_flatten_pays(out, a, b, &p)) { /* copies merge, so this recursion ends */
+  if (mm_flatten_pays(&p)) { /* copies merge, so this recursion ends */
     int nbd = od - 2;
     st = mm_copy_make(&ctx, out, a, b, !mm_merges(a, out->shape, nbd),
                       !mm_merges(b, out->shape, nbd), !mm_merges(out, out->shape, nbd), &c);

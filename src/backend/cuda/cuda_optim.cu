@@ -237,17 +237,24 @@ extern "C" nb_status nb_cuda_adamw_step(const nb_kview *p, const nb_kview *g, co
 
 static int am_aligned(const void *ptr, size_t a) { return ((uintptr_t)ptr & (a - 1)) == 0; }
 
+/* A multi-tensor table's blk[]: the first block of each of its n tensors
+ * (chunks of `chunk` elements), blk[n] the total, which it returns. */
+static int64_t mt_block_starts(int *blk, const int64_t *numel, int n, int64_t chunk) {
+  int64_t blocks = 0;
+  for (int t = 0; t < n; t++) {
+    blk[t] = (int)blocks;
+    blocks += (numel[t] + chunk - 1) / chunk;
+  }
+  blk[n] = (int)blocks;
+  return blocks;
+}
+
 /* Launches the table's kernel (blk[] filled here) and empties the table. */
 template <typename T>
 static nb_status adamw_multi_flush(const nb_cuda_ctx *ctx, nb_am_table<T> *tab,
                                    const nb_adamw_k<typename nb_acc<T>::type> &k) {
   if (!tab->n) return NB_OK;
-  int64_t blocks = 0;
-  for (int t = 0; t < tab->n; t++) {
-    tab->blk[t] = (int)blocks;
-    blocks += (tab->numel[t] + NB_AM_CHUNK - 1) / NB_AM_CHUNK;
-  }
-  tab->blk[tab->n] = (int)blocks;
+  int64_t blocks = mt_block_starts(tab->blk, tab->numel, tab->n, NB_AM_CHUNK);
   nb_adamw_multi_kernel<T><<<(unsigned)blocks, NB_AM_THREADS, 0, ctx->stream>>>(*tab, k);
   tab->n = 0;
   return nb_cuda_launch_check("adamw_multi");
@@ -394,12 +401,7 @@ static int64_t mt_tensor_blocks(const nb_kview *v) {
 template <typename T>
 static nb_status mt_flush(const nb_cuda_ctx *ctx, nb_mt_table<T> *tab, nb_mt_job *job) {
   if (!tab->n) return NB_OK;
-  int64_t blocks = 0;
-  for (int t = 0; t < tab->n; t++) {
-    tab->blk[t] = (int)blocks;
-    blocks += (tab->numel[t] + NB_MT_CHUNK - 1) / NB_MT_CHUNK;
-  }
-  tab->blk[tab->n] = (int)blocks;
+  int64_t blocks = mt_block_starts(tab->blk, tab->numel, tab->n, NB_MT_CHUNK);
   if (job->part) {
     nb_sumsq_multi_kernel<T><<<(unsigned)blocks, NB_MT_THREADS, 0, ctx->stream>>>(*tab, job->part + job->off);
     job->off += blocks;
