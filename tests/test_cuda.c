@@ -499,7 +499,7 @@ static void test_nn(void) {
   }
 }
 
-/* ---- row kernels: softmax / norm fast paths (cuda_nn.cu) -----------------------
+/* ---- row kernels: softmax / norm fast paths (cuda_softmax.cu, cuda_norm.cu) --------------------
  * Sizes on each side of the register plans: D = 1, 7 and 769 take single-
  * element packs, 768 and 4096 16-byte packs (warp and multi-warp rows),
  * 50304 a 1024-thread row, 70000 the generic kernels. The norm plans also

@@ -38,7 +38,7 @@ nb_status nb_cuda_dropout(const nb_kview *out, const nb_kview *x, double p, uint
 nb_status nb_cuda_reduce(nb_rop op, const nb_kview *out, const nb_kview *in, int nred);
 /* cuda_gemm.cu */
 nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, const nb_kview *b);
-/* cuda_nn.cu */
+/* cuda_softmax.cu, cuda_norm.cu */
 nb_status nb_cuda_softmax_fwd(const nb_kview *y, const nb_kview *x, int log);
 nb_status nb_cuda_softmax_bwd(const nb_kview *dx, const nb_kview *dy, const nb_kview *y, int log);
 nb_status nb_cuda_norm_fwd(const nb_kview *y, const nb_kview *mean, const nb_kview *rstd,

@@ -279,4 +279,13 @@ static inline unsigned row_grid(const nb_cuda_ctx *ctx, int64_t R, int threads) 
   int64_t cap = (int64_t)ctx->n_sm * (per_sm < 1 ? 1 : per_sm) * 4;
   return (unsigned)(R < cap ? R : cap);
 }
+
+/* Element-aligned packs: VEC-wide when D is a multiple of VEC and every
+ * pointer is 16-byte aligned, else single elements. */
+static inline int rows_vec(int vec, int64_t D, const void *const *ptrs, int n) {
+  if (D % vec) return 1;
+  for (int i = 0; i < n; i++)
+    if (ptrs[i] && !nb_cuda_aligned16(ptrs[i])) return 1;
+  return vec;
+}
 #endif
