@@ -70,6 +70,12 @@ int nb_node_needs_grad(const nb_node *n, int i) {
   return n->inputs[i] && n->inputs[i]->requires_grad;
 }
 
+nb_status nb_no_double_backward(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  (void)g; (void)gin;
+  return nb_error_set(NB_ERR_UNSUPPORTED, "backward: second derivative of '%s' is not supported",
+                      n->name);
+}
+
 /* ---- leaf API ------------------------------------------------------------ */
 nb_status nb_set_requires_grad(nb_tensor *t, int flag) {
   if (!t) return nb_error_null("nb_set_requires_grad", "t");

@@ -48,6 +48,10 @@ nb_node *nb_record(const char *name, nb_backward_fn fn, int n_inputs,
 /* Saves a detached alias of t in slot i. */
 void nb_node_save(nb_node *n, int i, const nb_tensor *t);
 int nb_node_needs_grad(const nb_node *n, int i);
+/* The backward rule of an op whose output is itself a gradient computed by
+ * a fused kernel (norm, softmax, cross-entropy, attention backward): a
+ * second derivative through it reports NB_ERR_UNSUPPORTED, naming the node. */
+nb_status nb_no_double_backward(nb_node *n, nb_tensor *g, nb_tensor **gin);
 int nb_any_requires_grad(int n, const nb_tensor *const *ts);
 
 #endif

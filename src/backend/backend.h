@@ -99,7 +99,8 @@ typedef struct nb_backend {
   nb_status (*softmax_fwd)(const nb_kview *y, const nb_kview *x, int log);
   /* dx = y*(dy - sum(dy*y)), or dy - exp(y)*sum(dy) for log. */
   nb_status (*softmax_bwd)(const nb_kview *dx, const nb_kview *dy, const nb_kview *y, int log);
-  /* x, y contiguous 2-D (R, D); mean and rstd f32 (R); w, b (D) or NULL.
+  /* x, y contiguous 2-D (R, D); mean and rstd (R) f64 for f64 x, else f32;
+   * w, b (D) or NULL.
    * rms: y = x*rstd*w, mean unused (may be NULL). */
   nb_status (*norm_fwd)(const nb_kview *y, const nb_kview *mean, const nb_kview *rstd,
                         const nb_kview *x, const nb_kview *w, const nb_kview *b, double eps,
@@ -182,6 +183,25 @@ typedef struct nb_backend {
    * one another. */
   nb_status (*sumsq_multi)(int n, const nb_kview *x, const nb_kview *out);
   nb_status (*scale_multi)(int n, const nb_kview *x, double s);
+
+  /* ---- attention without a (Lq, Lk) matrix (flash attention).
+   * Views of rank nb + 2 sharing the batch shape (nb axes, any strides;
+   * no broadcasting), the last axis of stride 1: q (.., Lq, D), k (.., Lk, D),
+   * v (.., Lk, Dv), o (.., Lq, Dv); lse (.., Lq) contiguous, f64 for f64
+   * inputs, else f32: the natural log of the sum over allowed keys of
+   * exp(scale * q.k). causal keeps key j for query i when j <= i (aligned
+   * top-left, as torch's is_causal). A row with no key (Lk = 0) gets o = 0
+   * and lse = -inf. One dtype for q, k, v, o. attn_fwd may return
+   * NB_ERR_UNSUPPORTED for a head dimension it lacks (the op then composes). */
+  nb_status (*attn_fwd)(const nb_kview *o, const nb_kview *lse, const nb_kview *q,
+                        const nb_kview *k, const nb_kview *v, double scale, int causal);
+  /* The gradients from dout (o's shape, any batch strides, last stride 1),
+   * recomputing the probabilities from lse: dq, dk, dv contiguous, each
+   * written whole (no accumulation), the same bits every run. */
+  nb_status (*attn_bwd)(const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
+                        const nb_kview *dout, const nb_kview *q, const nb_kview *k,
+                        const nb_kview *v, const nb_kview *o, const nb_kview *lse, double scale,
+                        int causal);
 } nb_backend;
 
 const nb_backend *nb_backend_for(nb_device dev);   /* NULL + error if absent */

@@ -219,6 +219,16 @@ static nb_status nbp_sumsq_multi(int n, const nb_kview *x, const nb_kview *out) 
 static nb_status nbp_scale_multi(int n, const nb_kview *x, double s) {
   NBP_TIMED("scale_multi", scale_multi(n, x, s));
 }
+static nb_status nbp_attn_fwd(const nb_kview *o, const nb_kview *lse, const nb_kview *q,
+                              const nb_kview *k, const nb_kview *v, double scale, int causal) {
+  NBP_TIMED("attention", attn_fwd(o, lse, q, k, v, scale, causal));
+}
+static nb_status nbp_attn_bwd(const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
+                              const nb_kview *dout, const nb_kview *q, const nb_kview *k,
+                              const nb_kview *v, const nb_kview *o, const nb_kview *lse,
+                              double scale, int causal) {
+  NBP_TIMED("attention_bwd", attn_bwd(dq, dk, dv, dout, q, k, v, o, lse, scale, causal));
+}
 
 /* The proxy of real: its kernel entries timed, absent ones left absent. */
 static void nbp_build(nb_backend *px, const nb_backend *r) {
@@ -231,7 +241,7 @@ static void nbp_build(nb_backend *px, const nb_backend *r) {
   NBP_SET(index_add); NBP_SET(gather); NBP_SET(scatter_add); NBP_SET(dropout); NBP_SET(im2col);
   NBP_SET(col2im); NBP_SET(maxpool2d_fwd); NBP_SET(maxpool2d_bwd); NBP_SET(avgpool2d_fwd);
   NBP_SET(avgpool2d_bwd); NBP_SET(adamw_step); NBP_SET(sgd_step); NBP_SET(adamw_multi);
-  NBP_SET(sumsq_multi); NBP_SET(scale_multi);
+  NBP_SET(sumsq_multi); NBP_SET(scale_multi); NBP_SET(attn_fwd); NBP_SET(attn_bwd);
 #undef NBP_SET
 }
 

@@ -1,8 +1,12 @@
 /* linear, dropout, scaled dot-product attention and triu/tril.
  * dropout is a kernel op whose mask is a function of (seed, offset), so its
- * backward recomputes the mask instead of storing it; the others are
- * compositions of differentiable ops. */
+ * backward recomputes the mask instead of storing it. Attention without a
+ * mask or dropout is one op with its own kernels (flash attention: no
+ * (Lq, Lk) matrix, forward saves o and the log-sum-exp, backward recomputes
+ * the probabilities); with a mask or dropout, or batch axes that broadcast,
+ * it is a composition of differentiable ops. linear and triu/tril compose. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/ops.h"
@@ -164,6 +168,101 @@ static nb_tensor *causal_block(int64_t Lq, int64_t Lk, nb_device dev) {
   return nb_gt(j, i);
 }
 
+/* ---- attention as one op (flash attention) ---------------------------------- */
+enum { ATT_SAVED_O, ATT_SAVED_LSE };
+enum { ATT_IP_CAUSAL };
+enum { ATT_DP_SCALE };
+
+/* t itself when its last axis has stride 1 (what the kernels read), else a
+ * contiguous copy (autoreleased). */
+static const nb_tensor *att_rows(const nb_tensor *t) {
+  return t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] <= 1 ? t : nb_contiguous(t);
+}
+
+/* Whether the fused kernels take this call: no mask or dropout, one dtype,
+ * the same batch axes on q, k and v (no broadcasting), a head dimension,
+ * and NABLA_ATTENTION not set to "composed" (which forces the composition,
+ * for comparisons). */
+static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
+                        const nb_tensor *mask, double p) {
+  static int forced = -1;
+  if (forced < 0) {
+    const char *e = getenv("NABLA_ATTENTION");
+    forced = e && !strcmp(e, "composed");
+  }
+  if (forced || mask || p > 0) return 0;
+  if (k->dtype != q->dtype || v->dtype != q->dtype) return 0;
+  if (k->ndim != q->ndim || v->ndim != q->ndim) return 0;
+  if (memcmp(k->shape, q->shape, (size_t)(q->ndim - 2) * sizeof q->shape[0]) ||
+      memcmp(v->shape, q->shape, (size_t)(q->ndim - 2) * sizeof q->shape[0]))
+    return 0;
+  return q->shape[q->ndim - 1] > 0 && k->shape[k->ndim - 2] > 0;
+}
+
+static nb_status att_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const nb_tensor *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2];
+  nb_device dev = nb_device_of(q);
+  nb_tensor *d[3] = {NULL, NULL, NULL};
+  nb_status st = NB_OK;
+  nb_scope_begin();
+  const nb_tensor *gr = att_rows(nb_cast(g, q->dtype));
+  const nb_tensor *qr = att_rows(q), *kr = att_rows(k), *vr = att_rows(v);
+  if (!gr || !qr || !kr || !vr) st = nb_last_status();
+  for (int i = 0; i < 3 && !st; i++) {
+    const nb_tensor *in = n->inputs[i];
+    if (!(d[i] = nb_tensor_alloc(in->ndim, in->shape, in->dtype, dev))) st = nb_last_status();
+  }
+  if (!st && nb_numel(d[0]) + nb_numel(d[1]) + nb_numel(d[2])) {
+    nb_kview kdq, kdk, kdv, kg, kq, kk, kv, ko, kl;
+    nb_kview_of(d[0], &kdq); nb_kview_of(d[1], &kdk); nb_kview_of(d[2], &kdv);
+    nb_kview_of(gr, &kg); nb_kview_of(qr, &kq); nb_kview_of(kr, &kk); nb_kview_of(vr, &kv);
+    nb_kview_of(n->saved[ATT_SAVED_O], &ko); nb_kview_of(n->saved[ATT_SAVED_LSE], &kl);
+    st = nb_backend_for(dev)->attn_bwd(&kdq, &kdk, &kdv, &kg, &kq, &kk, &kv, &ko, &kl,
+                                       n->dp[ATT_DP_SCALE], (int)n->ip[ATT_IP_CAUSAL]);
+  }
+  for (int i = 0; i < 3 && !st; i++) {
+    nb_record("scaled_dot_product_attention_backward", nb_no_double_backward, 4,
+              (const nb_tensor *const[]){gr, q, k, v}, d[i]);
+    if (nb_node_needs_grad(n, i)) gin[i] = nb_retain(d[i]);
+  }
+  nb_scope_end();
+  for (int i = 0; i < 3; i++) nb_release(d[i]);
+  return st;
+}
+
+/* o (.., Lq, Dv) and the saved lse (.., Lq) from the fused kernel; NULL with
+ * NB_ERR_UNSUPPORTED when the backend lacks this head dimension. */
+static nb_tensor *att_fused(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
+                            int causal, double scale) {
+  nb_device dev = nb_device_of(q);
+  int nd = q->ndim;
+  int64_t shape[NB_MAX_DIMS];
+  memcpy(shape, q->shape, (size_t)nd * sizeof shape[0]);
+  shape[nd - 1] = v->shape[nd - 1];
+  nb_tensor *o = nb_tensor_alloc(nd, shape, q->dtype, dev);
+  nb_tensor *lse = nb_autorelease(nb_tensor_alloc(nd - 1, shape, q->dtype == NB_F64 ? NB_F64 : NB_F32, dev));
+  const nb_tensor *qr = att_rows(q), *kr = att_rows(k), *vr = att_rows(v);
+  if (!o || !lse || !qr || !kr || !vr) { nb_release(o); return NULL; }
+  if (nb_numel(o)) {
+    nb_kview ko, kl, kq, kk, kv;
+    nb_kview_of(o, &ko); nb_kview_of(lse, &kl);
+    nb_kview_of(qr, &kq); nb_kview_of(kr, &kk); nb_kview_of(vr, &kv);
+    if (nb_backend_for(dev)->attn_fwd(&ko, &kl, &kq, &kk, &kv, scale, causal)) {
+      nb_release(o);
+      return NULL;
+    }
+  }
+  nb_node *n = nb_record("scaled_dot_product_attention", att_bw, 3,
+                         (const nb_tensor *const[]){q, k, v}, o);
+  if (n) {
+    n->ip[ATT_IP_CAUSAL] = causal;
+    n->dp[ATT_DP_SCALE] = scale;
+    nb_node_save(n, ATT_SAVED_O, o);
+    nb_node_save(n, ATT_SAVED_LSE, lse);
+  }
+  return o;
+}
+
 /* softmax(q k^T * scale + mask) @ v; a bool mask keeps where true. */
 nb_tensor *nb_scaled_dot_product_attention(const nb_tensor *q, const nb_tensor *k,
                                            const nb_tensor *v, const nb_tensor *mask,
@@ -177,6 +276,15 @@ nb_tensor *nb_scaled_dot_product_attention(const nb_tensor *q, const nb_tensor *
   int64_t D = q->shape[q->ndim - 1], Lq = q->shape[q->ndim - 2], Lk = k->shape[k->ndim - 2];
   if (!(scale > 0)) scale = 1.0 / sqrt((double)(D ? D : 1));
   nb_device dev = nb_device_of(q);
+  if (att_fused_ok(q, k, v, mask, dropout_p)) {
+    nb_scope_begin();
+    nb_tensor *y = att_fused(q, k, v, causal, scale);
+    int composes = !y && nb_last_status() == NB_ERR_UNSUPPORTED;
+    y = nb_keep(y);
+    nb_scope_end();
+    if (!composes) return nb_autorelease(y);
+    nb_clear_error();
+  }
   nb_scope_begin();
   nb_tensor *s = nb_mul_scalar(nb_matmul(q, nb_transpose(k, -1, -2)), scale);
   nb_tensor *ninf = s ? nb_scalar(-INFINITY, s->dtype, dev) : NULL;

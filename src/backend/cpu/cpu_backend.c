@@ -131,6 +131,8 @@ const nb_backend nb_cpu_backend = {
   .adamw_multi = nb_cpu_adamw_multi,
   .sumsq_multi = nb_cpu_sumsq_multi,
   .scale_multi = nb_cpu_scale_multi,
+  .attn_fwd = nb_cpu_attn_fwd,
+  .attn_bwd = nb_cpu_attn_bwd,
 };
 
 const nb_backend *nb_backend_for(nb_device dev) {

@@ -46,10 +46,12 @@ static const nb_backend nb_cuda_table = {
   nb_cuda_adamw_multi,
   nb_cuda_sumsq_multi,
   nb_cuda_scale_multi,
+  nb_cuda_attn_fwd,
+  nb_cuda_attn_bwd,
 };
 
 /* Positional initialisation (C++ has no designated initialisers for every
  * member in order before C++20): this checks the member count stays put. */
-static_assert(sizeof(nb_backend) == sizeof(void *) * 43, "nb_backend changed: update the table");
+static_assert(sizeof(nb_backend) == sizeof(void *) * 45, "nb_backend changed: update the table");
 
 extern "C" const nb_backend *nb_cuda_backend(void) { return &nb_cuda_table; }

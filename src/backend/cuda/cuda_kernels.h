@@ -86,6 +86,13 @@ nb_status nb_cuda_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const
                               double weight_decay, int64_t step);
 nb_status nb_cuda_sumsq_multi(int n, const nb_kview *x, const nb_kview *out);
 nb_status nb_cuda_scale_multi(int n, const nb_kview *x, double s);
+/* cuda_attention.cu */
+nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, const nb_kview *q,
+                           const nb_kview *k, const nb_kview *v, double scale, int causal);
+nb_status nb_cuda_attn_bwd(const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
+                           const nb_kview *dout, const nb_kview *q, const nb_kview *k,
+                           const nb_kview *v, const nb_kview *o, const nb_kview *lse, double scale,
+                           int causal);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,230 @@
+/* scaled_dot_product_attention as one op (flash attention): the fused
+ * kernels against the composed attention (matmul, softmax, matmul; taken
+ * here by passing an all-true bool mask, which routes the call through the
+ * composition that test_nn_ops checks against float64 and finite
+ * differences), forward and the three gradients, on the CPU and, when a GPU
+ * is present, on CUDA against the CPU. Cases: T in {1, 7, 64, 129, 1000,
+ * 4097} (the large ones on the GPU only), Lq != Lk with causal aligned
+ * top-left, head dims 8..256 and Dv != D, q/k/v as (B, H, T, D) views of a
+ * (B, T, 3, H, D) projection (no copy), every float dtype; deterministic
+ * bits on CUDA; a head dim over the CUDA kernels' 256 falls back to the
+ * composition. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+typedef struct {
+  int64_t B, H, Lq, Lk, D, Dv;
+  int causal, packed; /* packed: q, k, v are views of one (B, T, 3, H, D) tensor */
+} acase;
+
+static const nb_device CPU = {NB_CPU, 0};
+
+/* The inputs' leaves (f64 on the CPU): packed, one x; else q, k, v. */
+typedef struct {
+  nb_tensor *leaf[3];
+  int n;
+} ainputs;
+
+static ainputs make_inputs(const acase *c, uint64_t seed) {
+  ainputs in = {{NULL, NULL, NULL}, 0};
+  if (c->packed) {
+    in.leaf[0] = nbt_randn(seed, 5, (int64_t[]){c->B, c->Lq, 3, c->H, c->D}, NB_F64);
+    in.n = 1;
+  } else {
+    in.leaf[0] = nbt_randn(seed, 4, (int64_t[]){c->B, c->H, c->Lq, c->D}, NB_F64);
+    in.leaf[1] = nbt_randn(seed + 1, 4, (int64_t[]){c->B, c->H, c->Lk, c->D}, NB_F64);
+    in.leaf[2] = nbt_randn(seed + 2, 4, (int64_t[]){c->B, c->H, c->Lk, c->Dv}, NB_F64);
+    in.n = 3;
+  }
+  for (int i = 0; i < in.n; i++) nb_keep(in.leaf[i]);
+  return in;
+}
+
+/* Runs attention on dev in dtype dt (fused, or composed when composed) and
+ * returns, as float64 arrays, the output and the gradients of sum(y * w)
+ * with respect to each leaf (cast from the leaves' rounded copies). */
+typedef struct {
+  double *y, *g[3];
+  int64_t ny, ng[3];
+} aresult;
+
+static aresult run(const acase *c, const ainputs *in, nb_dtype dt, nb_device dev, int composed) {
+  aresult r;
+  memset(&r, 0, sizeof r);
+  nb_scope_begin();
+  nb_tensor *leaf[3] = {NULL, NULL, NULL};
+  for (int i = 0; i < in->n; i++) {
+    leaf[i] = nb_to_device(nb_cast(in->leaf[i], dt), dev);
+    leaf[i] = nb_contiguous(leaf[i]);
+    leaf[i] = nb_detach(leaf[i]);
+    nb_set_requires_grad(leaf[i], 1);
+  }
+  nb_tensor *q, *k, *v;
+  if (c->packed) {
+    const int perm[4] = {0, 2, 1, 3}; /* (B, T, H, D) -> (B, H, T, D) */
+    q = nb_permute(nb_select(leaf[0], 2, 0), perm);
+    k = nb_permute(nb_select(leaf[0], 2, 1), perm);
+    v = nb_permute(nb_select(leaf[0], 2, 2), perm);
+  } else {
+    q = leaf[0], k = leaf[1], v = leaf[2];
+  }
+  nb_tensor *mask = composed ? nb_ones(2, (int64_t[]){c->Lq, c->Lk}, NB_BOOL, dev) : NULL;
+  nb_tensor *y = nb_scaled_dot_product_attention(q, k, v, mask, c->causal, 0, NULL, 0);
+  nb_tensor *w = y ? nb_to_device(nbt_randn(99, nb_ndim(y), nb_shape(y), NB_F64), dev) : NULL;
+  nb_tensor *loss = y ? nb_sum(nb_mul(nb_cast(y, NB_F64), w), 0, NULL, 0) : NULL;
+  if (!loss || nb_backward(loss, NULL)) {
+    printf("attention run failed: %s\n", nb_last_error());
+  } else {
+    r.y = nbt_f64(y);
+    r.ny = nb_numel(y);
+    for (int i = 0; i < in->n; i++) {
+      r.g[i] = nbt_f64(nb_grad(leaf[i]));
+      r.ng[i] = nb_numel(leaf[i]);
+    }
+  }
+  nb_scope_end();
+  return r;
+}
+
+static void free_result(aresult *r) {
+  free(r->y);
+  for (int i = 0; i < 3; i++) free(r->g[i]);
+}
+
+static const char *case_name(const acase *c, nb_dtype dt, const char *dev, char *buf, size_t n) {
+  snprintf(buf, n, "%s %s B%lld H%lld Lq%lld Lk%lld D%lld Dv%lld%s%s", dev, nb_dtype_name(dt),
+           (long long)c->B, (long long)c->H, (long long)c->Lq, (long long)c->Lk, (long long)c->D,
+           (long long)c->Dv, c->causal ? " causal" : "", c->packed ? " packed" : "");
+  return buf;
+}
+
+/* Compares a result with a reference: output and every gradient. */
+static void compare(const char *name, const aresult *got, const aresult *ref, int n, double rtol,
+                    double atol) {
+  if (!got->y || !ref->y) {
+    NBT_CHECK(0, "%s: a run failed", name);
+    return;
+  }
+  double e = nbt_close_ratio(got->y, ref->y, got->ny, rtol, atol);
+  NBT_CHECK(e <= 1, "%s: output off by %.3g of tolerance", name, e);
+  for (int i = 0; i < n; i++) {
+    e = nbt_close_ratio(got->g[i], ref->g[i], got->ng[i], rtol, atol);
+    NBT_CHECK(e <= 1, "%s: gradient %d off by %.3g of tolerance", name, i, e);
+  }
+}
+
+static double rtol_of(nb_dtype dt) {
+  return dt == NB_F64 ? 1e-10 : dt == NB_F32 ? 2e-5 : dt == NB_F16 ? 1e-2 : 4e-2;
+}
+
+/* Fused against composed on the CPU, both from the same rounded inputs. */
+static void cpu_cases(void) {
+  const acase cases[] = {
+    {2, 3, 7, 7, 8, 8, 0, 0},      {2, 3, 7, 7, 8, 8, 1, 0},     {1, 2, 1, 1, 16, 16, 1, 0},
+    {1, 2, 64, 64, 64, 64, 1, 1},  {1, 2, 129, 129, 32, 32, 1, 1}, {2, 1, 5, 9, 12, 20, 1, 0},
+    {2, 1, 9, 5, 12, 6, 1, 0},     {1, 1, 9, 5, 12, 6, 0, 0},    {1, 2, 33, 33, 96, 96, 0, 1},
+  };
+  const nb_dtype dts[] = {NB_F64, NB_F32, NB_BF16, NB_F16};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
+      const acase *c = &cases[i];
+      ainputs in = make_inputs(c, 100 + i);
+      /* the reference: composed in f64 from the inputs rounded to dt */
+      ainputs r64 = in;
+      nb_tensor *rounded[3];
+      for (int j = 0; j < in.n; j++) r64.leaf[j] = rounded[j] = nb_keep(nb_cast(nb_cast(in.leaf[j], dts[t]), NB_F64));
+      aresult ref = run(c, &r64, NB_F64, CPU, 1), got = run(c, &in, dts[t], CPU, 0);
+      char name[160];
+      compare(case_name(c, dts[t], "cpu", name, sizeof name), &got, &ref, in.n, rtol_of(dts[t]),
+              dts[t] == NB_F64 ? 1e-12 : rtol_of(dts[t]) * 0.1);
+      free_result(&ref);
+      free_result(&got);
+      for (int j = 0; j < in.n; j++) nb_release(rounded[j]), nb_release(in.leaf[j]);
+    }
+}
+
+/* No (Lq, Lk) tensor on the fused path: forward and backward at T = 8192
+ * (one 8192 x 8192 f32 matrix is 256 MiB) raise the GPU's peak by far less.
+ * Runs first, while the peak is that of this call alone. */
+static void cuda_memory(void) {
+  nb_device gpu = {NB_CUDA, 0};
+  nb_scope_begin();
+  nb_tensor *q = nb_to_device(nbt_randn(7, 4, (int64_t[]){1, 2, 8192, 64}, NB_BF16), gpu);
+  q = nb_detach(q);
+  nb_set_requires_grad(q, 1);
+  nb_memory_stats before = {0}, after = {0};
+  nb_cuda_memory_stats(0, &before);
+  nb_tensor *y = nb_scaled_dot_product_attention(q, q, q, NULL, 1, 0, NULL, 0);
+  nb_status st = y ? nb_backward(nb_sum(nb_cast(y, NB_F32), 0, NULL, 0), NULL) : nb_last_status();
+  nb_cuda_memory_stats(0, &after);
+  NBT_CHECK(st == NB_OK, "attention T=8192 on cuda: %s", nb_last_error());
+  NBT_CHECK(after.peak - before.allocated < ((int64_t)64 << 20),
+            "attention T=8192 on cuda: peak %lld bytes over the inputs (a T x T f32 matrix is 256 MiB)",
+            (long long)(after.peak - before.allocated));
+  printf("attention T=8192 fwd+bwd on cuda: peak %.1f MiB over the inputs\n",
+         (after.peak - before.allocated) / 1048576.0);
+  nb_scope_end();
+}
+
+/* CUDA against the CPU's fused result from the same rounded inputs. */
+static void cuda_cases(void) {
+  nb_device gpu = {NB_CUDA, 0};
+  const acase cases[] = {
+    {2, 3, 7, 7, 8, 8, 0, 0},       {2, 3, 7, 7, 8, 8, 1, 0},        {1, 2, 1, 1, 64, 64, 1, 0},
+    {2, 2, 64, 64, 64, 64, 1, 1},   {1, 2, 129, 129, 128, 128, 1, 1}, {2, 1, 5, 9, 12, 20, 1, 0},
+    {2, 1, 9, 5, 12, 6, 1, 0},      {1, 3, 100, 37, 96, 96, 0, 0},   {1, 2, 1000, 1000, 64, 64, 1, 1},
+    {1, 1, 77, 77, 256, 256, 1, 0}, {1, 1, 33, 33, 300, 300, 1, 0},  {1, 2, 4097, 4097, 64, 64, 1, 1},
+  };
+  const nb_dtype dts[] = {NB_F32, NB_BF16, NB_F16, NB_F64};
+  int quick = getenv("NABLA_TEST_QUICK") != NULL;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
+      const acase *c = &cases[i];
+      if (c->Lq > 1000 && (t || quick)) continue; /* 4097: f32 only, full runs only */
+      ainputs in = make_inputs(c, 300 + i);
+      ainputs rin = in;
+      nb_tensor *rounded[3];
+      for (int j = 0; j < in.n; j++) rin.leaf[j] = rounded[j] = nb_keep(nb_cast(in.leaf[j], dts[t]));
+      aresult ref = run(c, &rin, NB_F64, CPU, 0);
+      aresult got = run(c, &in, dts[t], gpu, 0), again = run(c, &in, dts[t], gpu, 0);
+      char name[160];
+      double rt = dts[t] == NB_F32 ? 1e-4 : rtol_of(dts[t]);
+      compare(case_name(c, dts[t], "cuda", name, sizeof name), &got, &ref, in.n, rt, rt * 0.1);
+      int same = got.y && again.y && !memcmp(got.y, again.y, (size_t)got.ny * sizeof(double));
+      for (int j = 0; j < in.n && same; j++)
+        same = !memcmp(got.g[j], again.g[j], (size_t)got.ng[j] * sizeof(double));
+      NBT_CHECK(same, "%s: two runs differ", name);
+      free_result(&ref);
+      free_result(&got);
+      free_result(&again);
+      for (int j = 0; j < in.n; j++) nb_release(rounded[j]), nb_release(in.leaf[j]);
+    }
+}
+
+/* Bad input still names the op, whichever path the call would take. */
+static void errors(void) {
+  nb_scope_begin();
+  nb_tensor *q = nbt_randn(1, 3, (int64_t[]){2, 4, 8}, NB_F32);
+  nb_tensor *k6 = nbt_randn(2, 3, (int64_t[]){2, 4, 6}, NB_F32);
+  nb_tensor *q16 = nb_cast(q, NB_F16);
+  nbt_check_error("attention head dims", !nb_scaled_dot_product_attention(q, k6, k6, NULL, 0, 0, NULL, 0),
+                  NB_ERR_SHAPE, "scaled_dot_product_attention", "[2, 4, 6]", NULL);
+  nb_tensor *y = nb_scaled_dot_product_attention(q16, q, q, NULL, 1, 0, NULL, 0);
+  NBT_CHECK(y && nb_dtype_of(y) == NB_F32, "attention mixed dtypes: composes with promotion (%s)",
+            nb_last_error());
+  nb_scope_end();
+}
+
+int main(void) {
+  cpu_cases();
+  errors();
+  if (nb_cuda_available() > 0) {
+    cuda_memory();
+    cuda_cases();
+  }
+  else printf("test_attention: no CUDA device, CUDA cases skipped\n");
+  return nbt_finish();
+}
