@@ -135,7 +135,9 @@ static nb_tensor *norm_forward(const char *op, const nb_tensor *x, int n_norm, c
   int64_t R, D;
   norm_rows(x, n_norm, &R, &D);
   nb_device dev = nb_device_of(x);
-  nb_dtype sdt = NB_F32; /* the saved statistics are f32 for every dtype (kernel contract) */
+  /* The saved statistics: f64 for f64 inputs (an f32 rstd put 1e-6 relative
+   * error into f64 gradients), f32 for f32, f16 and bf16 (kernel contract). */
+  nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_tensor *y = nb_tensor_alloc(x->ndim, x->shape, x->dtype, dev);
   nb_tensor *mean = rms ? NULL : nb_autorelease(nb_tensor_alloc(1, &R, sdt, dev));
   nb_tensor *rstd = nb_autorelease(nb_tensor_alloc(1, &R, sdt, dev));

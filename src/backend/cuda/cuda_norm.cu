@@ -2,7 +2,8 @@
  *
  * One block per row (rows strided over the grid), or the contiguous packed
  * fast path (cuda_rows.cuh). Statistics accumulate in f32 (f64 for f64
- * inputs). Backward computes dx per row, then dw/db deterministically: a
+ * inputs) and the saved mean and rstd have that type too (nb_acc<T>: f64
+ * statistics keep f64 gradients exact to f64 rounding). Backward computes dx per row, then dw/db deterministically: a
  * column kernel writes per-split partial sums, and a small kernel adds the
  * splits in order. */
 #include <math.h>
@@ -19,7 +20,7 @@ struct nb_norm_args {
   int64_t R, D;
   const void *w, *b;
   int wdt, bdt;
-  float *mean, *rstd; /* f32 (R); mean may be NULL */
+  void *mean, *rstd; /* (R) of nb_acc<T> (f64 for f64 x, else f32); mean may be NULL */
   double eps;
   int rms;
 };
@@ -81,8 +82,8 @@ __global__ void __launch_bounds__(1024) nb_norm_fwd_kernel(T *y, const T *x, nb_
     }
     A rs = (A)1 / sqrt(var + (A)a.eps);
     if (tid == 0) {
-      a.rstd[r] = (float)rs;
-      if (a.mean) a.mean[r] = (float)mu;
+      ((A *)a.rstd)[r] = rs;
+      if (a.mean) ((A *)a.mean)[r] = mu;
     }
     if (cached) {
 #pragma unroll
@@ -172,8 +173,9 @@ __device__ __forceinline__ void nb_load_packs(P *v, const P *row, int t, int tpr
 
 template <typename T, int VEC, int NCH, int PF>
 __global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const T *x, const T *w, const T *b,
-                                                         float *mean, float *rstd, int64_t R, int D,
-                                                         int tpr, double eps, int rms) {
+                                                         typename nb_acc<T>::type *mean,
+                                                         typename nb_acc<T>::type *rstd, int64_t R,
+                                                         int D, int tpr, double eps, int rms) {
   typedef typename nb_acc<T>::type A;
   typedef nb_pack<T, VEC> P;
   __shared__ A red[96];
@@ -227,8 +229,8 @@ __global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const 
     }
     A rs = (A)1 / sqrt(var + (A)eps);
     if (t == 0) {
-      rstd[r] = (float)rs;
-      if (mean) mean[r] = (float)mu;
+      rstd[r] = rs;
+      if (mean) mean[r] = mu;
     }
     P *yr = (P *)(y + r * D);
 #pragma unroll
@@ -264,8 +266,9 @@ __global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const 
  * take 512-thread blocks of up to 128 registers. */
 template <typename T, int VEC, int NCH, int PF>
 __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
-    T *dx, const T *dy, const T *x, const T *w, const float *mean, const float *rstd, int64_t R,
-    int D, int tpr, int rms, typename nb_acc<T>::type *part) {
+    T *dx, const T *dy, const T *x, const T *w, const typename nb_acc<T>::type *mean,
+    const typename nb_acc<T>::type *rstd, int64_t R, int D, int tpr, int rms,
+    typename nb_acc<T>::type *part) {
   typedef typename nb_acc<T>::type A;
   typedef nb_pack<T, VEC> P;
   constexpr int HOLDW = NCH <= 2; /* w packs kept in registers for the whole kernel */
@@ -450,15 +453,16 @@ static int norm_plan(int64_t nvec, const int *cand, int ncand, int max_tpr, int 
 
 template <typename T, int VEC, int NCH, int PF>
 static void norm_fwd_rows_launch(const nb_cuda_ctx *ctx, T *y, const T *x, const T *w, const T *b,
-                                 float *mean, float *rstd, int64_t R, int D, int tpr, double eps,
+                                 void *mean, void *rstd, int64_t R, int D, int tpr, double eps,
                                  int rms) {
+  typedef typename nb_acc<T>::type A;
   auto k = nb_norm_fwd_rows<T, VEC, NCH, PF>;
   int th = tpr * ((128 + tpr - 1) / tpr); /* blocks of at least 128 threads */
   int64_t G = th / tpr, want = (R + G - 1) / G;
   int64_t cap = PF ? (int64_t)ctx->n_sm * rows_occupancy((const void *)k, th, 0)
                    : (int64_t)ctx->n_sm * (2048 / th) * 16;
   unsigned grid = (unsigned)(want < cap ? want : cap);
-  k<<<grid, th, 0, ctx->stream>>>(y, x, w, b, mean, rstd, R, D, tpr, eps, rms);
+  k<<<grid, th, 0, ctx->stream>>>(y, x, w, b, (A *)mean, (A *)rstd, R, D, tpr, eps, rms);
 }
 
 /* Fast forward when w and b (if any) share x's dtype and the row fits the
@@ -522,8 +526,8 @@ static nb_status norm_bwd_rows_run(const nb_cuda_ctx *ctx, const nb_kview *dx, c
   size_t pbytes = want ? (size_t)nblk * 2 * (size_t)a->D * sizeof(A) : 0;
   A *part = want ? (A *)nb_cuda_scratch(ctx, pbytes) : NULL;
   if (want && !part) return nb_last_status();
-  k<<<nblk, th, smem, ctx->stream>>>((T *)dx->data, dy, x, w, a->mean, a->rstd, a->R, (int)a->D,
-                                     tpr, a->rms, part);
+  k<<<nblk, th, smem, ctx->stream>>>((T *)dx->data, dy, x, w, (const A *)a->mean,
+                                     (const A *)a->rstd, a->R, (int)a->D, tpr, a->rms, part);
   nb_status st = nb_cuda_launch_check(a->rms ? "rms_norm_bwd" : "layer_norm_bwd");
   if (!st && want) {
     unsigned cols = (unsigned)((2 * a->D + 31) / 32);
@@ -571,6 +575,16 @@ static int norm_bwd_fast(const nb_cuda_ctx *ctx, const nb_kview *dx, const nb_kv
   return 1;
 }
 
+/* The saved statistics are nb_acc<T> of x's dtype: f64 for f64, else f32. */
+static nb_status norm_stats_ok(const char *op, const nb_kview *x, const nb_kview *mean,
+                               const nb_kview *rstd, int rms) {
+  nb_dtype want = x->dtype == NB_F64 ? NB_F64 : NB_F32;
+  if (rstd->dtype == want && (rms || !mean || mean->dtype == want)) return NB_OK;
+  return nb_error_set(NB_ERR_DTYPE, "%s: saved statistics rstd %s, mean %s for a %s input (expected %s)",
+                      op, nb_dtype_name(rstd->dtype), mean && !rms ? nb_dtype_name(mean->dtype) : "none",
+                      nb_dtype_name(x->dtype), nb_dtype_name(want));
+}
+
 extern "C" nb_status nb_cuda_norm_fwd(const nb_kview *y, const nb_kview *mean,
                                       const nb_kview *rstd, const nb_kview *x, const nb_kview *w,
                                       const nb_kview *b, double eps, int rms) {
@@ -579,15 +593,16 @@ extern "C" nb_status nb_cuda_norm_fwd(const nb_kview *y, const nb_kview *mean,
   a.D = nd ? x->shape[nd - 1] : 1;
   a.R = a.D ? nb_kview_numel(x) / a.D : 0;
   if (a.R == 0 || a.D == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(y->data, rms ? "rms_norm" : "layer_norm", &ctx);
+  nb_status st = norm_stats_ok(rms ? "rms_norm" : "layer_norm", x, mean, rstd, rms);
   if (st) return st;
+  nb_cuda_ctx ctx;
+  if ((st = nb_cuda_enter(y->data, rms ? "rms_norm" : "layer_norm", &ctx))) return st;
   a.w = w ? w->data : NULL;
   a.b = b && !rms ? b->data : NULL;
   a.wdt = w ? (int)w->dtype : 0;
   a.bdt = b ? (int)b->dtype : 0;
-  a.mean = mean && !rms ? (float *)mean->data : NULL;
-  a.rstd = (float *)rstd->data;
+  a.mean = mean && !rms ? mean->data : NULL;
+  a.rstd = rstd->data;
   a.eps = eps;
   a.rms = rms;
   int fast = 0;
@@ -609,7 +624,7 @@ __global__ void __launch_bounds__(1024) nb_norm_bwd_dx_kernel(T *dx, const T *dy
   for (int64_t r = blockIdx.x; r < a.R; r += gridDim.x) {
     const T *xr = x + r * a.D, *dyr = dy + r * a.D;
     T *dxr = dx + r * a.D;
-    A mu = a.mean && !a.rms ? (A)a.mean[r] : (A)0, rs = (A)a.rstd[r];
+    A mu = a.mean && !a.rms ? ((const A *)a.mean)[r] : (A)0, rs = ((const A *)a.rstd)[r];
     A sg = 0, sgx = 0;
     for (int64_t j = tid; j < a.D; j += bd) {
       A g = (A)nb_to_f(dyr[j]) * (A)nb_opt_load(a.w, a.wdt, j, 1.0);
@@ -640,8 +655,8 @@ __global__ void nb_norm_bwd_dw_kernel(const T *dy, const T *x, nb_norm_args a, i
   A aw = 0, ab = 0;
   for (int64_t r = r0; r < r1; r++) {
     A g = (A)nb_to_f(dy[r * a.D + d]);
-    A mu = a.mean && !a.rms ? (A)a.mean[r] : (A)0;
-    aw += g * (((A)nb_to_f(x[r * a.D + d]) - mu) * (A)a.rstd[r]);
+    A mu = a.mean && !a.rms ? ((const A *)a.mean)[r] : (A)0;
+    aw += g * (((A)nb_to_f(x[r * a.D + d]) - mu) * ((const A *)a.rstd)[r]);
     ab += g;
   }
   part_w[s * a.D + d] = aw;
@@ -698,9 +713,10 @@ extern "C" nb_status nb_cuda_norm_bwd(const nb_kview *dx, const nb_kview *dw, co
   a.D = nd ? x->shape[nd - 1] : 1;
   a.R = a.D ? nb_kview_numel(x) / a.D : 0;
   if (a.D == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(x->data, rms ? "rms_norm_bwd" : "layer_norm_bwd", &ctx);
+  nb_status st = norm_stats_ok(rms ? "rms_norm_bwd" : "layer_norm_bwd", x, mean, rstd, rms);
   if (st) return st;
+  nb_cuda_ctx ctx;
+  if ((st = nb_cuda_enter(x->data, rms ? "rms_norm_bwd" : "layer_norm_bwd", &ctx))) return st;
   if (a.R == 0) { /* no rows: the parameter gradients are zero */
     if (dw && (st = nb_cuda_fill(dw, 0.0))) return st;
     if (db && (st = nb_cuda_fill(db, 0.0))) return st;
@@ -710,8 +726,8 @@ extern "C" nb_status nb_cuda_norm_bwd(const nb_kview *dx, const nb_kview *dw, co
   a.b = NULL;
   a.wdt = w ? (int)w->dtype : 0;
   a.bdt = 0;
-  a.mean = mean && !rms ? (float *)mean->data : NULL;
-  a.rstd = (float *)rstd->data;
+  a.mean = mean && !rms ? mean->data : NULL;
+  a.rstd = rstd->data;
   a.eps = 0;
   a.rms = rms;
   if (dx) {
