@@ -49,15 +49,21 @@ static nb_status div_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return NB_OK;
 }
 
-/* d(a^b)/da = b a^(b-1); d/db = a^b log a, taken as 0 where a == 0. */
+/* d(a^b)/da = b a^(b-1), 0 where b == 0 (also at a == 0, where it would be
+ * 0 * inf); d/db = a^b log a, 0 where a == 0 and b >= 0 (PyTorch's
+ * conventions; at a == 0, b < 0 it is -inf, as there). The masked elements
+ * compute with a replaced by 1 (b 1^(b-1) = 0 at b == 0, 1^b log 1 = 0), so
+ * they never form inf or NaN, nor in the gradient's own gradient. */
 static nb_status pow_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   const nb_tensor *a = n->inputs[0], *b = n->inputs[1];
-  if (nb_node_needs_grad(n, 0))
-    gin[0] = nb_op_grad_to(nb_mul(g, nb_mul(b, nb_pow(a, nb_sub_scalar(b, 1.0)))), a);
+  nb_tensor *zero = nb_op_scalar_for(a, 0.0), *one = nb_op_scalar_for(a, 1.0);
+  if (nb_node_needs_grad(n, 0)) {
+    nb_tensor *sa = nb_where(nb_eq(b, zero), one, a);
+    gin[0] = nb_op_grad_to(nb_mul(g, nb_mul(b, nb_pow(sa, nb_sub_scalar(b, 1.0)))), a);
+  }
   if (nb_node_needs_grad(n, 1)) {
-    nb_tensor *zero = nb_op_scalar_for(a, 0.0);
-    nb_tensor *loga = nb_where(nb_eq(a, zero), zero, nb_log(a));
-    gin[1] = nb_op_grad_to(nb_mul(g, nb_mul(nb_pow(a, b), loga)), b);
+    nb_tensor *sa = nb_where(nb_mul(nb_eq(a, zero), nb_ge(b, zero)), one, a);
+    gin[1] = nb_op_grad_to(nb_mul(g, nb_mul(nb_pow(sa, b), nb_log(sa))), b);
   }
   return NB_OK;
 }

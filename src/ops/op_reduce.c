@@ -1,6 +1,9 @@
 /* Reductions over any set of axes, with keepdim. sum, max, min, argmax and
  * argmin run a kernel; mean, var, std, logsumexp and norm are compositions,
- * so their gradients come from the primitives' rules. */
+ * so their gradients come from the primitives' rules. At their singular
+ * points std and norm give PyTorch's subgradients (0, never NaN) through
+ * the masked compositions below (docs/ARCHITECTURE.md, "Conventions at
+ * singular points"). */
 #include <math.h>
 #include <string.h>
 
@@ -162,6 +165,27 @@ static int require_float(const char *op, const nb_tensor *x) {
     return nb_autorelease(r_);                    \
   } while (0)
 
+/* v^(1/p) (sqrt for p = 2) with gradient 0 where v == 0, as PyTorch's std
+ * and norm backward (masked_fill(result == 0, 0)). The root is taken of
+ * where(v == 0, 1, v), so the masked elements never form inf or 0 * inf,
+ * in the gradient or in the gradient's own gradient; elsewhere the value
+ * and the gradient are the plain root's, bit for bit. */
+static nb_tensor *root_masked(const nb_tensor *v, double p) {
+  nb_tensor *zero = nb_op_scalar_for(v, 0.0);
+  nb_tensor *z = nb_eq(v, zero);
+  nb_tensor *safe = nb_where(z, nb_op_scalar_for(v, 1.0), v);
+  return nb_where(z, zero, p == 2 ? nb_sqrt(safe) : nb_pow_scalar(safe, 1.0 / p));
+}
+
+/* |x|^p with gradient 0 where x == 0 (p < 1 would give inf * sign(0) =
+ * NaN there), by the same masking as root_masked. */
+static nb_tensor *abs_pow_masked(const nb_tensor *x, double p) {
+  nb_tensor *zero = nb_op_scalar_for(x, 0.0);
+  nb_tensor *z = nb_eq(x, zero);
+  nb_tensor *safe = nb_abs(nb_where(z, nb_op_scalar_for(x, 1.0), x));
+  return nb_where(z, zero, nb_pow_scalar(safe, p));
+}
+
 nb_tensor *nb_mean(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
   if (!x) { nb_error_null("mean", "x"); return NULL; }
   if (!require_float("mean", x)) return NULL;
@@ -186,7 +210,8 @@ nb_tensor *nb_var(const nb_tensor *x, int n_axes, const int *axes, double correc
 
 nb_tensor *nb_std(const nb_tensor *x, int n_axes, const int *axes, double correction, int keepdim) {
   if (!x) { nb_error_null("std", "x"); return NULL; }
-  COMPOSE(nb_sqrt(nb_var(x, n_axes, axes, correction, keepdim)));
+  if (!require_float("std", x)) return NULL;
+  COMPOSE(root_masked(nb_var(x, n_axes, axes, correction, keepdim), 2.0));
 }
 
 /* log(sum(exp(x))) = m + log(sum(exp(x - m))) with m the (detached) max;
@@ -221,10 +246,12 @@ nb_tensor *nb_norm(const nb_tensor *x, double p, int n_axes, const int *axes, in
     nb_error_set(NB_ERR_VALUE, "norm: p = %g (expected p > 0 or infinity)", p);
     return NULL;
   }
+  /* inf: sign(x) g split evenly among the |x| equal to the max (0 in an
+   * all-zero row); 1: sign(x) g; others: 0 where x == 0 or the norm is 0 */
   if (isinf(p)) COMPOSE(nb_max(nb_abs(x), n_axes, axes, keepdim));
   if (p == 1) COMPOSE(nb_sum(nb_abs(x), n_axes, axes, keepdim));
-  if (p == 2) COMPOSE(nb_sqrt(nb_sum(nb_square(x), n_axes, axes, keepdim)));
-  COMPOSE(nb_pow_scalar(nb_sum(nb_pow_scalar(nb_abs(x), p), n_axes, axes, keepdim), 1.0 / p));
+  if (p == 2) COMPOSE(root_masked(nb_sum(nb_square(x), n_axes, axes, keepdim), 2.0));
+  COMPOSE(root_masked(nb_sum(abs_pow_masked(x, p), n_axes, axes, keepdim), p));
 }
 
 /* Sums the axes that broadcasting added or stretched from size 1. */
