@@ -12,11 +12,20 @@
  *   elementwise  every float unary and binary op, f32/f64/f16/bf16,
  *                forward and gradient, ulps against float64
  *   rows         log_softmax, softmax and cross_entropy at large logits,
- *                forward and gradients, relative error against float64 */
+ *                forward and gradients, relative error against float64
+ *   norm f64     layer_norm and rms_norm in f64, forward and the gradients
+ *                of x, weight and bias within 1e-12 of a long double
+ *                reference (norm_ref.h), odd sizes, strided inputs, every
+ *                kernel path (fast rows, generic rows, generic dw/db)
+ *   singular     gradients at singular points (std of equal values, norms
+ *                of zero rows, sqrt/pow at 0, ties), PyTorch's conventions,
+ *                asserted exactly in f64/f32/f16/bf16 (singular_cases.h) */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "norm_ref.h"
+#include "singular_cases.h"
 #include "testutil.h"
 
 static nb_device G; /* the device under test: cuda:0, or the CPU with NABLA_TEST_SELF=1 */
@@ -26,6 +35,29 @@ static void test_acc_elementwise(void) {}
 
 /* ==== section "rows" ======================================================== */
 static void test_acc_rows(void) {}
+
+/* ==== section "norm f64" ==================================================== */
+/* Rows of D <= 4096 take the fused fast kernels in f64 (vec 2 for even D,
+ * 1 for odd D); 5003 the fast forward and the generic backward (dx kernel,
+ * then the column dw/db partials); 20001 the generic kernels both ways. */
+static void test_acc_norm_f64(void) {
+  static const int64_t sizes[][2] = {{7, 37}, {5, 1}, {3, 2}, {64, 768}, {33, 1031},
+                                     {300, 4096}, {4, 5003}, {3, 20001}};
+  double max_rel = 0;
+  uint64_t seed = 700;
+  for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+    for (int layout = 0; layout < 3; layout++)
+      for (int rms = 0; rms < 2; rms++)
+        for (int affine = 0; affine < 2; affine++)
+          norm_ref_case(G, sizes[s][0], sizes[s][1], layout, rms, affine, seed += 4, &max_rel);
+  printf("norm f64: largest error %.3g of the largest reference term\n", max_rel);
+}
+
+/* ==== section "singular" ==================================================== */
+static void test_acc_singular(void) {
+  const nb_dtype dts[] = {NB_F64, NB_F32, NB_F16, NB_BF16};
+  for (int i = 0; i < 4; i++) sg_run_all(G, dts[i]);
+}
 
 /* ==== driver ================================================================ */
 int main(void) {
@@ -43,6 +75,8 @@ int main(void) {
   struct { const char *name; void (*f)(void); } sections[] = {
     {"elementwise", test_acc_elementwise},
     {"rows", test_acc_rows},
+    {"norm f64", test_acc_norm_f64},
+    {"singular", test_acc_singular},
   };
   const char *only = getenv("NABLA_TEST_ONLY");
   for (size_t i = 0; i < sizeof sections / sizeof *sections; i++) {
