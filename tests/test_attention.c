@@ -39,8 +39,7 @@ static ainputs make_inputs(const acase *c, uint64_t seed) {
     in.leaf[2] = nbt_randn(seed + 2, 4, (int64_t[]){c->B, c->H, c->Lk, c->Dv}, NB_F64);
     in.n = 3;
   }
-  for (int i = 0; i < in.n; i++) nb_keep(in.leaf[i]);
-  return in;
+  return in; /* outside a scope: owned by the caller */
 }
 
 /* Runs attention on dev in dtype dt (fused, or composed when composed) and
@@ -135,7 +134,9 @@ static void cpu_cases(void) {
       /* the reference: composed in f64 from the inputs rounded to dt */
       ainputs r64 = in;
       nb_tensor *rounded[3];
+      nb_scope_begin();
       for (int j = 0; j < in.n; j++) r64.leaf[j] = rounded[j] = nb_keep(nb_cast(nb_cast(in.leaf[j], dts[t]), NB_F64));
+      nb_scope_end();
       aresult ref = run(c, &r64, NB_F64, CPU, 1), got = run(c, &in, dts[t], CPU, 0);
       char name[160];
       compare(case_name(c, dts[t], "cpu", name, sizeof name), &got, &ref, in.n, rtol_of(dts[t]),
@@ -187,7 +188,9 @@ static void cuda_cases(void) {
       ainputs in = make_inputs(c, 300 + i);
       ainputs rin = in;
       nb_tensor *rounded[3];
+      nb_scope_begin();
       for (int j = 0; j < in.n; j++) rin.leaf[j] = rounded[j] = nb_keep(nb_cast(in.leaf[j], dts[t]));
+      nb_scope_end();
       aresult ref = run(c, &rin, NB_F64, CPU, 0);
       aresult got = run(c, &in, dts[t], gpu, 0), again = run(c, &in, dts[t], gpu, 0);
       char name[160];

@@ -230,8 +230,9 @@ static nb_status att_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return st;
 }
 
-/* o (.., Lq, Dv) and the saved lse (.., Lq) from the fused kernel; NULL with
- * NB_ERR_UNSUPPORTED when the backend lacks this head dimension. */
+/* o (.., Lq, Dv, autoreleased) and the saved lse (.., Lq) from the fused
+ * kernel; NULL with NB_ERR_UNSUPPORTED when the backend lacks this head
+ * dimension. */
 static nb_tensor *att_fused(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
                             int causal, double scale) {
   nb_device dev = nb_device_of(q);
@@ -260,7 +261,7 @@ static nb_tensor *att_fused(const nb_tensor *q, const nb_tensor *k, const nb_ten
     nb_node_save(n, ATT_SAVED_O, o);
     nb_node_save(n, ATT_SAVED_LSE, lse);
   }
-  return o;
+  return nb_autorelease(o);
 }
 
 /* softmax(q k^T * scale + mask) @ v; a bool mask keeps where true. */
