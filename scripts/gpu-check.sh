@@ -87,6 +87,14 @@ if [ "$built" -eq 0 ]; then
         step memcheck 1 env NABLA_TEST_QUICK=1 NABLA_AUTOTUNE_SAMPLE_US=0 compute-sanitizer --tool memcheck \
           --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda"
       fi
+      if want sanitize || want memcheck; then
+        step memcheck-attn 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+          --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_attention"
+      fi
+      if want sanitize || want racecheck; then
+        step racecheck-attn 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+          --error-exitcode 99 "$BUILD/tests/test_attention"
+      fi
       if want sanitize || want racecheck; then
         # racecheck does not follow the mbarrier/TMA synchronisation of
         # cuBLASLt's own sm_90 kernels (nvjet_*) and reports hazards inside
@@ -113,6 +121,10 @@ if [ "$built" -eq 0 ]; then
     if python3 -c "import torch" 2>/dev/null; then
       step train-compare 0 timeout 600 scripts/train-compare.sh "$BUILD"
     fi
+    # GPT-2 small's shape (f32): 5 steps, to show it fits and its peak memory
+    step gpt2-shape 0 timeout 300 "$BUILD/nabla" train --device cuda --data "$OUT/profile-text.txt" \
+      --layers 12 --heads 12 --dim 768 --context 1024 --batch 16 --steps 5 --eval-every 0 \
+      --no-svg --log-every 1
   fi
   if want bench; then step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"; fi
   if want gemm; then
@@ -138,14 +150,15 @@ for i in "${!names[@]}"; do
   n=${names[$i]} detail=""
   if [ -f "$OUT/$n.log" ]; then
     case "$n" in
-      test-cuda|memcheck|racecheck) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
+      test-cuda|memcheck|racecheck|memcheck-attn|racecheck-attn) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
       train-compare) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \([^)]*\): //') ;;
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
       train-profile) detail=$(grep -E '^profile: ' "$OUT/$n.log") ;;
+      gpt2-shape) detail=$(grep -iE '^throughput|peak|out of memory' "$OUT/$n.log" | tr '\n' ' ') ;;
     esac
     case "$n" in
-      memcheck) detail="$detail $(grep -E 'ERROR SUMMARY' "$OUT/$n.log" | tail -1)" ;;
+      memcheck|memcheck-attn|racecheck-attn) detail="$detail $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$n.log" | tail -1)" ;;
       racecheck) detail="$detail $(grep -E '^racecheck: ' "$OUT/$n.log" | tail -1)" ;;
     esac
   fi
