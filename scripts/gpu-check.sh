@@ -76,6 +76,10 @@ if [ "$built" -eq 0 ]; then
   if want cpu; then step ctest-cpu 1 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"; fi
   if [ -x "$BUILD/tests/test_cuda" ]; then
     if want cuda; then step test-cuda 1 "$BUILD/tests/test_cuda"; fi
+    # every op's accuracy on the device against float64, with its table
+    if want cuda && [ -x "$BUILD/tests/test_cuda_accuracy" ]; then
+      step cuda-accuracy 1 "$BUILD/tests/test_cuda_accuracy"
+    fi
     if ! want sanitize && ! want memcheck && ! want racecheck; then :
     elif command -v compute-sanitizer >/dev/null 2>&1; then
       # API errors are off: the suite provokes some on purpose (a 1 PB
@@ -86,6 +90,10 @@ if [ "$built" -eq 0 ]; then
       if want sanitize || want memcheck; then
         step memcheck 1 env NABLA_TEST_QUICK=1 NABLA_AUTOTUNE_SAMPLE_US=0 compute-sanitizer --tool memcheck \
           --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda"
+      fi
+      if { want sanitize || want memcheck; } && [ -x "$BUILD/tests/test_cuda_accuracy" ]; then
+        step memcheck-acc 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+          --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda_accuracy"
       fi
       if want sanitize || want memcheck; then
         step memcheck-attn 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
@@ -150,7 +158,7 @@ for i in "${!names[@]}"; do
   n=${names[$i]} detail=""
   if [ -f "$OUT/$n.log" ]; then
     case "$n" in
-      test-cuda|memcheck|racecheck|memcheck-attn|racecheck-attn) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
+      test-cuda|cuda-accuracy|memcheck|racecheck|memcheck-attn|racecheck-attn|memcheck-acc) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
       train-compare) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \([^)]*\): //') ;;
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
@@ -158,7 +166,7 @@ for i in "${!names[@]}"; do
       gpt2-shape) detail=$(grep -iE '^throughput|peak|out of memory' "$OUT/$n.log" | tr '\n' ' ') ;;
     esac
     case "$n" in
-      memcheck|memcheck-attn|racecheck-attn) detail="$detail $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$n.log" | tail -1)" ;;
+      memcheck|memcheck-attn|racecheck-attn|memcheck-acc) detail="$detail $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$n.log" | tail -1)" ;;
       racecheck) detail="$detail $(grep -E '^racecheck: ' "$OUT/$n.log" | tail -1)" ;;
     esac
   fi
