@@ -201,16 +201,16 @@ __device__ __forceinline__ float nb_rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double nb_rsqrt_(double x) { return rsqrt(x); }
 
 /* GELU, tanh form: 0.5 x (1 + tanh(u)), u = k (x + 0.044715 x^3). In f32
- * through the identity 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)): one fast
- * exponential and one division instead of an accurate tanhf, which made the
- * f32 kernel issue-bound (0.76 ms against a 0.71 ms copy at 2^28). The
- * result stays within a few ulp: no cancellation, e^(-2u) overflowing to
- * inf gives x * 0 = -0 where the exact value underflows anyway. f64 keeps
- * the accurate tanh. */
+ * through the identity 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)): one
+ * exponential and one division, no cancellation for x < 0 (where 1 +
+ * tanh(u) loses every bit), within a few ulp of the exact value (the
+ * standard expf and a correctly rounded division). e^(-2u) overflowing to
+ * inf gives x / inf = -0 where the exact value is below 2^-126 * 1e-8
+ * anyway. f64 keeps the accurate tanh. */
 #define NB_GELU_K 0.79788456080286535588
 __device__ __forceinline__ float nb_gelu_tanh_(float x) {
   float u = (float)NB_GELU_K * fmaf(0.044715f * x, x * x, x);
-  return __fdividef(x, 1.0f + __expf(-2.0f * u));
+  return x / (1.0f + expf(-2.0f * u));
 }
 __device__ __forceinline__ double nb_gelu_tanh_(double x) {
   double u = NB_GELU_K * (x + 0.044715 * x * x * x);
@@ -220,9 +220,9 @@ __device__ __forceinline__ double nb_gelu_tanh_(double x) {
  * 0.5 (1 + tanh(u)); 1 - s = e^(-2u) s avoids the cancellation near s = 1. */
 __device__ __forceinline__ float nb_gelu_tanh_d_(float x) {
   float x2 = x * x, u = (float)NB_GELU_K * fmaf(0.044715f * x, x2, x);
-  float e = __expf(-2.0f * u);
+  float e = expf(-2.0f * u);
   if (e > 1e30f) return 0.0f; /* s and x s (1 - s) are both below 1e-28 */
-  float s = __fdividef(1.0f, 1.0f + e);
+  float s = 1.0f / (1.0f + e);
   return s + 2.0f * x * s * (e * s) * (float)NB_GELU_K * fmaf(0.134145f, x2, 1.0f);
 }
 __device__ __forceinline__ double nb_gelu_tanh_d_(double x) {
@@ -250,7 +250,8 @@ template <typename C> __device__ __forceinline__ C nb_uop_apply(int op, C x) {
   case NB_UOP_TANH: return tanh(x);
   case NB_UOP_SIGMOID: return one / (one + exp(-x));
   case NB_UOP_RELU: return x < (C)0 ? (C)0 : x; /* NaN passes through */
-  case NB_UOP_GELU_ERF: return half * x * (one + erf(x * (C)0.70710678118654752440));
+  case NB_UOP_GELU_ERF: /* x Phi(x) = x erfc(-x / sqrt 2) / 2: 1 + erf cancels for x < 0 */
+    return half * x * erfc(x * (C)-0.70710678118654752440);
   case NB_UOP_GELU_TANH: return nb_gelu_tanh_(x);
   case NB_UOP_SILU: return x / (one + exp(-x));
   case NB_UOP_SOFTPLUS: /* log(1 + e^x) without overflow */
@@ -260,7 +261,7 @@ template <typename C> __device__ __forceinline__ C nb_uop_apply(int op, C x) {
   case NB_UOP_CEIL: return ceil(x);
   case NB_UOP_ROUND: return rint(x); /* half to even */
   case NB_UOP_GELU_ERF_D: {
-    C cdf = half * (one + erf(x * (C)0.70710678118654752440));
+    C cdf = half * erfc(x * (C)-0.70710678118654752440);
     C pdf = (C)0.39894228040143267794 * exp(-half * x * x);
     return cdf + x * pdf;
   }

@@ -469,7 +469,7 @@ __global__ void gx_epilogue_kernel(const TI *prod, int64_t M, int64_t N, gx_view
     if (aux.p) ((TO *)aux.p)[r * aux.s0 + c * aux.s1] = nb_from_f<TO>(v);
     if (gelu) {
       float u = NB_GEMM_GELU_K * fmaf(0.044715f * v, v * v, v);
-      v = __fdividef(v, 1.0f + __expf(-2.0f * u));
+      v = v / (1.0f + expf(-2.0f * u)); /* as the elementwise kernel: standard expf, exact division */
     }
     ((TO *)out.p)[r * out.s0 + c * out.s1] = nb_from_f<TO>(v);
   }
