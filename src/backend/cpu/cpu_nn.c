@@ -86,13 +86,15 @@ static double nn_row_max(const double *a, int64_t n) {
 
 /* ---- softmax ------------------------------------------------------------- */
 
-/* In place on one row: exp(a - max) / sum, or a - max - log(sum). */
+/* In place on one row: exp(a - max) / sum, or (a - max) - log(sum): the
+ * max is subtracted first, since max + log(sum) would round to an ulp of
+ * the logits' size (1e-13 at 1e3) in every f64 output. */
 static void nn_softmax_row(double *a, int64_t n, int log_) {
   double m = nn_row_max(a, n), s = 0.0;
   if (log_) {
     for (int64_t j = 0; j < n; j++) s += exp(a[j] - m);
-    double c = m + log(s);
-    for (int64_t j = 0; j < n; j++) a[j] -= c;
+    double ls = log(s);
+    for (int64_t j = 0; j < n; j++) a[j] = (a[j] - m) - ls;
     return;
   }
   for (int64_t j = 0; j < n; j++) {
@@ -322,15 +324,27 @@ static nb_status nn_target_error(const nb_kview *t, int64_t row, int64_t C) {
                       (long long)C, (long long)C);
 }
 
-/* log(sum(exp(a))) and sum(a) of one row. */
-static double nn_lse(const double *a, int64_t n, double *sum) {
-  double m = nn_row_max(a, n), s = 0.0, sx = 0.0;
+/* A row's maximum *m, ls = log(sum(exp(a - m))) (returned) and
+ * *sdx = sum(a - m): the loss is formed from these differences of the
+ * logits, never from lse = m + ls or sum(a), which round to an ulp of the
+ * logits' size (1e-13 at 1e3). */
+static double nn_lse(const double *a, int64_t n, double *m, double *sdx) {
+  double s = 0.0, sd = 0.0;
+  *m = nn_row_max(a, n);
   for (int64_t j = 0; j < n; j++) {
-    s += exp(a[j] - m);
-    sx += a[j];
+    s += exp(a[j] - *m);
+    sd += a[j] - *m;
   }
-  *sum = sx;
-  return m + log(s);
+  *sdx = sd;
+  return log(s);
+}
+
+/* lse - (1-eps) a[t] - eps mean(a) = (1-eps) ((m - a[t]) + ls) + eps (ls -
+ * sdx / C); the smoothing term is left out when eps = 0 (sdx is -inf for a
+ * row with masked logits). */
+static double nn_xent_loss(double m, double ls, double sdx, double at, int64_t C, double eps) {
+  double l = (1.0 - eps) * ((m - at) + ls);
+  return eps != 0.0 ? l + eps * (ls - sdx / (double)C) : l;
 }
 
 nb_status nb_cpu_xent_fwd(const nb_kview *loss, const nb_kview *lse, const nb_kview *logits,
@@ -351,12 +365,12 @@ nb_status nb_cpu_xent_fwd(const nb_kview *loss, const nb_kview *lse, const nb_kv
     for (int64_t i = 0; i < N; i++) {
       if (!a) continue;
       int64_t t = nb_cpu_get_i64(nn_at(targets, i), targets->dtype);
-      double l = 0.0, z = 0.0, sx;
+      double l = 0.0, z = 0.0, m, sdx;
       if (t != ignore_index) { /* probabilities are never formed: only lse */
         nn_load_row(logits, i, C, a);
-        z = nn_lse(a, C, &sx);
-        l = (1.0 - smoothing) * (z - a[t]);
-        if (smoothing != 0.0) l += smoothing * (z - sx / (double)C);
+        double ls = nn_lse(a, C, &m, &sdx);
+        z = m + ls;
+        l = nn_xent_loss(m, ls, sdx, a[t], C, smoothing);
       }
       nn_put(loss, i, l);
       nn_put(lse, i, z);
@@ -401,43 +415,69 @@ nb_status nb_cpu_xent_bwd(const nb_kview *dlogits, const nb_kview *dloss,
   return oom ? nn_oom("cross_entropy backward", C) : NB_OK;
 }
 
-/* A 1-D f64 view of n host values. */
-static nb_kview nn_f64_view(double *p, int64_t n) {
-  nb_kview v;
-  memset(&v, 0, sizeof v);
-  v.data = p;
-  v.dtype = NB_F64;
-  v.ndim = 1;
-  v.shape[0] = n;
-  v.strides[0] = 1;
-  return v;
+/* One row of the fused entry, a[] holding the logits on entry and dlogits
+ * on exit: g (softmax - (1-eps) onehot(t) - eps/C) with softmax = exp(a -
+ * m) / sum from the row's own statistics (exp(a - lse) would carry lse's
+ * rounding, an ulp of the logits' size, into every probability). Returns
+ * the loss; *z gets lse. */
+static double nn_xent_fused_row(double *a, int64_t C, int64_t t, double g, double eps, double *z) {
+  double m = nn_row_max(a, C), s = 0.0, sdx = 0.0, at = a[t];
+  for (int64_t j = 0; j < C; j++) {
+    double d = a[j] - m;
+    sdx += d;
+    a[j] = exp(d);
+    s += a[j];
+  }
+  double ls = log(s), off = eps / (double)C;
+  *z = m + ls;
+  for (int64_t j = 0; j < C; j++) a[j] = g * (a[j] / s - off);
+  a[t] -= g * (1.0 - eps);
+  return nn_xent_loss(m, ls, sdx, at, C, eps);
 }
 
-/* The fused entry on the CPU: the forward, then the backward with each row's
- * gradient (dloss or 1, over N_valid for a mean), then the rows' sum in
- * row order in f64. */
+/* The fused entry on the CPU: each row's loss, lse and dlogits in one pass
+ * with the row gradient dloss (or 1), over N_valid for a mean; then the
+ * rows' sum in row order in f64. */
 nb_status nb_cpu_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
                             const nb_kview *dloss, const nb_kview *out, int mean,
                             const nb_kview *logits, const nb_kview *targets,
                             int64_t ignore_index, double smoothing) {
-  const int64_t N = logits->shape[0];
-  double *buf = malloc((size_t)(2 * N + 1) * sizeof *buf);
-  if (!buf) return nn_oom("cross_entropy", N);
-  nb_kview vz = nn_f64_view(buf, N), vg = nn_f64_view(buf + N, N);
-  nb_status st = nb_cpu_xent_fwd(loss, lse ? lse : &vz, logits, targets, ignore_index, smoothing);
-  int64_t nvalid = 0;
-  for (int64_t i = 0; !st && i < N; i++)
+  const int64_t N = logits->shape[0], C = logits->shape[1];
+  int oom = 0;
+  int64_t bad = nn_bad_target(targets, N, C, ignore_index), nvalid = 0;
+  if (bad >= 0) return nn_target_error(targets, bad, C);
+  for (int64_t i = 0; i < N; i++)
     nvalid += nb_cpu_get_i64(nn_at(targets, i), targets->dtype) != ignore_index;
-  for (int64_t i = 0; !st && i < N; i++) {
-    double d = dloss ? nn_get(dloss, i) : 1.0;
-    buf[N + i] = mean ? d / (double)nvalid : d;
+#pragma omp parallel if (N * C >= NB_CPU_PAR_MIN)
+  {
+    double *a = malloc((size_t)(C ? C : 1) * sizeof *a);
+    if (!a) {
+#pragma omp atomic write
+      oom = 1;
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+      if (!a) continue;
+      int64_t t = nb_cpu_get_i64(nn_at(targets, i), targets->dtype);
+      double l = 0.0, z = 0.0;
+      if (t == ignore_index) {
+        for (int64_t j = 0; j < C; j++) a[j] = 0.0;
+      } else {
+        double g = dloss ? nn_get(dloss, i) : 1.0;
+        nn_load_row(logits, i, C, a);
+        l = nn_xent_fused_row(a, C, t, mean ? g / (double)nvalid : g, smoothing, &z);
+      }
+      nn_store_row(dlogits, i, C, a);
+      nn_put(loss, i, l);
+      if (lse) nn_put(lse, i, z);
+    }
+    free(a);
   }
-  if (!st) st = nb_cpu_xent_bwd(dlogits, &vg, logits, targets, lse ? lse : &vz, ignore_index, smoothing);
-  if (!st && out) {
+  if (oom) return nn_oom("cross_entropy", C);
+  if (out) {
     double s = 0.0;
     for (int64_t i = 0; i < N; i++) s += nn_get(loss, i);
     nn_put(out, 0, mean ? s / (double)nvalid : s); /* 0/0 = NaN when every row is ignored */
   }
-  free(buf);
-  return st;
+  return NB_OK;
 }

@@ -91,21 +91,46 @@ __device__ __forceinline__ void nb_unpack(const nb_pack<T, VEC> &p, A *f) {
 /* Elements per 16-byte access. */
 template <typename T> struct nb_vec_width { enum { value = 16 / sizeof(T) }; };
 
-/* exp on the accumulation type: f32 through exp2 (the hardware ex2, about 2
- * ulp), f64 exact. */
-__device__ __forceinline__ float nb_fast_exp(float x) { return exp2f(x * 1.4426950408889634f); }
-__device__ __forceinline__ double nb_fast_exp(double x) { return exp(x); }
-
-/* exp(f - m) for softmax rows: f32 through one ex2.approx.ftz (flushing
- * results below 2^-126 to zero, which a probability of that size is in
- * every 16- and 32-bit output after the final scaling anyway), f64 exact.
- * The non-ftz exp2f adds a denormal-range rescale around every ex2. */
-__device__ __forceinline__ float nb_row_exp(float f, float m) {
+/* e^x of a float from the hardware 2^x (ex2.approx.ftz, about 2 ulp
+ * relative for normal results): x log2 e is rounded to p, and the rounding
+ * error of that product, c = x log2 e - p (exact from one fma, plus x times
+ * the error of the constant), is put back as 2^p (1 + c ln 2). Without the
+ * correction the error grows with |x| (x = -80: 2^-24 * 80 * 1.44, about 115
+ * ulp); with it the result stays within about 3 ulp of e^x (the standard
+ * expf's 2), at two fmas and a multiply more. Results below 2^-126 flush to
+ * zero: only used where such a value is a negligible term of a sum or a
+ * probability under that size. */
+#define NB_LOG2E_F 1.44269502162933349609375f  /* log2(e) rounded to f32 */
+#define NB_LOG2E_LO 1.925962989e-08f           /* log2(e) - NB_LOG2E_F */
+__device__ __forceinline__ float nb_ex2_ftz(float p) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"((f - m) * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(p));
   return y;
 }
-__device__ __forceinline__ double nb_row_exp(double f, double m) { return exp(f - m); }
+__device__ __forceinline__ float nb_exp_acc(float x) {
+  float p = x * NB_LOG2E_F;
+  float c = fmaf(x, NB_LOG2E_LO, fmaf(x, NB_LOG2E_F, -p));
+  float y = nb_ex2_ftz(p);
+  return c == c ? fmaf(y, c * 0.693147180559945309f, y) : y; /* x = +-inf: c is NaN, y exact */
+}
+
+/* exp on the accumulation type: f32 through nb_exp_acc, f64 exact. */
+__device__ __forceinline__ float nb_fast_exp(float x) { return nb_exp_acc(x); }
+__device__ __forceinline__ double nb_fast_exp(double x) { return exp(x); }
+
+/* exp(f - m) for softmax rows, the row maximum subtracted first (f - m is
+ * exact when f and m are within a factor of two, as they are for rows of
+ * large logits). Rows stored in f32 (PREC = 1) take nb_exp_acc. Rows stored
+ * in 16 bits take the bare ex2 of (f - m) log2 e: its error (below 2^-24 *
+ * 1.44 |f - m| + 2 ulp of f32, under 1e-5 relative for any representable
+ * probability) stays far under the output's rounding (2^-11 of f16, 2^-8 of
+ * bf16). f64: exact. */
+template <int PREC> __device__ __forceinline__ float nb_row_exp(float f, float m) {
+  return PREC ? nb_exp_acc(f - m) : nb_ex2_ftz((f - m) * NB_LOG2E_F);
+}
+template <int PREC> __device__ __forceinline__ double nb_row_exp(double f, double m) { return exp(f - m); }
+/* PREC for storage type T: 1 for f32 (and f64, which ignores it). */
+template <typename T> struct nb_row_prec { enum { value = sizeof(T) >= 4 }; };
 
 /* Pack loads and stores for rows read once and written once. 16-byte packs
  * load through the non-coherent path without L1 allocation (the operands

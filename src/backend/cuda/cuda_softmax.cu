@@ -40,11 +40,11 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_kernel(T *y, const T *x, 
       for (int k = 0; k < NB_ROW_CACHE; k++)
         if (tid + (int64_t)k * bd < D) s += nb_exp_(v[k] - m);
       s = nb_block_sum(s, smem);
-      A lse = m + nb_log_(s), inv = (A)1 / s;
+      A ls = nb_log_(s), inv = (A)1 / s; /* log: (x - m) - log s, never x - (m + log s) */
 #pragma unroll
       for (int k = 0; k < NB_ROW_CACHE; k++) {
         int64_t j = tid + (int64_t)k * bd;
-        if (j < D) yr[j * sy] = nb_from_d<T>(log_ ? v[k] - lse : nb_exp_(v[k] - m) * inv);
+        if (j < D) yr[j * sy] = nb_from_d<T>(log_ ? (v[k] - m) - ls : nb_exp_(v[k] - m) * inv);
       }
     } else {
       A m = -INFINITY, s = 0;
@@ -52,10 +52,10 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_kernel(T *y, const T *x, 
         nb_online_add(m, s, (A)nb_to_f(xr[j * sx]));
       }
       nb_online_merge(m, s, smem);
-      A lse = m + nb_log_(s), inv = (A)1 / s;
+      A ls = nb_log_(s), inv = (A)1 / s;
       for (int64_t j = tid; j < D; j += bd) {
         A v = (A)nb_to_f(xr[j * sx]);
-        yr[j * sy] = nb_from_d<T>(log_ ? v - lse : nb_exp_(v - m) * inv);
+        yr[j * sy] = nb_from_d<T>(log_ ? (v - m) - ls : nb_exp_(v - m) * inv);
       }
     }
   }
@@ -159,10 +159,12 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
         A f[VEC];
         nb_unpack(v[k], f);
 #pragma unroll
-        for (int e = 0; e < VEC; e++) s += nb_row_exp(f[e], m);
+        for (int e = 0; e < VEC; e++) s += nb_row_exp<nb_row_prec<T>::value>(f[e], m);
       }
     nb_grp_online(m, s, sm, tpr, bar);
-    A lse = m + nb_log_(s), inv = (A)1 / s;
+    /* log_softmax as (x - m) - log s: m + log s rounded first would cost
+     * an ulp of the logits (6e-5 at 1e3) in every output */
+    A ls = nb_log_(s), inv = (A)1 / s;
 #pragma unroll
     for (int k = 0; k < NCH; k++)
       if (t + k * tpr < nvec) {
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
         P o;
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o.v[e] = nb_from_d<T>(log_ ? f[e] - lse : nb_row_exp(f[e], m) * inv);
+          o.v[e] = nb_from_d<T>(log_ ? (f[e] - m) - ls : nb_row_exp<nb_row_prec<T>::value>(f[e], m) * inv);
         nb_st_row<STREAM>(yr + t + k * tpr, o);
       }
   }
@@ -217,7 +219,8 @@ __global__ void __launch_bounds__(1024) nb_softmax_bwd_rows(T *dx, const T *dy, 
         P o;
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o.v[e] = nb_from_d<T>(log_ ? fg[e] - nb_fast_exp(fy[e]) * s : fy[e] * (fg[e] - s));
+          o.v[e] = nb_from_d<T>(log_ ? fg[e] - nb_row_exp<nb_row_prec<T>::value>(fy[e], (A)0) * s
+                                     : fy[e] * (fg[e] - s));
         dxr[t + k * tpr] = o;
       }
   }

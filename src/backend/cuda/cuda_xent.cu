@@ -28,13 +28,26 @@ __device__ __forceinline__ void nb_flag_raise(int64_t *flag, int64_t value) {
   if (atomicCAS((unsigned long long *)flag, 0ull, 1ull) == 0ull) flag[1] = value;
 }
 
-/* A row's loss lse - (1-eps) x[t] - eps/C sum(x). The smoothing term is
- * left out when eps = 0: sum(x) is -inf for a row with masked logits, and
- * 0 * -inf would make the loss NaN. */
+/* A row's loss lse - (1-eps) x[t] - eps mean(x), lse = m + ls (m the row
+ * maximum, ls = log sum exp(x - m)), computed from differences of the
+ * logits only: (m - x[t]) + ls + eps (x[t] - mean), mean = x0 + sdx / C
+ * with sdx = sum(x - x0) over the row and x0 one of its logits. Forming
+ * lse or sum(x) first would cost an ulp of the logits' size (6e-5 in f32
+ * at logits near 1e3) in the loss. The smoothing term is left out when
+ * eps = 0: sdx is -inf for a row with masked logits, and 0 * -inf would
+ * make the loss NaN. */
 template <typename A>
-__device__ __forceinline__ A nb_xent_loss(const nb_xent_args &a, A lse, A xt, A sx) {
-  A out = lse - (A)(1.0 - a.smooth) * xt;
-  return a.smooth != 0.0 ? out - (A)(a.smooth / a.C) * sx : out;
+__device__ __forceinline__ A nb_xent_loss(const nb_xent_args &a, A m, A ls, A xt, A x0, A sdx) {
+  A out = (m - xt) + ls;
+  return a.smooth != 0.0 ? out + (A)a.smooth * ((xt - x0) - sdx / (A)a.C) : out;
+}
+
+/* The row's reference logit x0 for sdx: its first, or 0 when that is not
+ * finite (a masked logit) or the row is empty. */
+template <typename A, typename T>
+__device__ __forceinline__ A nb_xent_x0(const nb_xent_args &a, const T *xr) {
+  A v = a.C > 0 ? (A)nb_to_f(xr[0]) : (A)0;
+  return isfinite(v) ? v : (A)0;
 }
 
 /* loss = lse - (1-eps) x[t] - eps/C sum(x); ignored rows give 0. */
@@ -47,20 +60,21 @@ __global__ void __launch_bounds__(1024) nb_xent_fwd_kernel(nb_xent_args a, const
   int el = nb_dt_size(ldt), es = nb_dt_size(lsdt);
   for (int64_t r = blockIdx.x; r < a.N; r += gridDim.x) {
     const T *xr = logits + r * a.s_row;
+    const A x0 = nb_xent_x0<A>(a, xr);
     A m = -INFINITY, s = 0, sx = 0;
     for (int64_t j = tid; j < a.C; j += bd) {
       A v = (A)nb_to_f(xr[j * a.s_col]);
-      sx += v;
+      sx += v - x0;
       nb_online_add(m, s, v);
     }
     nb_online_merge(m, s, smem);
     sx = nb_block_sum(sx, smem);
     if (tid == 0) {
-      A l = m + nb_log_(s), out = 0;
+      A ls = nb_log_(s), l = m + ls, out = 0;
       int64_t t = a.tgt[r * a.s_tgt];
       if (t != a.ignore) {
         if (t < 0 || t >= a.C) nb_flag_raise(a.flag, t);
-        else out = nb_xent_loss(a, l, (A)nb_to_f(xr[t * a.s_col]), sx);
+        else out = nb_xent_loss(a, m, ls, (A)nb_to_f(xr[t * a.s_col]), x0, sx);
       }
       if (lse) nb_store_any(lse + r * s_lse * es, lsdt, (double)l);
       nb_store_any(loss + r * s_loss * el, ldt, (double)out);
@@ -68,7 +82,10 @@ __global__ void __launch_bounds__(1024) nb_xent_fwd_kernel(nb_xent_args a, const
   }
 }
 
-/* dlogits = dloss * (softmax - (1-eps) onehot - eps/C); ignored rows 0. */
+/* dlogits = dloss * (softmax - (1-eps) onehot - eps/C); ignored rows 0.
+ * softmax = exp(x - lse) from the saved lse, which carries its own
+ * rounding (an ulp of the logits' size); the training path (the fused
+ * kernels below) recomputes the row statistics instead. */
 template <typename T>
 __global__ void __launch_bounds__(1024) nb_xent_bwd_kernel(nb_xent_args a, T *dlog, int64_t sd_row, int64_t sd_col,
                                    const T *logits, const char *dloss, int dldt, int64_t s_dloss,
@@ -153,12 +170,16 @@ extern "C" nb_status nb_cuda_xent_bwd(const nb_kview *dlogits, const nb_kview *d
  * dlogits = dloss[row] * (softmax - onehot_smoothed): the logits are read
  * once (twice from L2 on the streaming path) and dlogits written once, so a
  * training step's cross-entropy costs one read and one write of the logits.
- * Float rows work in the log2 domain (u = x log2 e, exp2f); f64 rows in the
- * natural one with exp/log. */
+ * Float rows take exponentials in base 2 (the hardware ex2) of (x - m) L,
+ * m the row maximum: the difference first, exact for logits near each
+ * other, then the scaling (x L - m L would round both products to an ulp
+ * of their size, 1.2e-4 at logits near 1e3, and so every probability). The
+ * gradient's exponent (x - m) L - log2 S is one fma. f64 rows work in the
+ * natural base with exp/log (L = 1). */
 template <typename A> struct nb_xe;
 template <> struct nb_xe<float> {
-  static constexpr float L = 1.4426950408889634f; /* log2(e): u = x * L */
-  __device__ static float ex(float u) { return exp2f(u); }
+  static constexpr float L = NB_LOG2E_F; /* log2(e) */
+  __device__ static float ex(float u) { return nb_ex2_ftz(u); }
   __device__ static float lg(float s) { return log2f(s); }
 };
 template <> struct nb_xe<double> {
@@ -203,10 +224,11 @@ __device__ __forceinline__ void nb_xent_block_sum2(A &x, A &y, A *smem) {
   y = nb_warp_sum(y);
 }
 
-/* Per-row constants of the gradient once lse2 (log2 domain) is known:
- * dlogits[j] = g * exp(x_j - lse) - gb - (j == t ? gh : 0). Thread 0 also
- * stores loss and lse and raises the flag for a bad target. */
-template <typename A> struct nb_xent_row { A lse2, g, gb, gh; int64_t t; int valid; };
+/* Per-row constants of the gradient once the row maximum m and ls2 = log2
+ * sum 2^((x - m) L) are known: dlogits[j] = g * 2^((x_j - m) L - ls2) - gb
+ * - (j == t ? gh : 0). Thread 0 also stores loss and lse and raises the
+ * flag for a bad target. */
+template <typename A> struct nb_xent_row { A m, ls2, g, gb, gh; int64_t t; int valid; };
 
 /* N_valid: the rows whose target is not ignore_index, counted by the
  * whole block from L2 (an integer count, so exact). */
@@ -270,8 +292,7 @@ __device__ void nb_xent_reduce_last(const nb_xent_args &a, const nb_xent_io &io,
   }
 }
 
-/* The row gradient scale: 1/N_valid for a mean, else 1; correctly rounded
- * (the file builds with fast math, whose f32 division is approximate). */
+/* The row gradient scale: 1/N_valid for a mean, else 1; correctly rounded. */
 __device__ __forceinline__ float nb_xent_rcp(float n) { return __frcp_rn(n); }
 __device__ __forceinline__ double nb_xent_rcp(double n) { return __drcp_rn(n); }
 template <typename A> __device__ __forceinline__ A nb_xent_scale(const nb_xent_io &io, int64_t nvalid) {
@@ -280,17 +301,18 @@ template <typename A> __device__ __forceinline__ A nb_xent_scale(const nb_xent_i
 
 template <typename T, typename A>
 __device__ __forceinline__ nb_xent_row<A> nb_xent_finish(const nb_xent_args &a, const nb_xent_io &io,
-                                                          int64_t r, const T *xr, A M2, A S, A sx,
-                                                          A scale, int lead = threadIdx.x == 0) {
+                                                          int64_t r, const T *xr, A M, A S, A sdx,
+                                                          A x0, A scale, int lead = threadIdx.x == 0) {
   nb_xent_row<A> w;
-  w.lse2 = M2 + nb_xe<A>::lg(S);
+  w.m = M;
+  w.ls2 = nb_xe<A>::lg(S);
   w.t = a.tgt[r * a.s_tgt];
   int valid = w.valid = w.t != a.ignore && w.t >= 0 && w.t < a.C;
   if (lead) {
-    A l = w.lse2 / nb_xe<A>::L, out = 0;
+    A ls = w.ls2 / nb_xe<A>::L, l = M + ls, out = 0;
     if (w.t != a.ignore) {
       if (!valid) nb_flag_raise(a.flag, w.t);
-      else out = nb_xent_loss(a, l, (A)nb_to_f(xr[w.t * a.s_col]), sx);
+      else out = nb_xent_loss(a, M, ls, (A)nb_to_f(xr[w.t * a.s_col]), x0, sdx);
     }
     if (io.lse) nb_store_any(io.lse + r * io.s_lse * nb_dt_size(io.lsdt), io.lsdt, (double)l);
     nb_store_any(io.loss + r * io.s_loss * nb_dt_size(io.ldt), io.ldt, (double)out);
@@ -306,7 +328,7 @@ __device__ __forceinline__ nb_xent_row<A> nb_xent_finish(const nb_xent_args &a, 
 template <typename A>
 __device__ __forceinline__ A nb_xent_grad(const nb_xent_row<A> &w, A x, int64_t j) {
   if (!w.valid) return (A)0;
-  A d = w.g * nb_xe<A>::ex(x * nb_xe<A>::L - w.lse2) - w.gb;
+  A d = w.g * nb_xe<A>::ex(fma(x - w.m, nb_xe<A>::L, -w.ls2)) - w.gb;
   return j == w.t ? d - w.gh : d;
 }
 
@@ -323,16 +345,17 @@ __global__ void __launch_bounds__(1024) nb_xent_fused_kernel(nb_xent_args a, nb_
   const A scale = nb_xent_scale<A>(io, cnt);
   for (int64_t r = blockIdx.x; r < a.N; r += gridDim.x) {
     const T *xr = logits + r * a.s_row;
+    const A x0 = nb_xent_x0<A>(a, xr);
     A m = -INFINITY, s = 0, sx = 0;
     for (int64_t j = tid; j < a.C; j += bd) {
-      A v = (A)nb_to_f(xr[j * a.s_col]), u = v * nb_xe<A>::L;
-      sx += v;
-      nb_online_add(m, s, u, [](A d) { return nb_xe<A>::ex(d); });
+      A v = (A)nb_to_f(xr[j * a.s_col]);
+      sx += v - x0;
+      nb_online_add(m, s, v, [](A d) { return nb_xe<A>::ex(d * nb_xe<A>::L); });
     }
     A M = nb_block_max(m, smem);
-    s = s == (A)0 ? (A)0 : s * nb_xe<A>::ex(m - M);
+    s = s == (A)0 ? (A)0 : s * nb_xe<A>::ex((m - M) * nb_xe<A>::L);
     nb_xent_block_sum2(s, sx, smem);
-    nb_xent_row<A> w = nb_xent_finish(a, io, r, xr, M, s, sx, scale);
+    nb_xent_row<A> w = nb_xent_finish(a, io, r, xr, M, s, sx, x0, scale);
     T *dr = dlog + r * sd_row;
     for (int64_t j = tid; j < a.C; j += bd)
       dr[j * sd_col] = nb_from_d<T>(nb_xent_grad(w, (A)nb_to_f(xr[j * a.s_col]), j));
@@ -376,6 +399,7 @@ __global__ void __launch_bounds__(1024) nb_xent_fused_vec_kernel(nb_xent_args a,
     const uint4 *xv = (const uint4 *)xr;
     uint4 *dv = (uint4 *)(dlog + r * sd_row);
     nb_xvec<T> c[NV > 0 ? NV : 1];
+    const A x0 = nb_xent_x0<A>(a, xr);
     A m = -INFINITY, s = 0, sx = 0, M;
     if (NV > 0) {
 #pragma unroll
@@ -396,15 +420,15 @@ __global__ void __launch_bounds__(1024) nb_xent_fused_vec_kernel(nb_xent_args a,
         if (tid + k * bd < nvec)
 #pragma unroll
           for (int e = 0; e < E; e++) m = fmax(m, (A)nb_to_f(c[k].e[e]));
-      M = nb_block_max(m * nb_xe<A>::L, smem);
+      M = nb_block_max(m, smem);
 #pragma unroll
       for (int k = 0; k < NV; k++)
         if (tid + k * bd < nvec)
 #pragma unroll
           for (int e = 0; e < E; e++) {
             A v = (A)nb_to_f(c[k].e[e]);
-            sx += v;
-            s += nb_xe<A>::ex(v * nb_xe<A>::L - M);
+            sx += v - x0;
+            s += nb_xe<A>::ex((v - M) * nb_xe<A>::L);
           }
     } else {
       for (int i = tid; i < nvec; i += bd) { /* online: rescale when the max grows */
@@ -412,20 +436,20 @@ __global__ void __launch_bounds__(1024) nb_xent_fused_vec_kernel(nb_xent_args a,
         q.u = xv[i];
         A vm = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < E; e++) vm = fmax(vm, (A)nb_to_f(q.e[e]) * nb_xe<A>::L);
-        if (vm > m) { s = s == (A)0 ? (A)0 : s * nb_xe<A>::ex(m - vm); m = vm; }
+        for (int e = 0; e < E; e++) vm = fmax(vm, (A)nb_to_f(q.e[e]));
+        if (vm > m) { s = s == (A)0 ? (A)0 : s * nb_xe<A>::ex((m - vm) * nb_xe<A>::L); m = vm; }
 #pragma unroll
         for (int e = 0; e < E; e++) {
           A v = (A)nb_to_f(q.e[e]);
-          sx += v;
-          if (m != (A)-INFINITY) s += nb_xe<A>::ex(v * nb_xe<A>::L - m); /* all -inf so far: 0 */
+          sx += v - x0;
+          if (m != (A)-INFINITY) s += nb_xe<A>::ex((v - m) * nb_xe<A>::L); /* all -inf so far: 0 */
         }
       }
       M = nb_block_max(m, smem);
-      s = s == (A)0 ? (A)0 : s * nb_xe<A>::ex(m - M);
+      s = s == (A)0 ? (A)0 : s * nb_xe<A>::ex((m - M) * nb_xe<A>::L);
     }
     nb_xent_block_sum2(s, sx, smem);
-    nb_xent_row<A> w = nb_xent_finish(a, io, r, xr, M, s, sx, scale);
+    nb_xent_row<A> w = nb_xent_finish(a, io, r, xr, M, s, sx, x0, scale);
     if (NV > 0) {
 #pragma unroll
       for (int k = 0; k < NV; k++) {
@@ -475,6 +499,7 @@ __global__ void __launch_bounds__(512, 2) nb_xent_fused_pair_kernel(nb_xent_args
     const uint4 *xv = (const uint4 *)xr;
     uint4 *dv = (uint4 *)(dlog + r * sd_row);
     nb_xvec<T> c[NV];
+    const A x0 = nb_xent_x0<A>(a, xr);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
       int i = v0 + tid + k * bd;
@@ -491,7 +516,7 @@ __global__ void __launch_bounds__(512, 2) nb_xent_fused_pair_kernel(nb_xent_args
       if (v0 + tid + k * bd < v1)
 #pragma unroll
         for (int e = 0; e < E; e++) m = fmax(m, (A)nb_to_f(c[k].e[e]));
-    A Mh = nb_block_max(m * nb_xe<A>::L, smem);
+    A Mh = nb_block_max(m, smem);
     if (tid == 0) xch[0] = Mh;
     cl.sync();
     A M = fmax(Mh, peer[0]);
@@ -501,14 +526,14 @@ __global__ void __launch_bounds__(512, 2) nb_xent_fused_pair_kernel(nb_xent_args
 #pragma unroll
         for (int e = 0; e < E; e++) {
           A v = (A)nb_to_f(c[k].e[e]);
-          sx += v;
-          s += nb_xe<A>::ex(v * nb_xe<A>::L - M);
+          sx += v - x0;
+          s += nb_xe<A>::ex((v - M) * nb_xe<A>::L);
         }
     nb_xent_block_sum2(s, sx, smem);
     if (tid == 0) { xch[1] = s; xch[2] = sx; }
     cl.sync();
     A S = rank ? peer[1] + s : s + peer[1], SX = rank ? peer[2] + sx : sx + peer[2];
-    nb_xent_row<A> w = nb_xent_finish(a, io, r, xr, M, S, SX, scale, tid == 0 && rank == 0);
+    nb_xent_row<A> w = nb_xent_finish(a, io, r, xr, M, S, SX, x0, scale, tid == 0 && rank == 0);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
       int i = v0 + tid + k * bd;
