@@ -17,50 +17,90 @@
 #endif
 
 #include "backend/cpu/cpu_iter.h"
+#include "backend/cpu/cpu_vmath.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/core.h"
 
 #define TILE NB_CPU_TILE
 
-/* ---- scalar helpers, one set per float compute type ------------------- */
-#define MF(name) name##f /* float libm names */
+/* ---- the math of each float compute type ------------------------------
+ * f32 (and f16/bf16, computed in f32): the vectorisable functions of
+ * cpu_vmath.h, each within 1 ulp of the exact value. f64: libm, in forms
+ * that avoid cancellation (erfc for 1 + erf of a negative argument, the
+ * sigmoid form of 0.5 (1 + tanh u), softplus without a threshold). */
+#define MF(name) name##f /* float libm names (exact ops: fabs, sqrt, floor, ...) */
 #define MD(name) name       /* double libm names */
+#define exp_f nb_vm_expf
+#define log_f nb_vm_logf
+#define log1p_f nb_vm_log1pf
+#define expm1_f nb_vm_expm1f
+#define tanh_f nb_vm_tanhf
+#define sigmoid_f nb_vm_sigmoidf
+#define silu_f nb_vm_siluf
+#define silu_d_f nb_vm_silu_df
+#define softplus_f nb_vm_softplusf
+#define gelu_tanh_f nb_vm_gelu_tanhf
+#define gelu_tanh_d_f nb_vm_gelu_tanh_df
+#define exp_d exp
+#define log_d log
+#define log1p_d log1p
+#define expm1_d expm1
+#define tanh_d tanh
 
-#define DEF_HELPERS(T, SUF, M)                                                        \
-  /* 1/(1+e^-x) without overflow: exp of a non-positive argument only */            \
-  static inline T sigmoid_##SUF(T x) {                                               \
-    T e = M(exp)(-M(fabs)(x));                                                       \
-    return x >= 0 ? (T)1 / ((T)1 + e) : e / ((T)1 + e);                              \
-  }                                                                                  \
-  static inline T softplus_##SUF(T x) { return x > (T)20 ? x : M(log1p)(M(exp)(x)); } \
-  static inline T gelu_erf_##SUF(T x) {                                              \
-    return (T)0.5 * x * ((T)1 + M(erf)(x * (T)0.70710678118654752440));             \
-  }                                                                                  \
-  static inline T gelu_tanh_##SUF(T x) {                                             \
-    T u = (T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x);                 \
-    return (T)0.5 * x * ((T)1 + M(tanh)(u));                                         \
-  }                                                                                  \
-  /* Phi(x) + x phi(x) */                                                            \
-  static inline T gelu_erf_d_##SUF(T x) {                                            \
-    T cdf = (T)0.5 * ((T)1 + M(erf)(x * (T)0.70710678118654752440));                \
-    return cdf + x * (T)0.39894228040143267794 * M(exp)((T)-0.5 * x * x);            \
-  }                                                                                  \
-  /* d/dx of 0.5x(1+tanh(u)), u = k(x + c x^3) */                                    \
-  static inline T gelu_tanh_d_##SUF(T x) {                                           \
-    const T k = (T)0.79788456080286535588, c = (T)0.044715;                          \
-    T t = M(tanh)(k * (x + c * x * x * x));                                          \
-    return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * k * ((T)1 + (T)3 * c * x * x); \
-  }                                                                                  \
-  static inline T silu_d_##SUF(T x) {                                                \
-    T s = sigmoid_##SUF(x);                                                          \
-    return s * ((T)1 + x * ((T)1 - s));                                              \
-  }                                                                                  \
-  /* NaN in either operand gives NaN (a + b carries it) */                           \
+#define GELU_K 0.79788456080286535588 /* sqrt(2 / pi) */
+#define GELU_C 0.044715
+
+/* s = 1/(1+e^-x) and 1 - s, exp of a non-positive argument only */
+static inline void sigmoid2_d(double x, double *s, double *sc) {
+  double a = exp(-fabs(x)), big = 1 / (1 + a), small = a * big;
+  *s = x >= 0 ? big : small;
+  *sc = x >= 0 ? small : big;
+}
+static inline double sigmoid_d(double x) {
+  double s, sc;
+  sigmoid2_d(x, &s, &sc);
+  return s;
+}
+static inline double silu_d(double x) { return x * sigmoid_d(x); }
+static inline double silu_d_d(double x) {
+  double s, sc;
+  sigmoid2_d(x, &s, &sc);
+  return s + x * s * sc;
+}
+/* log(1 + e^x) = log1p(e^-|x|) + max(x, 0): exact everywhere, no threshold */
+static inline double softplus_d(double x) { return log1p(exp(-fabs(x))) + (x > 0 ? x : 0); }
+/* 0.5 x (1 + tanh u) = x sigmoid(2u), u = k (x + c x^3) */
+static inline double gelu_tanh_d(double x) {
+  return x * sigmoid_d(2 * GELU_K * x * (1 + GELU_C * x * x));
+}
+static inline double gelu_tanh_d_d(double x) {
+  double s, sc, x2 = x * x;
+  sigmoid2_d(2 * GELU_K * x * (1 + GELU_C * x2), &s, &sc);
+  return s + x * 2 * GELU_K * (1 + 3 * GELU_C * x2) * s * sc;
+}
+
+/* GELU, erf form: x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2 (no cancellation
+ * for negative x); f32 goes through double (the scaled argument's rounding
+ * would cost ulps in the tail) with libm's erfc, not vectorised */
+static inline double gelu_erf_d(double x) { return 0.5 * x * erfc(-x * 0.70710678118654752440); }
+/* Phi(x) + x phi(x) */
+static inline double gelu_erf_d_d(double x) {
+  return 0.5 * erfc(-x * 0.70710678118654752440) +
+         x * 0.39894228040143267794 * exp(-0.5 * x * x);
+}
+static inline float gelu_erf_f(float x) { return (float)gelu_erf_d(x); }
+static inline float gelu_erf_d_f(float x) {
+  double xd = x;
+  return (float)(0.5 * erfc(-xd * 0.70710678118654752440) +
+                 xd * 0.39894228040143267794 * exp(-0.5 * xd * xd));
+}
+
+/* NaN in either operand gives NaN (a + b carries it) */
+#define DEF_MINMAX(T, SUF)                                                           \
   static inline T max_##SUF(T a, T b) { return a != a || b != b ? a + b : a > b ? a : b; } \
   static inline T min_##SUF(T a, T b) { return a != a || b != b ? a + b : a < b ? a : b; }
-
-DEF_HELPERS(float, f, MF)
-DEF_HELPERS(double, d, MD)
+DEF_MINMAX(float, f)
+DEF_MINMAX(double, d)
 
 /* ---- dense array kernels (y may alias an input: same index only) ------- */
 #define MAP1(T, E)                                                                   \
@@ -75,22 +115,22 @@ DEF_HELPERS(double, d, MD)
     switch (op) {                                                                    \
     case NB_UOP_NEG: MAP1(T, -x);                                                    \
     case NB_UOP_ABS: MAP1(T, M(fabs)(x));                                            \
-    case NB_UOP_EXP: MAP1(T, M(exp)(x));                                             \
-    case NB_UOP_LOG: MAP1(T, M(log)(x));                                             \
-    case NB_UOP_LOG1P: MAP1(T, M(log1p)(x));                                         \
-    case NB_UOP_EXPM1: MAP1(T, M(expm1)(x));                                         \
+    case NB_UOP_EXP: MAP1(T, exp_##SUF(x));                                          \
+    case NB_UOP_LOG: MAP1(T, log_##SUF(x));                                          \
+    case NB_UOP_LOG1P: MAP1(T, log1p_##SUF(x));                                      \
+    case NB_UOP_EXPM1: MAP1(T, expm1_##SUF(x));                                      \
     case NB_UOP_SQRT: MAP1(T, M(sqrt)(x));                                           \
     case NB_UOP_RSQRT: MAP1(T, (T)1 / M(sqrt)(x));                                   \
     case NB_UOP_SQUARE: MAP1(T, x * x);                                              \
     case NB_UOP_RECIPROCAL: MAP1(T, (T)1 / x);                                       \
     case NB_UOP_SIN: MAP1(T, M(sin)(x));                                             \
     case NB_UOP_COS: MAP1(T, M(cos)(x));                                             \
-    case NB_UOP_TANH: MAP1(T, M(tanh)(x));                                           \
+    case NB_UOP_TANH: MAP1(T, tanh_##SUF(x));                                        \
     case NB_UOP_SIGMOID: MAP1(T, sigmoid_##SUF(x));                                  \
     case NB_UOP_RELU: MAP1(T, x < 0 ? (T)0 : x); /* NaN passes through */            \
     case NB_UOP_GELU_ERF: MAP1(T, gelu_erf_##SUF(x));                                \
     case NB_UOP_GELU_TANH: MAP1(T, gelu_tanh_##SUF(x));                              \
-    case NB_UOP_SILU: MAP1(T, x * sigmoid_##SUF(x));                                 \
+    case NB_UOP_SILU: MAP1(T, silu_##SUF(x));                                        \
     case NB_UOP_SOFTPLUS: MAP1(T, softplus_##SUF(x));                                \
     case NB_UOP_SIGN: MAP1(T, x > 0 ? (T)1 : x < 0 ? (T)-1 : x); /* 0 and NaN kept */ \
     case NB_UOP_FLOOR: MAP1(T, M(floor)(x));                                         \
@@ -103,6 +143,11 @@ DEF_HELPERS(double, d, MD)
     }                                                                                \
   }
 
+/* The f32 functions run in double lanes: where the machine has 512-bit
+ * vectors, use them for this loop (GCC otherwise prefers 256 bits). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+__attribute__((target("prefer-vector-width=512")))
+#endif
 DEF_UOP(float, f, MF)
 DEF_UOP(double, d, MD)
 
