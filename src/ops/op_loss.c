@@ -8,12 +8,6 @@
 
 #include "ops/ops.h"
 
-static nb_status no_double_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  (void)g; (void)gin;
-  return nb_error_set(NB_ERR_UNSUPPORTED, "backward: second derivative of '%s' is not supported",
-                      n->name);
-}
-
 static int reduction_ok(const char *op, nb_reduction red) {
   if (red == NB_REDUCE_MEAN || red == NB_REDUCE_SUM || red == NB_REDUCE_NONE) return 1;
   nb_error_set(NB_ERR_VALUE, "%s: reduction %d (expected NB_REDUCE_MEAN, NB_REDUCE_SUM or "
@@ -99,7 +93,7 @@ static nb_status xent_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   nb_tensor *out = nb_mul(dx, nb_cast(gr, dx->dtype));
   nb_no_grad_end();
   /* a second derivative would need d(dlogits)/dlogits: refuse it */
-  if (out) nb_record("cross_entropy_backward", no_double_bw, 2,
+  if (out) nb_record("cross_entropy_backward", nb_no_double_backward, 2,
                      (const nb_tensor *const[]){g, n->inputs[0]}, out);
   gin[0] = nb_keep(out);
   nb_scope_end();

@@ -27,12 +27,6 @@ static void kview_1d(const nb_tensor *t, int64_t n, nb_kview *v) {
   v->strides[0] = 1;
 }
 
-static nb_status no_double_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  (void)g; (void)gin;
-  return nb_error_set(NB_ERR_UNSUPPORTED, "backward: second derivative of '%s' is not supported",
-                      n->name);
-}
-
 /* The op parameters and saved tensors of a norm node. */
 enum { NORM_IP_NNORM, NORM_IP_RMS };
 enum { NORM_SAVED_MEAN, NORM_SAVED_RSTD };
@@ -80,7 +74,7 @@ static nb_status norm_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   nb_tensor *outs[3] = {dx, dw, db};
   for (int i = 0; i < 3; i++) {
     if (st || !outs[i]) continue;
-    nb_record(name, no_double_bw, 3, (const nb_tensor *const[]){dy, x, n->inputs[1]}, outs[i]);
+    nb_record(name, nb_no_double_backward, 3, (const nb_tensor *const[]){dy, x, n->inputs[1]}, outs[i]);
     if (nb_node_needs_grad(n, i)) gin[i] = nb_retain(outs[i]);
   }
   nb_scope_end();

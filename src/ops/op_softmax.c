@@ -22,12 +22,6 @@ static void softmax_view(const nb_tensor *t, int a, nb_kview *v) {
   v->strides[v->ndim - 1] = st;
 }
 
-static nb_status no_double_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  (void)g; (void)gin;
-  return nb_error_set(NB_ERR_UNSUPPORTED, "backward: second derivative of '%s' is not supported",
-                      n->name);
-}
-
 /* dx from dy and the saved output y, in one kernel pass. An op of its own
  * whose second derivative is unsupported; it is only recorded when grad mode
  * is on, where softmax_bw composes instead (except for 0-d inputs). */
@@ -46,7 +40,7 @@ static nb_tensor *softmax_backward(const nb_tensor *g, const nb_tensor *y, int a
     }
   }
   if (dx)
-    nb_record(log ? "log_softmax_backward" : "softmax_backward", no_double_bw, 2,
+    nb_record(log ? "log_softmax_backward" : "softmax_backward", nb_no_double_backward, 2,
               (const nb_tensor *const[]){dy, y}, dx);
   nb_scope_end();
   return nb_autorelease(dx);

@@ -47,16 +47,9 @@ RULE(relu, nb_mul(g, nb_cast(nb_gt(x, nb_scalar(0, x->dtype, nb_device_of(x))), 
 RULE(softplus, nb_mul(g, nb_sigmoid(x)))
 RULE(zero, nb_zeros_like(x))
 
-/* The derivative kernels (GELU', SiLU') are ops without a backward of their
- * own: differentiating GELU twice reports that it is not supported. */
-static nb_status no_double_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  return nb_error_set(NB_ERR_UNSUPPORTED, "backward: second derivative of '%s' is not supported",
-                      n->name);
-}
-
 static nb_tensor *derivative(const char *name, nb_uop op, const nb_tensor *x) {
   nb_tensor *d = nb_op_unary_kernel(op, x, x->dtype);
-  if (d) nb_record(name, no_double_bw, 1, (const nb_tensor *const[]){x}, d);
+  if (d) nb_record(name, nb_no_double_backward, 1, (const nb_tensor *const[]){x}, d);
   return nb_autorelease(d);
 }
 
