@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h" /* the nabla tools' option parser (tools/cli.c) */
 #include "nabla.h"
 
 #define MN_CLASSES 10
@@ -74,15 +75,21 @@ static int mn_idx_read(const char *what, const char *path, int ndim, mn_idx *out
     free(b);
     return mn_fail(what, path, why);
   }
-  int64_t dims[3] = {1, 1, 1}, total = 1;
+  /* The product is checked against the data's length before each
+   * multiplication: three 32-bit sizes can overflow 64 bits. */
+  int64_t dims[3] = {1, 1, 1}, total = 1, data = len >= head ? (int64_t)(len - head) : 0;
+  int over = 0;
   for (int i = 0; i < ndim && len >= head; i++) {
     dims[i] = mn_be32(b + 4 + 4 * i);
-    total *= dims[i];
+    if (dims[i] && total > data / dims[i]) over = 1;
+    else total *= dims[i];
   }
-  if (len < head || total == 0 || (uint64_t)total != len - head) {
-    snprintf(why, sizeof why, "size mismatch: the header says %lld x %lld x %lld = %lld bytes of "
+  if (len < head || over || total == 0 || total != data) {
+    char prod[32] = "more than the file has";
+    if (!over) snprintf(prod, sizeof prod, "%lld", (long long)total);
+    snprintf(why, sizeof why, "size mismatch: the header says %lld x %lld x %lld = %s bytes of "
              "data, the file has %lld", (long long)dims[0], (long long)dims[1], (long long)dims[2],
-             (long long)total, (long long)(len >= head ? len - head : 0));
+             prod, (long long)data);
     free(b);
     return mn_fail(what, path, why);
   }
@@ -306,65 +313,50 @@ static void mn_usage(FILE *f) {
           "  --lr X                 (default 0.001, AdamW)\n"
           "  --limit N              use the first N training images\n"
           "  --seed N               (default 1)\n"
-          "  --device D             cpu, cuda, cuda:N (default cpu)\n");
-}
-
-static int mn_num(const char *opt, const char *s, double lo, double hi, double *out) {
-  char *end;
-  errno = 0;
-  double v = s ? strtod(s, &end) : NAN;
-  if (!s || !*s || *end || errno || !(v >= lo && v <= hi)) {
-    fprintf(stderr, "mnist: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, s ? s : "");
-    return MN_EXIT_USAGE;
-  }
-  *out = v;
-  return 0;
+          "  --device D             cpu, cuda, cuda:N (default cpu)\n"
+          "Values go as --opt VALUE or --opt=VALUE; -- ends the options.\n");
 }
 
 typedef struct {
   mn_opts o;
-  const char *model, *dir, *paths[4];
-  int n_paths;
+  const char *model, *dir, *device, *paths[4];
+  int n_paths, help;
 } mn_args;
 
-static int mn_option(mn_args *a, const char *opt, const char *v) {
-  double d;
-  int rc;
-  if (!strcmp(opt, "--model")) return a->model = v, 0;
-  if (!strcmp(opt, "--dir")) return a->dir = v, 0;
-  if (!strcmp(opt, "--device")) {
-    if (nb_device_parse(v, &a->o.dev) == NB_OK &&
-        (a->o.dev.type == NB_CPU || a->o.dev.index < nb_cuda_available()))
-      return 0;
-    fprintf(stderr, "mnist: --device '%s' is not an available device\n", v);
-    return MN_EXIT_USAGE;
-  }
-  if (!strcmp(opt, "--epochs")) return (rc = mn_num(opt, v, 1, 1000, &d)) ? rc : (a->o.epochs = (int)d, 0);
-  if (!strcmp(opt, "--batch")) return (rc = mn_num(opt, v, 1, 65536, &d)) ? rc : (a->o.batch = (int)d, 0);
-  if (!strcmp(opt, "--limit")) return (rc = mn_num(opt, v, 1, 1e12, &d)) ? rc : (a->o.limit = (int64_t)d, 0);
-  if (!strcmp(opt, "--seed")) return (rc = mn_num(opt, v, 0, 1e15, &d)) ? rc : (a->o.seed = (uint64_t)d, 0);
-  if (!strcmp(opt, "--lr")) return (rc = mn_num(opt, v, 1e-12, 10, &d)) ? rc : (a->o.lr = d, 0);
-  fprintf(stderr, "mnist: unknown option '%s'\n", opt);
-  return MN_EXIT_USAGE;
-}
-
+/* Options through the nabla tools' shared parser (tools/cli.c): --opt
+ * VALUE or --opt=VALUE, -- before paths that start with a dash. Returns 0,
+ * -1 for --help, or 2 after a message. */
 static int mn_parse(int argc, char **argv, mn_args *a) {
   memset(a, 0, sizeof *a);
   a->o = (mn_opts){1, 64, 1e-3, 0, 1, NB_DEVICE_CPU};
   a->model = "both";
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return mn_usage(stdout), -1;
-    if (!strncmp(argv[i], "--", 2)) {
-      if (i + 1 >= argc) return fprintf(stderr, "mnist: %s needs a value\n", argv[i]), MN_EXIT_USAGE;
-      int rc = mn_option(a, argv[i], argv[i + 1]);
-      if (rc) return rc;
-      i++;
-    } else if (a->n_paths < 4) a->paths[a->n_paths++] = argv[i];
-    else return fprintf(stderr, "mnist: unexpected argument '%s'\n", argv[i]), MN_EXIT_USAGE;
+  a->device = "cpu";
+  const cli_opt rows[] = {
+      CLI_OPT_CHOICE("model", &a->model, "mlp|cnn|both"),
+      CLI_OPT_STR("dir", &a->dir, 0),
+      CLI_OPT_STR("device", &a->device, 0),
+      CLI_OPT_NUM(CLI_INT, "epochs", &a->o.epochs, 1, 1000, 0),
+      CLI_OPT_NUM(CLI_INT, "batch", &a->o.batch, 1, 65536, 0),
+      CLI_OPT_REAL("lr", &a->o.lr, 0, 10, 1, 0),
+      CLI_OPT_NUM(CLI_I64, "limit", &a->o.limit, 1, INT64_MAX, 0),
+      CLI_OPT_NUM(CLI_U64, "seed", &a->o.seed, 0, INT64_MAX, 0),
+      CLI_OPT_FLAG("help", 'h', &a->help),
+  };
+  cli_spec spec = {.prog = "mnist", .opts = rows, .n_opts = sizeof rows / sizeof *rows,
+                   .pos = a->paths, .max_pos = 4};
+  int rc = cli_parse(&spec, argc, argv);
+  a->n_paths = spec.n_pos;
+  if (rc) return rc;
+  if (a->help) return mn_usage(stdout), -1;
+  if (nb_device_parse(a->device, &a->o.dev) != NB_OK ||
+      (a->o.dev.type == NB_CUDA && a->o.dev.index >= nb_cuda_available())) {
+    fprintf(stderr, "mnist: --device '%s' is not an available device (cpu, cuda, cuda:N)\n",
+            a->device);
+    return MN_EXIT_USAGE;
   }
-  if (strcmp(a->model, "mlp") && strcmp(a->model, "cnn") && strcmp(a->model, "both"))
-    return fprintf(stderr, "mnist: --model '%s': expected mlp, cnn or both\n", a->model), MN_EXIT_USAGE;
   if ((a->dir != NULL) == (a->n_paths == 4) || (a->dir && a->n_paths)) {
+    fprintf(stderr, "mnist: give --dir DIR or the four files, not %s\n",
+            a->dir ? "both" : a->n_paths ? "fewer" : "neither");
     mn_usage(stderr);
     return MN_EXIT_USAGE;
   }

@@ -125,9 +125,20 @@ static void test_bad_files(void) {
   snprintf(args, sizeof args, "--model mlp %s/train-images %s/train-labels %s/other-size "
            "%s/one-label", dir, dir, dir, dir);
   bad(args, "12x36");
+  /* sizes whose product overflows 64 bits: 4 x 2147549185 x 2147418113 =
+   * 2^64 + 4, which wrapped to the file's 4 bytes of data and was taken
+   * (then the library refused the model: exit 1; under UBSan an abort) */
+  unsigned char four[4] = {0, 1, 2, 3};
+  write_idx("overflow-images", 0x803, 3, (uint32_t[]){4, 2147549185u, 2147418113u}, four, 4);
+  write_idx("four-labels", 0x801, 1, (uint32_t[]){4}, four, 4);
+  snprintf(args, sizeof args, "--model mlp %s/overflow-images %s/four-labels %s/overflow-images "
+           "%s/four-labels", dir, dir, dir, dir);
+  bad(args, "size mismatch: the header says 4 x 2147549185 x 2147418113 = more than the file has");
   bad("--model rnn --dir /nonexistent", "rnn");
   bad("--epochs zero --dir /nonexistent", "--epochs");
   bad("--bogus 1 --dir /nonexistent", "--bogus");
+  bad("--epochs=zero --dir=/nonexistent", "--epochs expects an integer");
+  bad("--dir /nonexistent a", "not both");
 }
 
 int main(void) {

@@ -25,6 +25,7 @@
 #endif
 
 #include "backend/autotune.h"
+#include "cli.h"
 #include "nabla.h"
 #include "tool.h"
 #ifdef NABLA_HAVE_CUDA
@@ -832,6 +833,7 @@ static void bench_usage(FILE *f) {
           "  --list         print the case ids and exit\n"
           "  --seconds S    timed runs per case fill about S seconds (default 0.5, quick 0.1)\n"
           "  --rotate-mb MB input sets per case total at least MB (default 256, CPU quick 64)\n"
+          "Values go as --opt VALUE or --opt=VALUE; output files are checked first.\n"
           "\n"
           "NABLA_AUTOTUNE=1 times the GEMM candidates (the CPU GEMM's blockings; on CUDA\n"
           "the own sm_90a kernel's schedules: NABLA_GEMM=own for matmul, by default for\n"
@@ -848,39 +850,24 @@ static void bench_usage(FILE *f) {
 static int bench_parse(int argc, char **argv, bench_opts *o) {
   double seconds = -1, rotate_mb = -1;
   const char *device = "cpu";
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    int takes = !strcmp(a, "--device") || !strcmp(a, "--json") || !strcmp(a, "--md") ||
-                !strcmp(a, "--only") || !strcmp(a, "--seconds") || !strcmp(a, "--rotate-mb");
-    if (takes && !v) {
-      fprintf(stderr, "nabla bench: %s needs a value\n", a);
-      return NB_TOOL_EXIT_USAGE;
-    }
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bench_usage(stdout); return -1; }
-    else if (!strcmp(a, "--quick")) o->quick = 1;
-    else if (!strcmp(a, "--list")) o->list = 1;
-    else if (!strcmp(a, "--device")) device = v;
-    else if (!strcmp(a, "--json")) o->json_path = v;
-    else if (!strcmp(a, "--md")) o->md_path = v;
-    else if (!strcmp(a, "--only")) o->only = v;
-    else if (!strcmp(a, "--seconds")) seconds = atof(v);
-    else if (!strcmp(a, "--rotate-mb")) rotate_mb = atof(v);
-    else {
-      fprintf(stderr, "nabla bench: unknown option '%s'\n\n", a);
-      bench_usage(stderr);
-      return NB_TOOL_EXIT_USAGE;
-    }
-    i += takes;
-  }
+  int help = 0, rc;
+  const cli_opt rows[] = {
+      CLI_OPT_STR("device", &device, 0), CLI_OPT_STR("json", &o->json_path, 0),
+      CLI_OPT_STR("md", &o->md_path, 0), CLI_OPT_STR("only", &o->only, 0),
+      CLI_OPT_FLAG("quick", 0, &o->quick), CLI_OPT_FLAG("list", 0, &o->list),
+      CLI_OPT_REAL("seconds", &seconds, 0, 3600, 1, 0),
+      CLI_OPT_REAL("rotate-mb", &rotate_mb, 0, 1 << 20, 0, 0), CLI_OPT_FLAG("help", 'h', &help)};
+  cli_spec spec = {.prog = "nabla bench", .opts = rows, .n_opts = sizeof rows / sizeof *rows};
+  if ((rc = cli_parse(&spec, argc, argv))) return rc;
+  if (help) return bench_usage(stdout), -1;
   if (nb_device_parse(device, &o->dev) != NB_OK) {
-    fprintf(stderr, "nabla bench: %s\n", nb_last_error());
+    fprintf(stderr, "nabla bench: --device expects cpu, cuda or cuda:N, got '%s'\n", device);
     return NB_TOOL_EXIT_USAGE;
   }
-  if ((seconds != -1 && !(seconds > 0)) || (rotate_mb != -1 && !(rotate_mb >= 0))) {
-    fprintf(stderr, "nabla bench: --seconds must be > 0 and --rotate-mb >= 0\n");
-    return NB_TOOL_EXIT_USAGE;
-  }
+  /* the output files, before the cases run */
+  if ((o->json_path && (rc = cli_check_output("nabla bench", "--json", o->json_path))) ||
+      (o->md_path && (rc = cli_check_output("nabla bench", "--md", o->md_path))))
+    return rc;
   int cuda = o->dev.type == NB_CUDA;
   o->target_ms = 1e3 * (seconds > 0 ? seconds : o->quick ? 0.1 : 0.5);
   o->warm_ms = o->quick ? 20 : 100;

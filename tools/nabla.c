@@ -7,6 +7,7 @@
 #include <omp.h>
 #endif
 
+#include "cli.h"
 #include "nabla.h"
 #include "tool.h"
 
@@ -50,10 +51,13 @@ static void tool_usage(FILE *f) {
 }
 
 int nb_tool_info(int argc, char **argv) {
-  (void)argv;
-  if (argc > 1) {
-    fprintf(stderr, "nabla info: unexpected argument '%s'\n", argv[1]);
-    return NB_TOOL_EXIT_USAGE;
+  int help = 0;
+  const cli_opt rows[] = {CLI_OPT_FLAG("help", 'h', &help)};
+  cli_spec spec = {.prog = "nabla info", .opts = rows, .n_opts = 1};
+  int rc = cli_parse(&spec, argc, argv);
+  if (rc || help) {
+    if (help) printf("usage: nabla info\n\nPrints the version, devices and build configuration.\n");
+    return rc;
   }
   printf("nabla %s\n", NB_TOOL_VERSION);
 #ifdef _OPENMP

@@ -7,11 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "cli.h"
 #include "tool.h"
 #include "train.h"
 
@@ -33,40 +35,74 @@ static int train_fail(const char *what) {
 
 /* ---- data ------------------------------------------------------------------ */
 
-static int text_read(const char *path, unsigned char **bytes, int64_t *n) {
+/* The largest --data accepted: --max-data, else 1 GiB or half of the
+ * machine's memory if that is less (the tokens take one byte per input
+ * byte; an endless input such as /dev/zero fails in seconds). */
+#define TRAIN_MAX_DATA ((int64_t)1 << 30)
+static int64_t text_limit(const train_opts *o) {
+  if (o->max_data) return o->max_data;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  int64_t half = pages > 0 && page > 0 ? (int64_t)pages / 2 * page : TRAIN_MAX_DATA;
+  return half < TRAIN_MAX_DATA ? half : TRAIN_MAX_DATA;
+}
+
+static int text_too_large(const train_opts *o, int64_t limit) {
+  fprintf(stderr, "nabla train: --data '%s' is larger than %lld bytes (%.1f MiB), the limit %s\n",
+          o->data, (long long)limit, limit / 1048576.0,
+          o->max_data ? "set by --max-data" : "by default (1 GiB, or half this machine's memory "
+          "if less; --max-data SIZE sets another)");
+  return NB_TOOL_EXIT_USAGE;
+}
+
+/* Reads --data whole, refusing more than the limit: a regular file by its
+ * size before reading, anything else (a pipe, a device) as it arrives. */
+static int text_read(const train_opts *o, unsigned char **bytes, int64_t *n) {
+  const char *path = o->data;
+  int64_t limit = text_limit(o);
+  struct stat st;
   FILE *f = fopen(path, "rb");
-  if (!f) {
+  if (!f || fstat(fileno(f), &st)) {
     fprintf(stderr, "nabla train: cannot open --data '%s': %s\n", path, strerror(errno));
+    if (f) fclose(f);
     return NB_TOOL_EXIT_USAGE;
   }
-  size_t cap = 1 << 16, len = 0, got;
-  unsigned char *buf = malloc(cap);
-  while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
-    len += got;
-    if (len == cap) {
-      unsigned char *nb = realloc(buf, cap *= 2);
-      if (!nb) free(buf);
-      buf = nb;
-    }
+  if (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_size > limit)) {
+    fclose(f);
+    if (!S_ISDIR(st.st_mode)) return text_too_large(o, limit);
+    fprintf(stderr, "nabla train: --data '%s' is a directory; expected a text file\n", path);
+    return NB_TOOL_EXIT_USAGE;
   }
-  int err = ferror(f);
+  size_t len = 0, got, cap = S_ISREG(st.st_mode) ? (size_t)st.st_size + 1 : 1 << 16;
+  if (cap > (size_t)limit + 1) cap = (size_t)limit + 1;
+  unsigned char *buf = malloc(cap);
+  while (buf && len <= (size_t)limit && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+    if ((len += got) < cap) continue;
+    size_t grown = cap / 2 * 3 > (size_t)limit + 1 ? (size_t)limit + 1 : cap / 2 * 3;
+    unsigned char *nb = grown > cap ? realloc(buf, grown) : buf;
+    if (!nb) free(buf);
+    buf = nb, cap = grown;
+    if (grown == len) break; /* limit + 1 bytes read: too large */
+  }
+  int err = ferror(f) ? errno : 0;
   fclose(f);
+  if (buf && !err && len > (size_t)limit) return free(buf), text_too_large(o, limit);
   if (!buf || err) {
     fprintf(stderr, "nabla train: cannot read --data '%s': %s\n", path,
-            buf ? "read error" : "out of memory");
+            buf ? strerror(err ? err : EIO) : "out of memory");
     free(buf);
-    return NB_TOOL_EXIT_USAGE;
+    return buf ? NB_TOOL_EXIT_USAGE : NB_TOOL_EXIT_RUNTIME;
   }
   *bytes = buf;
   *n = (int64_t)len;
   return 0;
 }
 
-/* Loads --data: vocabulary of the distinct bytes, tokens, train/held-out split. */
+/* Loads --data: vocabulary of the distinct bytes, tokens (the bytes
+ * replaced by their ids, in place). */
 static int text_load(trainer *tr) {
   text_data *t = &tr->text;
   unsigned char *bytes;
-  int rc = text_read(tr->o.data, &bytes, &t->n);
+  int rc = text_read(&tr->o, &bytes, &t->n);
   if (rc) return rc;
   int present[256] = {0};
   for (int64_t i = 0; i < t->n; i++) present[bytes[i]] = 1;
@@ -74,10 +110,8 @@ static int text_load(trainer *tr) {
     t->byte_to_id[b] = present[b] ? t->vocab : -1;
     if (present[b]) t->id_to_byte[t->vocab++] = (unsigned char)b;
   }
-  t->tokens = malloc(sizeof *t->tokens * (size_t)(t->n ? t->n : 1));
-  for (int64_t i = 0; t->tokens && i < t->n; i++) t->tokens[i] = t->byte_to_id[bytes[i]];
-  free(bytes);
-  if (!t->tokens) return fprintf(stderr, "nabla train: out of memory\n"), NB_TOOL_EXIT_RUNTIME;
+  for (int64_t i = 0; i < t->n; i++) bytes[i] = (uint8_t)t->byte_to_id[bytes[i]];
+  t->tokens = bytes;
   if (t->vocab < 2) {
     fprintf(stderr, "nabla train: --data '%s' has %d distinct bytes; need at least 2\n",
             tr->o.data, t->vocab);
@@ -105,9 +139,11 @@ static void text_batch(const text_data *t, nb_rng *rng, int B, int T, int held_o
                        int64_t *y) {
   int64_t lo = held_out ? t->n_train : 0, hi = held_out ? t->n : t->n_train;
   for (int r = 0; r < B; r++) {
-    int64_t s = lo + (int64_t)tool_rand_below(rng, (uint64_t)(hi - lo - T));
-    memcpy(x + (int64_t)r * T, t->tokens + s, sizeof *x * (size_t)T);
-    memcpy(y + (int64_t)r * T, t->tokens + s + 1, sizeof *y * (size_t)T);
+    const uint8_t *s = t->tokens + lo + (int64_t)tool_rand_below(rng, (uint64_t)(hi - lo - T));
+    for (int i = 0; i < T; i++) {
+      x[(int64_t)r * T + i] = s[i];
+      y[(int64_t)r * T + i] = s[i + 1];
+    }
   }
 }
 
@@ -216,9 +252,12 @@ static int train_evaluate(trainer *tr, int64_t *x, int64_t *y, int final) {
       printf("held-out accuracy: %.2f%% (%d/%d exact answers, greedy decoding)\n", 100 * acc,
              (int)lround(acc * TRAIN_ADD_FINAL_N), TRAIN_ADD_FINAL_N);
   } else if (!tr->o.quiet) {
-    if (tr->is_text) fprintf(stderr, "eval step %lld: held-out loss %.4f\n", (long long)tr->step, loss);
-    else fprintf(stderr, "eval step %lld: held-out loss %.4f, accuracy %.1f%% (%d problems)\n",
-                 (long long)tr->step, loss, 100 * acc, TRAIN_ADD_EVAL_N);
+    /* on a terminal, the progress line is overwritten, not appended to */
+    const char *clear = tr->tty ? "\r\033[K" : "";
+    if (tr->is_text)
+      fprintf(stderr, "%seval step %lld: held-out loss %.4f\n", clear, (long long)tr->step, loss);
+    else fprintf(stderr, "%seval step %lld: held-out loss %.4f, accuracy %.1f%% (%d problems)\n",
+                 clear, (long long)tr->step, loss, 100 * acc, TRAIN_ADD_EVAL_N);
   }
   return 0;
 }
@@ -340,10 +379,37 @@ static int train_pick_threads(const trainer *tr) {
 #endif
 }
 
+/* Every output file is checked before the data is read and the first step
+ * runs: a bad path is bad input (exit 2), found before the work, not after. */
+static int train_check_outputs(const trainer *tr) {
+  const train_opts *o = &tr->o;
+  int rc = 0;
+  if (o->save_every && !o->save) {
+    fprintf(stderr, "nabla train: --save-every needs --save FILE (where the checkpoints go)\n");
+    return NB_TOOL_EXIT_USAGE;
+  }
+  if (o->save && (rc = cli_check_output("nabla train", "--save", o->save))) return rc;
+  if (o->save && o->data && !cli_utf8_valid(o->data)) {
+    fprintf(stderr, "nabla train: --data '%s': the path is not valid UTF-8, and a checkpoint "
+            "(--save) records it in its metadata, which must be; rename the file\n", o->data);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  if (o->no_svg) return 0;
+  /* the default curve goes under the run directory, made here */
+  if (!(o->set & OPT_SVG) && mkdir(TRAIN_DEFAULT_DIR, 0777) && errno != EEXIST) {
+    fprintf(stderr, "nabla train: cannot create the directory '%s' for %s: %s (--svg FILE or "
+            "--no-svg)\n", TRAIN_DEFAULT_DIR, o->svg, strerror(errno));
+    return NB_TOOL_EXIT_USAGE;
+  }
+  return cli_check_output("nabla train", "--svg", o->svg);
+}
+
 static int train_setup(trainer *tr) {
   int rc = train_pick_device(tr);
   if (!rc && tr->o.resume) rc = train_ckpt_open(tr);
+  if (!rc) rc = train_check_outputs(tr);
   if (rc) return rc;
+  tr->tty = isatty(fileno(stderr));
   tr->is_text = tr->o.data != NULL;
   if (tr->is_text && (rc = text_load(tr))) return rc;
   if (tr->is_text && tr->resume && (rc = train_ckpt_check_vocab(tr))) return rc;
@@ -402,9 +468,21 @@ static int train_evaluate_unprofiled(trainer *tr, int64_t *x, int64_t *y) {
   return rc;
 }
 
+/* --save-every: the checkpoint so far, replacing the last one atomically
+ * (the final one is written by train_report). */
+static int train_save_periodic(trainer *tr) {
+  int paused = nb_profile_running() && nb_profile_pause(1) == NB_OK;
+  int rc = train_ckpt_save(tr, tr->o.save);
+  if (!rc && !tr->o.quiet)
+    fprintf(stderr, "%scheckpoint: %s (step %lld)\n", tr->tty ? "\r\033[K" : "", tr->o.save,
+            (long long)tr->step);
+  if (paused && nb_profile_pause(0)) return train_fail("resuming the profiler");
+  return rc;
+}
+
 static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
   int64_t last = tr->o.stop_at ? tr->o.stop_at : tr->o.steps;
-  train_clock c = {tool_now(), 0, tr->step, isatty(fileno(stderr))};
+  train_clock c = {tool_now(), 0, tr->step, tr->tty};
   while (tr->step < last) {
     double loss = NAN;
     /* the first step allocates and warms up: profile the ones after it */
@@ -415,6 +493,9 @@ static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
     train_progress(tr, &c, loss, last);
     if (tr->o.eval_every && tr->step % tr->o.eval_every == 0 && tr->step < last &&
         train_evaluate_unprofiled(tr, x, y))
+      return NB_TOOL_EXIT_RUNTIME;
+    if (tr->o.save_every && tr->step % tr->o.save_every == 0 && tr->step < last &&
+        train_save_periodic(tr))
       return NB_TOOL_EXIT_RUNTIME;
   }
   *seconds = tool_now() - c.t0;
@@ -436,7 +517,7 @@ static int train_sample(const trainer *tr) {
   float *logits = malloc(sizeof *logits * (size_t)V);
   nb_rng rng = nb_rng_new(tr->o.seed ^ TRAIN_EVAL_SEED ^ 2);
   int rc = !seq || !logits;
-  if (!rc) memcpy(seq, t->tokens + t->n_train, sizeof *seq * (size_t)prompt);
+  for (int i = 0; !rc && i < prompt; i++) seq[i] = t->tokens[t->n_train + i];
   nb_no_grad_begin();
   for (int64_t len = prompt; len < total && !rc; len++) {
     int64_t ctx = len < T ? len : T;
@@ -478,18 +559,22 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
   fflush(stdout);
   int rc = train_evaluate(tr, x, y, 1);
   if (!rc && tr->is_text) rc = train_sample(tr);
-  if (!rc && !tr->o.no_svg) {
+  /* the outputs, each written even if something before it failed */
+  int rc_save = tr->o.save ? train_ckpt_save(tr, tr->o.save) : 0;
+  if (tr->o.save && !rc_save)
+    printf("checkpoint: %s (step %lld)\n", tr->o.save, (long long)tr->step);
+  int rc_svg = 0;
+  if (!tr->o.no_svg) {
     char title[128];
     snprintf(title, sizeof title, "nabla train: %s, %d layers, dim %d",
              tr->is_text ? "text" : "addition", tr->o.layers, tr->o.dim);
     if (tool_svg_loss(tr->o.svg, title, tr->loss, tr->step, tr->eval_step, tr->eval_loss,
-                      tr->n_eval))
+                      tr->n_eval)) {
       fprintf(stderr, "nabla train: cannot write --svg '%s': %s\n", tr->o.svg, strerror(errno));
-    else printf("loss curve: %s\n", tr->o.svg);
+      rc_svg = NB_TOOL_EXIT_RUNTIME;
+    } else printf("loss curve: %s\n", tr->o.svg);
   }
-  if (!rc && tr->o.save && !(rc = train_ckpt_save(tr, tr->o.save)))
-    printf("checkpoint: %s (step %lld)\n", tr->o.save, (long long)tr->step);
-  return rc;
+  return rc ? rc : rc_save ? rc_save : rc_svg;
 }
 
 static int train_run(trainer *tr) {
@@ -512,6 +597,7 @@ static void train_cleanup(trainer *tr) {
   nb_optim_free(tr->opt_plain);
   gpt_free(tr->model);
   if (tr->resume) nb_st_close(tr->resume);
+  free(tr->data_path);
   free(tr->text.tokens);
   free(tr->loss);
   free(tr->eval_step);

@@ -15,11 +15,18 @@ enum {
   OPT_LAYERS = 1 << 0, OPT_HEADS = 1 << 1, OPT_DIM = 1 << 2, OPT_CONTEXT = 1 << 3,
   OPT_BATCH = 1 << 4, OPT_STEPS = 1 << 5, OPT_LR = 1 << 6, OPT_WARMUP = 1 << 7,
   OPT_DIGITS = 1 << 8, OPT_SEED = 1 << 9, OPT_LOG_EVERY = 1 << 10, OPT_EVAL_EVERY = 1 << 11,
-  OPT_ACCUM = 1 << 12
+  OPT_ACCUM = 1 << 12, OPT_SVG = 1 << 13
 };
+
+/* The loss curve unless --svg says otherwise: under a run directory that
+ * nabla train creates (and .gitignore ignores), not beside the sources. */
+#define TRAIN_DEFAULT_DIR "runs"
+#define TRAIN_DEFAULT_SVG TRAIN_DEFAULT_DIR "/loss.svg"
 
 typedef struct {
   const char *data, *save, *resume, *svg, *device;
+  int64_t max_data;   /* largest --data in bytes; 0: the default (train.c) */
+  int64_t save_every; /* checkpoint to --save every N steps; 0: only at the end */
   int digits, layers, heads, dim, context, batch;
   int accum; /* micro-batches per step (gradient accumulation); divides batch */
   int64_t steps, stop_at, warmup, eval_every, log_every;
@@ -30,9 +37,10 @@ typedef struct {
 } train_opts;
 
 /* Character-level text: the file's distinct bytes are the vocabulary; the
- * last tenth (at least one context) is held out. */
+ * last tenth (at least one context) is held out. A vocabulary of bytes has
+ * at most 256 ids, so a token is one byte (the file's own size in memory). */
 typedef struct {
-  int64_t *tokens;
+  uint8_t *tokens;
   int64_t n, n_train;
   int vocab;
   unsigned char id_to_byte[256];
@@ -54,12 +62,18 @@ typedef struct {
   float *eval_loss;
   int n_eval, cap_eval;
   nb_st_file *resume; /* the checkpoint being resumed, until restored */
+  char *data_path;    /* o.data when it came from the checkpoint (owned) */
+  int tty;            /* stderr is a terminal: progress on one \r-line */
 } trainer;
 
 /* Parses argv into o (defaults for what is not given are filled in later by
  * train_resolve_defaults). Returns 0, or 2 after printing a message. */
 int train_parse(int argc, char **argv, train_opts *o);
 void train_usage(FILE *f);
+/* Checks the text s as a value of the option --name (its type and range)
+ * and stores it in dst (of the option's type); what names the source in
+ * the message. Returns 0, or 2 after printing a message. */
+int train_opt_value(const char *name, const char *what, const char *s, void *dst);
 /* Fills unset model and schedule options with defaults for the task and
  * device. */
 void train_resolve_defaults(train_opts *o, int is_text, int on_gpu);

@@ -135,36 +135,54 @@ static int ckpt_fail(const trainer *tr, const char *what, const char *detail) {
   return NB_TOOL_EXIT_USAGE;
 }
 
-static int ckpt_meta_u64(const trainer *tr, const char *key, uint64_t *out) {
+/* The metadata entry key, or NULL after a message. */
+static const char *ckpt_entry(const trainer *tr, const char *key) {
   const char *s = nb_st_metadata(tr->resume, key);
+  if (!s) ckpt_fail(tr, "missing metadata entry ", key);
+  return s;
+}
+
+/* The entry key checked as a value of the option of that name (the same
+ * type and range as on the command line) into dst. */
+static int ckpt_meta_opt(const trainer *tr, const char *key, void *dst) {
+  const char *s = ckpt_entry(tr, key);
+  char what[512];
+  if (!s) return NB_TOOL_EXIT_USAGE;
+  snprintf(what, sizeof what, "--resume %s: metadata \"%s\"", tr->o.resume, key);
+  return train_opt_value(key, what, s, dst) ? NB_TOOL_EXIT_USAGE : 0;
+}
+
+static int ckpt_meta_u64(const trainer *tr, const char *key, uint64_t *out) {
+  const char *s = ckpt_entry(tr, key);
   char *end;
-  if (!s) return ckpt_fail(tr, "missing metadata entry ", key);
+  if (!s) return NB_TOOL_EXIT_USAGE;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (!*s || *end || errno) return ckpt_fail(tr, "bad number in metadata entry ", key);
+  if (!*s || *end || errno || *s == '-') return ckpt_fail(tr, "bad number in metadata entry ", key);
   *out = v;
   return 0;
 }
 
 /* A model option: the checkpoint's value, which an explicit option must match. */
 static int ckpt_model_int(trainer *tr, const char *key, unsigned bit, int *field) {
-  uint64_t v;
-  if (ckpt_meta_u64(tr, key, &v)) return NB_TOOL_EXIT_USAGE;
-  if ((tr->o.set & bit) && (uint64_t)*field != v) {
-    fprintf(stderr, "nabla train: --%s %d disagrees with the checkpoint '%s' (%s %llu)\n", key,
-            *field, tr->o.resume, key, (unsigned long long)v);
+  int v;
+  if (ckpt_meta_opt(tr, key, &v)) return NB_TOOL_EXIT_USAGE;
+  if ((tr->o.set & bit) && *field != v) {
+    fprintf(stderr, "nabla train: --%s %d disagrees with the checkpoint '%s' (%s %d)\n", key,
+            *field, tr->o.resume, key, v);
     return NB_TOOL_EXIT_USAGE;
   }
-  *field = (int)v;
+  *field = v;
   tr->o.set |= bit;
   return 0;
 }
 
-/* A schedule option: the checkpoint's value unless given explicitly. */
-static int ckpt_sched_i64(trainer *tr, const char *key, unsigned bit, int64_t *field) {
-  uint64_t v;
-  if (ckpt_meta_u64(tr, key, &v)) return NB_TOOL_EXIT_USAGE;
-  if (!(tr->o.set & bit)) *field = (int64_t)v, tr->o.set |= bit;
+/* A schedule option: the checkpoint's value unless given explicitly. The
+ * entry is checked either way (a damaged checkpoint is refused). */
+static int ckpt_sched(trainer *tr, const char *key, unsigned bit, void *field, size_t size) {
+  int64_t v[2]; /* room for the widest option value */
+  if (ckpt_meta_opt(tr, key, v)) return NB_TOOL_EXIT_USAGE;
+  if (!(tr->o.set & bit)) memcpy(field, v, size), tr->o.set |= bit;
   return 0;
 }
 
@@ -175,32 +193,32 @@ static int ckpt_read_task(trainer *tr) {
   int text = !strcmp(task, "text");
   if (!text && tr->o.data)
     return ckpt_fail(tr, "the checkpoint is of the addition task, but --data was given", "");
-  if (text && !tr->o.data) tr->o.data = nb_st_metadata(tr->resume, "data");
-  if (text && !tr->o.data) return ckpt_fail(tr, "text checkpoint without a data path", "");
+  if (text && !tr->o.data) {
+    const char *data = nb_st_metadata(tr->resume, "data");
+    if (!data || !*data) return ckpt_fail(tr, "text checkpoint without a data path", "");
+    /* the metadata is freed once the checkpoint is restored; the path is
+     * used to the end (the description, the next checkpoint) */
+    if (!(tr->data_path = strdup(data)))
+      return fprintf(stderr, "nabla train: out of memory\n"), NB_TOOL_EXIT_RUNTIME;
+    tr->o.data = tr->data_path;
+  }
   return 0;
 }
 
 static int ckpt_read_schedule(trainer *tr) {
-  int64_t batch = tr->o.batch;
+  train_opts *o = &tr->o;
   uint64_t seed;
-  const char *lr = nb_st_metadata(tr->resume, "lr");
-  if (ckpt_sched_i64(tr, "steps", OPT_STEPS, &tr->o.steps) ||
-      ckpt_sched_i64(tr, "warmup", OPT_WARMUP, &tr->o.warmup) ||
-      ckpt_sched_i64(tr, "batch", OPT_BATCH, &batch) || ckpt_meta_u64(tr, "seed", &seed))
+  if (ckpt_sched(tr, "steps", OPT_STEPS, &o->steps, sizeof o->steps) ||
+      ckpt_sched(tr, "warmup", OPT_WARMUP, &o->warmup, sizeof o->warmup) ||
+      ckpt_sched(tr, "batch", OPT_BATCH, &o->batch, sizeof o->batch) ||
+      ckpt_sched(tr, "lr", OPT_LR, &o->lr, sizeof o->lr) || ckpt_meta_opt(tr, "seed", &seed))
     return NB_TOOL_EXIT_USAGE;
-  tr->o.batch = (int)batch;
   /* micro-batches per step; checkpoints written before --accum have none (1) */
-  if (!(tr->o.set & OPT_ACCUM)) {
-    int64_t accum = 1;
-    if (nb_st_metadata(tr->resume, "accum") && ckpt_sched_i64(tr, "accum", OPT_ACCUM, &accum))
-      return NB_TOOL_EXIT_USAGE;
-    tr->o.accum = accum >= 1 && accum <= (1 << 20) ? (int)accum : 0; /* 0 is refused later */
-    tr->o.set |= OPT_ACCUM;
-  }
-  if (!(tr->o.set & OPT_SEED)) tr->o.seed = seed;
-  if (!lr) return ckpt_fail(tr, "missing metadata entry ", "lr");
-  if (!(tr->o.set & OPT_LR)) tr->o.lr = strtod(lr, NULL), tr->o.set |= OPT_LR;
-  if (tr->o.lr <= 0) return ckpt_fail(tr, "bad learning rate in the metadata", "");
+  if (!(o->set & OPT_ACCUM)) o->accum = 1;
+  if (nb_st_metadata(tr->resume, "accum") && ckpt_sched(tr, "accum", OPT_ACCUM, &o->accum, sizeof o->accum))
+    return NB_TOOL_EXIT_USAGE;
+  o->set |= OPT_ACCUM;
+  if (!(o->set & OPT_SEED)) o->seed = seed;
   return 0;
 }
 
@@ -208,8 +226,12 @@ int train_ckpt_open(trainer *tr) {
   tr->resume = nb_safetensors_load(tr->o.resume);
   if (!tr->resume) return ckpt_fail(tr, "", nb_last_error());
   const char *fmt = nb_st_metadata(tr->resume, "format");
-  if (!fmt || strcmp(fmt, CKPT_FORMAT))
-    return ckpt_fail(tr, "not a nabla train checkpoint (format ", fmt ? fmt : "missing)");
+  if (!fmt || strcmp(fmt, CKPT_FORMAT)) {
+    fprintf(stderr, "nabla train: --resume %s: not a nabla train checkpoint (format %s%s%s, "
+            "expected '%s')\n", tr->o.resume, fmt ? "'" : "", fmt ? fmt : "missing",
+            fmt ? "'" : "", CKPT_FORMAT);
+    return NB_TOOL_EXIT_USAGE;
+  }
   uint64_t step, rs, ro;
   if (ckpt_read_task(tr) || ckpt_model_int(tr, "digits", OPT_DIGITS, &tr->o.digits) ||
       ckpt_model_int(tr, "context", OPT_CONTEXT, &tr->o.context) ||
@@ -219,6 +241,8 @@ int train_ckpt_open(trainer *tr) {
       ckpt_meta_u64(tr, "step", &step) || ckpt_meta_u64(tr, "data_rng_seed", &rs) ||
       ckpt_meta_u64(tr, "data_rng_offset", &ro))
     return NB_TOOL_EXIT_USAGE;
+  if (step > 1000000000) /* beyond any --steps: damaged */
+    return ckpt_fail(tr, "metadata \"step\" is beyond 1000000000 (the largest --steps)", "");
   tr->step = (int64_t)step;
   tr->data_rng.seed = rs;
   tr->data_rng.offset = ro;
