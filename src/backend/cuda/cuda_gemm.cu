@@ -10,10 +10,10 @@
  * layout is copied to a contiguous buffer first. Batch axes are coalesced;
  * one uniform batch stride (0 for a broadcast operand) becomes cuBLASLt's
  * strided batch, further batch axes a loop of calls. */
-#include <cublasLt.h>
 #include <pthread.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_blaslt.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/gemm_sm90.h"
@@ -95,7 +95,7 @@ static int lt_types(nb_dtype dt, nb_lt_types *t) {
 static nb_status lt_check(cublasStatus_t s, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return NB_OK;
   return nb_error_set(NB_ERR_BACKEND, "cuda matmul: %s failed: %s (status %d)", what,
-                      cublasLtGetStatusString(s), (int)s);
+                      nb_blaslt_status_string(s), (int)s);
 }
 
 /* One cuBLASLt call: D (m x n) = op(A) (m x k) op(B) (k x n), count batches. */
@@ -106,17 +106,17 @@ typedef struct {
   int64_t m, n, k, count, sA, sB, sD; /* batch strides in elements */
 } nb_lt_call;
 
-static nb_status lt_layout(cublasLtMatrixLayout_t *l, const nb_lt_types *t, const nb_lt_mat *mt,
-                           int64_t count, int64_t stride) {
-  nb_status st = lt_check(cublasLtMatrixLayoutCreate(l, t->dt, (uint64_t)mt->rows,
-                                                     (uint64_t)mt->cols, mt->ld), "layout");
+static nb_status lt_layout(const nb_blaslt_api *lt, cublasLtMatrixLayout_t *l, const nb_lt_types *t,
+                           const nb_lt_mat *mt, int64_t count, int64_t stride) {
+  nb_status st = lt_check(lt->MatrixLayoutCreate(l, t->dt, (uint64_t)mt->rows,
+                                              (uint64_t)mt->cols, mt->ld), "layout");
   if (st || count <= 1) return st;
   int32_t c = (int32_t)count;
-  st = lt_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c),
+  st = lt_check(lt->MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c),
                 "layout batch count");
   if (!st)
-    st = lt_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                    &stride, sizeof stride), "layout batch stride");
+    st = lt_check(lt->MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                               &stride, sizeof stride), "layout batch stride");
   return st;
 }
 
@@ -166,6 +166,8 @@ static void lt_cache_put(const lt_key *k, const cublasLtMatmulHeuristicResult_t 
 }
 
 static nb_status lt_run(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_lt_call *c) {
+  const nb_blaslt_api *lt = nb_blaslt(); /* loaded at the first product that needs it */
+  if (!lt) return nb_last_status();
   void *ws;
   size_t ws_bytes;
   cublasLtHandle_t h = (cublasLtHandle_t)nb_cuda_lt_handle(ctx, &ws, &ws_bytes);
@@ -173,13 +175,13 @@ static nb_status lt_run(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_l
   cublasLtMatmulDesc_t op = NULL;
   cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
   cublasLtMatmulPreference_t pref = NULL;
-  nb_status st = lt_check(cublasLtMatmulDescCreate(&op, t->compute, t->scale), "desc");
-  if (!st) st = lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &c->A.op, sizeof c->A.op), "transa");
-  if (!st) st = lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &c->B.op, sizeof c->B.op), "transb");
-  if (!st) st = lt_layout(&la, t, &c->A, c->count, c->sA);
-  if (!st) st = lt_layout(&lb, t, &c->B, c->count, c->sB);
-  if (!st) st = lt_layout(&ld, t, &c->D, c->count, c->sD);
-  if (!st) st = lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  nb_status st = lt_check(lt->MatmulDescCreate(&op, t->compute, t->scale), "desc");
+  if (!st) st = lt_check(lt->MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &c->A.op, sizeof c->A.op), "transa");
+  if (!st) st = lt_check(lt->MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &c->B.op, sizeof c->B.op), "transb");
+  if (!st) st = lt_layout(lt, &la, t, &c->A, c->count, c->sA);
+  if (!st) st = lt_layout(lt, &lb, t, &c->B, c->count, c->sB);
+  if (!st) st = lt_layout(lt, &ld, t, &c->D, c->count, c->sD);
+  if (!st) st = lt_check(lt->MatmulPreferenceCreate(&pref), "preference");
   uint32_t al[3] = {lt_align(c->pa, c->count > 1 ? c->sA * (int64_t)t->es : 0),
                     lt_align(c->pb, c->count > 1 ? c->sB * (int64_t)t->es : 0),
                     lt_align(c->pd, c->count > 1 ? c->sD * (int64_t)t->es : 0)};
@@ -187,17 +189,17 @@ static nb_status lt_run(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_l
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4 && !st; i++)
-    st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, keys[i], &al[i < 3 ? i : 2], sizeof(uint32_t)), "alignment");
+    st = lt_check(lt->MatmulPreferenceSetAttribute(pref, keys[i], &al[i < 3 ? i : 2], sizeof(uint32_t)), "alignment");
   if (!st)
-    st = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ws_bytes, sizeof ws_bytes), "workspace");
+    st = lt_check(lt->MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &ws_bytes, sizeof ws_bytes), "workspace");
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
   lt_key key;
   lt_key_of(&key, t, c, al);
   if (!st && lt_cache_find(&key, &heur)) found = 1;
   else if (!st) {
-    st = lt_check(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found), "heuristic");
+    st = lt_check(lt->MatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found), "heuristic");
     if (!st && found) lt_cache_put(&key, &heur);
   }
   if (!st && !found)
@@ -209,14 +211,14 @@ static nb_status lt_run(const nb_cuda_ctx *ctx, const nb_lt_types *t, const nb_l
     double d1 = 1.0, d0 = 0.0;
     const void *alpha = t->scale == CUDA_R_64F ? (const void *)&d1 : (const void *)&f1;
     const void *beta = t->scale == CUDA_R_64F ? (const void *)&d0 : (const void *)&f0;
-    st = lt_check(cublasLtMatmul(h, op, alpha, c->pa, la, c->pb, lb, beta, c->pd, ld, c->pd, ld,
-                                 &heur.algo, ws, ws_bytes, ctx->stream), "cublasLtMatmul");
+    st = lt_check(lt->Matmul(h, op, alpha, c->pa, la, c->pb, lb, beta, c->pd, ld, c->pd, ld,
+                             &heur.algo, ws, ws_bytes, ctx->stream), "cublasLtMatmul");
   }
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (ld) cublasLtMatrixLayoutDestroy(ld);
-  if (lb) cublasLtMatrixLayoutDestroy(lb);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (op) cublasLtMatmulDescDestroy(op);
+  if (pref) lt->MatmulPreferenceDestroy(pref);
+  if (ld) lt->MatrixLayoutDestroy(ld);
+  if (lb) lt->MatrixLayoutDestroy(lb);
+  if (la) lt->MatrixLayoutDestroy(la);
+  if (op) lt->MatmulDescDestroy(op);
   return st;
 }
 

@@ -14,8 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cublasLt.h>
-
+#include "backend/cuda/cuda_blaslt.h"
 #include "backend/cuda/cuda_common.cuh"
 
 #define NB_CUDA_MAX_DEVICES 16
@@ -364,8 +363,13 @@ void *nb_cuda_lt_handle(const nb_cuda_ctx *ctx, void **workspace, size_t *ws_byt
   nb_cuda_dev *s = &g_dev[ctx->dev];
   pthread_mutex_lock(&g_lock);
   if (!s->lt) {
+    const nb_blaslt_api *lt = nb_blaslt();
+    if (!lt) {
+      pthread_mutex_unlock(&g_lock);
+      return NULL;
+    }
     cublasLtHandle_t h;
-    cublasStatus_t cs = cublasLtCreate(&h);
+    cublasStatus_t cs = lt->Create(&h);
     if (cs != CUBLAS_STATUS_SUCCESS) {
       pthread_mutex_unlock(&g_lock);
       nb_error_set(NB_ERR_BACKEND, "cuda: cublasLtCreate failed (status %d)", (int)cs);
