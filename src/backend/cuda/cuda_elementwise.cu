@@ -200,35 +200,36 @@ template <typename T> __device__ __forceinline__ void nb_ew_store(nb_pack<T> *p,
 __device__ __forceinline__ float nb_rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double nb_rsqrt_(double x) { return rsqrt(x); }
 
-/* GELU, tanh form: 0.5 x (1 + tanh(u)), u = k (x + 0.044715 x^3). In f32
- * through the identity 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)): one
- * exponential and one division, no cancellation for x < 0 (where 1 +
- * tanh(u) loses every bit), within a few ulp of the exact value (the
- * standard expf and a correctly rounded division). e^(-2u) overflowing to
- * inf gives x / inf = -0 where the exact value is below 2^-126 * 1e-8
- * anyway. f64 keeps the accurate tanh. */
+/* GELU, tanh form: 0.5 x (1 + tanh(u)) = x s, u = k (x + 0.044715 x^3),
+ * s = 0.5 (1 + tanh(u)) = sigmoid(2u). s and 1 - s are both taken from
+ * t = e^(-2|u|) in (0, 1]: sigmoid(2|u|) = 1 / (1 + t) and sigmoid(-2|u|) =
+ * t / (1 + t), so neither 1 + tanh(u) (which loses every bit for x < 0)
+ * nor an overflowing e^(-2u) (which turned the far negative tail into 0 or
+ * NaN) appears: within a few ulp of the exact value over the whole range,
+ * down to the subnormals (the standard exp and correctly rounded
+ * divisions). */
 #define NB_GELU_K 0.79788456080286535588
-__device__ __forceinline__ float nb_gelu_tanh_(float x) {
-  float u = (float)NB_GELU_K * fmaf(0.044715f * x, x * x, x);
-  return x / (1.0f + expf(-2.0f * u));
+template <typename C> struct nb_gelu_s { C s, oms; }; /* s and 1 - s */
+template <typename C> __device__ __forceinline__ nb_gelu_s<C> nb_gelu_sig(C u) {
+  C t = exp((C)-2 * fabs(u)), hi = (C)1 / ((C)1 + t), lo = t * hi;
+  nb_gelu_s<C> r;
+  r.s = u >= 0 ? hi : lo;
+  r.oms = u >= 0 ? lo : hi;
+  return r;
 }
-__device__ __forceinline__ double nb_gelu_tanh_(double x) {
-  double u = NB_GELU_K * (x + 0.044715 * x * x * x);
-  return 0.5 * x * (1.0 + tanh(u));
+__device__ __forceinline__ float nb_gelu_u(float x) {
+  return (float)NB_GELU_K * fmaf(0.044715f * x, x * x, x);
 }
-/* d/dx: s + 2 x s (1 - s) k (1 + 0.134145 x^2), s = 1 / (1 + e^(-2u)) being
- * 0.5 (1 + tanh(u)); 1 - s = e^(-2u) s avoids the cancellation near s = 1. */
-__device__ __forceinline__ float nb_gelu_tanh_d_(float x) {
-  float x2 = x * x, u = (float)NB_GELU_K * fmaf(0.044715f * x, x2, x);
-  float e = expf(-2.0f * u);
-  if (e > 1e30f) return 0.0f; /* s and x s (1 - s) are both below 1e-28 */
-  float s = 1.0f / (1.0f + e);
-  return s + 2.0f * x * s * (e * s) * (float)NB_GELU_K * fmaf(0.134145f, x2, 1.0f);
+__device__ __forceinline__ double nb_gelu_u(double x) {
+  return NB_GELU_K * fma(0.044715 * x, x * x, x);
 }
-__device__ __forceinline__ double nb_gelu_tanh_d_(double x) {
-  double k = NB_GELU_K, x2 = x * x;
-  double t = tanh(k * (x + 0.044715 * x2 * x));
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 0.134145 * x2);
+template <typename C> __device__ __forceinline__ C nb_gelu_tanh_(C x) {
+  return x * nb_gelu_sig(nb_gelu_u(x)).s;
+}
+/* d/dx: s + 2 x s (1 - s) k (1 + 0.134145 x^2). */
+template <typename C> __device__ __forceinline__ C nb_gelu_tanh_d_(C x) {
+  nb_gelu_s<C> g = nb_gelu_sig(nb_gelu_u(x));
+  return g.s + (C)2 * x * g.s * g.oms * (C)NB_GELU_K * ((C)0.134145 * x * x + (C)1);
 }
 
 /* C is float or double. Formulas follow the CPU kernels' definitions. */
