@@ -7,7 +7,18 @@
 #include <stdlib.h>
 
 #define GPT_LN_EPS 1e-5
-#define GPT_INIT_STD 0.02
+#define GPT_EMB_STD 0.02 /* token and position embeddings */
+
+/* Standard deviation of the matrices that read the residual stream (qkv,
+ * fc): 1/sqrt(dim), the fan-in scale, so that q.k and the MLP's
+ * pre-activations start at order one whatever the width. GPT-2's fixed 0.02
+ * is that scale at width 2500; at the CPU default's width 64 it is 6x
+ * smaller, every attention score starts near zero, attention is uniform,
+ * and the gradient of the bilinear q.k vanishes with it: the addition task
+ * then sat on loss plateaus whose length depended on the seed (and on
+ * rounding), and the default run ended at 10% for seed 1 (bench/results/
+ * cpu-2026-11-24-default-recipe.md). */
+static double gpt_init_std(const gpt_config *c) { return 1.0 / sqrt((double)c->dim); }
 
 const char *gpt_config_check(const gpt_config *c) {
   static char msg[160];
@@ -66,19 +77,19 @@ static int gpt_block_params(gpt_model *m, int l, nb_rng *rng) {
   int64_t c = m->cfg.dim;
   /* Residual projections are scaled down so the residual stream's variance
    * does not grow with depth (GPT-2's 1/sqrt(2 * layers)). */
-  double res_std = GPT_INIT_STD / sqrt(2.0 * m->cfg.layers);
+  double std = gpt_init_std(&m->cfg), res_std = std / sqrt(2.0 * m->cfg.layers);
   char p[48];
   int ok = 1;
   snprintf(p, sizeof p, "h.%d.ln1", l);
   ok = ok && gpt_norm_params(m, p, &b->ln1_w, &b->ln1_b);
   snprintf(p, sizeof p, "h.%d.attn.qkv", l);
-  ok = ok && gpt_linear_params(m, p, 3 * c, c, GPT_INIT_STD, rng, &b->qkv_w, &b->qkv_b);
+  ok = ok && gpt_linear_params(m, p, 3 * c, c, std, rng, &b->qkv_w, &b->qkv_b);
   snprintf(p, sizeof p, "h.%d.attn.proj", l);
   ok = ok && gpt_linear_params(m, p, c, c, res_std, rng, &b->proj_w, &b->proj_b);
   snprintf(p, sizeof p, "h.%d.ln2", l);
   ok = ok && gpt_norm_params(m, p, &b->ln2_w, &b->ln2_b);
   snprintf(p, sizeof p, "h.%d.mlp.fc", l);
-  ok = ok && gpt_linear_params(m, p, 4 * c, c, GPT_INIT_STD, rng, &b->fc_w, &b->fc_b);
+  ok = ok && gpt_linear_params(m, p, 4 * c, c, std, rng, &b->fc_w, &b->fc_b);
   snprintf(p, sizeof p, "h.%d.mlp.proj", l);
   ok = ok && gpt_linear_params(m, p, c, 4 * c, res_std, rng, &b->out_w, &b->out_b);
   return ok;
@@ -88,8 +99,8 @@ static int gpt_all_params(gpt_model *m, nb_rng *rng) {
   int64_t te[2] = {m->cfg.vocab, m->cfg.dim}, pe[2] = {m->cfg.context, m->cfg.dim};
   /* Embeddings get no decay: the tied head reads wte too, and decaying rare
    * tokens' rows toward zero only hurts. */
-  m->wte = gpt_param(m, m->no_decay, "wte", 2, te, GPT_INIT_NORMAL, GPT_INIT_STD, rng);
-  m->wpe = gpt_param(m, m->no_decay, "wpe", 2, pe, GPT_INIT_NORMAL, GPT_INIT_STD, rng);
+  m->wte = gpt_param(m, m->no_decay, "wte", 2, te, GPT_INIT_NORMAL, GPT_EMB_STD, rng);
+  m->wpe = gpt_param(m, m->no_decay, "wpe", 2, pe, GPT_INIT_NORMAL, GPT_EMB_STD, rng);
   if (!m->wte || !m->wpe) return 0;
   for (int l = 0; l < m->cfg.layers; l++)
     if (!gpt_block_params(m, l, rng)) return 0;
