@@ -250,6 +250,8 @@ static void errors(void) {
 }
 
 int main(void) {
+  /* the fused kernels whatever the size (on CUDA small calls compose) */
+  setenv("NABLA_ATTENTION", "fused", 1);
   cpu_cases();
   errors();
   if (nb_cuda_available() > 0) {

@@ -179,24 +179,38 @@ static const nb_tensor *att_rows(const nb_tensor *t) {
   return t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] <= 1 ? t : nb_contiguous(t);
 }
 
-/* Whether the fused kernels take this call: no mask or dropout, one dtype,
- * the same batch axes on q, k and v (no broadcasting), a head dimension,
- * and NABLA_ATTENTION not set to "composed" (which forces the composition,
- * for comparisons). */
-static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
-                        const nb_tensor *mask, double p) {
-  static int forced = -1;
+/* NABLA_ATTENTION: "composed" or "fused" forces a path (for comparisons and
+ * tests); unset, the policy below. */
+static int att_forced(void) {
+  static int forced = -1; /* 0: policy, 1: composed, 2: fused */
   if (forced < 0) {
     const char *e = getenv("NABLA_ATTENTION");
-    forced = e && !strcmp(e, "composed");
+    forced = e && !strcmp(e, "composed") ? 1 : e && !strcmp(e, "fused") ? 2 : 0;
   }
-  if (forced || mask || p > 0) return 0;
+  return forced;
+}
+
+/* Whether the fused kernels take this call: no mask or dropout, one dtype,
+ * the same batch axes on q, k and v (no broadcasting), a head dimension.
+ * On CUDA, where the fused kernel is still the portable SIMT one, calls
+ * whose (.., Lq, Lk) scores would take under 128 MiB compose instead: there
+ * the tensor-core products of the composition are faster (train-compare's
+ * model, H100: 274k tokens/s fused, 329k composed), and the scores are
+ * small; above it the fused kernel keeps memory O(L) (GPT-2 small's shape
+ * needs it). */
+static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
+                        const nb_tensor *mask, double p) {
+  int forced = att_forced();
+  if (forced == 1 || mask || p > 0) return 0;
   if (k->dtype != q->dtype || v->dtype != q->dtype) return 0;
   if (k->ndim != q->ndim || v->ndim != q->ndim) return 0;
   if (memcmp(k->shape, q->shape, (size_t)(q->ndim - 2) * sizeof q->shape[0]) ||
       memcmp(v->shape, q->shape, (size_t)(q->ndim - 2) * sizeof q->shape[0]))
     return 0;
-  return q->shape[q->ndim - 1] > 0 && k->shape[k->ndim - 2] > 0;
+  if (q->shape[q->ndim - 1] <= 0 || k->shape[k->ndim - 2] <= 0) return 0;
+  if (forced == 2 || nb_device_of(q).type != NB_CUDA) return 1;
+  double scores = (double)nb_numel(q) / (double)q->shape[q->ndim - 1] * (double)k->shape[k->ndim - 2];
+  return scores * (double)nb_dtype_size(q->dtype) >= (double)(128 << 20);
 }
 
 static nb_status att_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
