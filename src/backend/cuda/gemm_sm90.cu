@@ -52,9 +52,10 @@
  *     timed per problem class with NABLA_AUTOTUNE=1 and the fastest cached
  *     (backend/autotune.h); candidate 0, the heuristic above, otherwise.
  * The device code exists only in the sm_90a pass; other passes compile an
- * empty kernel, and the host never launches it off a 9.0 device. */
-#include <cuda.h>
-#include <cudaTypedefs.h>
+ * empty kernel, and the host never launches it off a 9.0 device.
+ * This file holds the kernel, its launch and the autotuning runs; the
+ * host-side planning (TMA maps, which products fit, the split-K model and
+ * workspace, the schedule candidates) is in gemm_sm90_plan.cu. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -62,6 +63,7 @@
 #include "backend/autotune.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemm_sm90.h"
+#include "backend/cuda/gemm_sm90_plan.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define NB_SM90A_DEVICE 1
@@ -69,14 +71,13 @@
 
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kConsumers = 2;
+constexpr int kBM = NB_SM90_BM, kBN = NB_SM90_BN, kBK = NB_SM90_BK, kStages = 4, kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kOutBuf = 64 * 128; /* one staging chunk: 64 rows x 128 bytes */
 constexpr int kOutBytes = kConsumers * 2 * kOutBuf;
 constexpr size_t kSmem = (size_t)kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * sizeof(uint64_t);
-constexpr int kGroupM = 8; /* the heuristic's tile raster: 8 tile rows walk N together */
 
 /* Everything but the tensor maps; passed by value. */
 struct sm90_params {
@@ -668,222 +669,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 } /* namespace */
 
-/* ---- host --------------------------------------------------------------- */
-/* cuTensorMapEncodeTiled through the runtime's driver entry point, so the
- * library needs no -lcuda. NULL when the driver lacks it. */
-static PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-  static int tried = 0;
-  if (!tried) {
-    void *p = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess && q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-    cudaGetLastError();
-    tried = 1;
-  }
-  return fn;
-}
-
-/* 1 if the device is compute capability 9.0 (the sm_90a code runs there). */
-static int sm90_device_ok(int dev) {
-  static signed char cache[64];
-  if (dev < 0 || dev >= 64) return 0;
-  if (!cache[dev]) {
-    int ma = 0, mi = 0;
-    cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaGetLastError();
-    cache[dev] = (ma == 9 && mi == 0) ? 1 : -1;
-  }
-  return cache[dev] == 1;
-}
-
-static CUtensorMapDataType sm90_tma_type(nb_dtype dt) {
-  return dt == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-         : dt == NB_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-}
-
-/* A 2-D tensor map of dtype dt: inner x outer elements, rows stride_el
- * apart, box box_in x box_out, 128-byte swizzle, zero fill out of bounds.
- * 0 when TMA cannot take it (alignment, sizes). */
-static int sm90_map(CUtensorMap *m, nb_dtype dt, const void *p, int64_t inner, int64_t outer,
-                    int64_t stride_el, uint32_t box_in, uint32_t box_out) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encode_fn();
-  int64_t es = (int64_t)nb_dtype_size(dt);
-  if (!enc || !p || ((uintptr_t)p & 15)) return 0;
-  int64_t sb = outer == 1 ? ((inner * es + 15) & ~(int64_t)15) : stride_el * es;
-  if (sb % 16 || sb < inner * es || sb >= ((int64_t)1 << 40)) return 0;
-  if (inner >= ((int64_t)1 << 32) || outer >= ((int64_t)1 << 32)) return 0;
-  cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, strides[1] = {(cuuint64_t)sb};
-  cuuint32_t box[2] = {box_in, box_out}, es1[2] = {1, 1};
-  return enc(m, sm90_tma_type(dt), 2, (void *)p, dims, strides, box, es1,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-/* An output (rows x N, rows ld apart): its TMA store map (boxes of 64 rows
- * x 128 bytes) when TMA can describe it, and whether direct stores may go
- * two elements at a time. */
-static void sm90_out_map(CUtensorMap *m, int *tma, int *pairs, nb_dtype dt, void *p, int64_t rows,
-                         int64_t N, int64_t ld) {
-  size_t es = nb_dtype_size(dt);
-  *pairs = ld % 2 == 0 && ((uintptr_t)p % (2 * es)) == 0;
-  *tma = sm90_map(m, dt, p, N, rows, ld, (uint32_t)(128 / es), 64);
-}
-
-/* ---- split tiles: split-K and stream-K -----------------------------------
- * Split-K (the heuristic's choice when the tiles do not fill the SMs): S
- * parts per tile, CTA u on part u / tiles of tile u % tiles. All CTAs of a
- * part read the same k columns at the same time, so L2 serves the panels
- * they share. Stream-K (a tuning candidate only) splits the k-iterations
- * evenly instead, which staggers the CTAs over k: on the H100 the GPT-2
- * weight-gradient shapes ran 0.54-0.63x cuBLASLt with it (2304x768x16384
- * TN 0.170 ms), below one partly empty data-parallel wave (768x3072x16384
- * TN 0.157 against 0.222 ms).
- * S minimises a time in k-tiles: waves of one CTA per SM times the part's
- * k-tiles, plus kPartCost for each partial the head adds (a 128 KB f32
- * tile read from L2 costs about what 3 k-tiles of loads and wgmma do);
- * among S within 5% of the best, the fewest parts. Parts are at least 8
- * k-tiles long and the non-head parts fit the workspace's slots.
- * The workspace (kSlotsPerSM partial tiles per SM and two flags per slot)
- * is allocated once per device and kept; flags carry a launch epoch, so
- * they never need clearing. Launches on the device's one stream run in
- * order, so one workspace serves them all. */
-constexpr int kSlotsPerSM = 2;
-constexpr double kPartCost = 3.0;
-
-static double sm90_split_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t s) {
-  int64_t waves = (tiles * s + n_sm - 1) / n_sm;
-  return (double)(waves * ((ktiles + s - 1) / s)) + kPartCost * (double)(s - 1);
-}
-
-static int sm90_splits(int64_t tiles, int64_t ktiles, int n_sm) {
-  if (tiles >= n_sm) return 1;
-  int64_t top = ktiles / 8, slots = (int64_t)kSlotsPerSM * n_sm;
-  if (top > 16) top = 16;
-  while (top > 1 && (top - 1) * tiles > slots) top--;
-  double best = sm90_split_cost(tiles, ktiles, n_sm, 1);
-  for (int64_t s = 2; s <= top; s++) {
-    double c = sm90_split_cost(tiles, ktiles, n_sm, s);
-    if (c < best) best = c;
-  }
-  for (int64_t s = 1; s <= top; s++)
-    if (sm90_split_cost(tiles, ktiles, n_sm, s) <= 1.05 * best) return (int)s;
-  return 1;
-}
-
-static pthread_mutex_t sm90_ws_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-  float *ws;
-  unsigned *flags;
-  unsigned epoch;
-  int slots;
-} sm90_ws[64]; /* per device; guarded by sm90_ws_lock */
-
-/* The device's workspace (kSlotsPerSM slots per SM) and the next epoch; 0
- * when it cannot be had (the caller then runs data-parallel). */
-static int sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch) {
-  if (ctx->dev < 0 || ctx->dev >= 64) return 0;
-  pthread_mutex_lock(&sm90_ws_lock);
-  auto *s = &sm90_ws[ctx->dev];
-  int want = kSlotsPerSM * ctx->n_sm;
-  if (s->slots < want) {
-    if (s->ws) cudaFree(s->ws); /* not reached with one n_sm per device */
-    s->ws = NULL;
-    s->slots = 0;
-    size_t tile = (size_t)kBM * kBN * sizeof(float), fl = (size_t)2 * want * sizeof(unsigned);
-    void *m = NULL;
-    if (cudaMalloc(&m, tile * want + fl) == cudaSuccess &&
-        cudaMemsetAsync((char *)m + tile * want, 0, fl, ctx->stream) == cudaSuccess) {
-      s->ws = (float *)m;
-      s->flags = (unsigned *)((char *)m + tile * want);
-      s->slots = want;
-    } else {
-      if (m) cudaFree(m);
-      cudaGetLastError();
-    }
-  }
-  int ok = s->slots >= want;
-  if (ok) {
-    if (++s->epoch == 0) s->epoch = 1; /* 0 is the cleared state */
-    *ws = s->ws;
-    *flags = s->flags;
-    *epoch = s->epoch;
-  }
-  pthread_mutex_unlock(&sm90_ws_lock);
-  return ok;
-}
-
-/* ---- schedules ------------------------------------------------------------
- * The candidates among which autotuning chooses (backend/autotune.h). They
- * change only which CTA computes which tile or k range, and in what order;
- * the tile shape and the instructions stay, so the template instantiations
- * do not multiply. Candidate 0 is the heuristic, the choice when tuning is
- * off: raster groups of 8 tile rows, split-K when sm90_splits says so,
- * else a persistent grid of min(tiles, SMs) CTAs. The others: groups of 4
- * or 16 tile rows (split-K as the heuristic); data-parallel (never split);
- * stream-K whenever the workspace can be had (also for several waves of
- * tiles: it evens out a last partial wave); one CTA per tile (not
- * persistent: the hardware hands tiles to SMs as CTAs finish, without the
- * overlap of one tile's stores with the next one's loads); clusters of 2
- * (data-parallel, pairs of tile rows share each B tile by TMA multicast:
- * half the B traffic from L2; on the H100 within +-2% of the unclustered
- * grid on the GPT-2 and square shapes, 6% slower at 2048^3, so not the
- * heuristic's choice). An output tile
- * is summed over k in order by one CTA, except that split-K and stream-K
- * add the partial sums of their k ranges in a fixed order: a candidate
- * changes results at most by rounding. */
-static const char *const sm90_cand_names[] = {"default", "group4", "group16", "data-parallel",
-                                              "stream-k", "cta-per-tile", "cluster2"};
-enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K };
-static const struct {
-  int group;          /* tile rows per raster group */
-  sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
-  int per_tile;       /* data-parallel grid of one CTA per tile */
-  int cluster;        /* 1, or 2 (when unsplit and there are two tile rows) */
-} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1},  {4, SM90_SPLIT_K, 0, 1},
-                  {16, SM90_SPLIT_K, 0, 1},       {kGroupM, SM90_NO_SPLIT, 0, 1},
-                  {kGroupM, SM90_STREAM_K, 0, 1}, {kGroupM, SM90_NO_SPLIT, 1, 1},
-                  {kGroupM, SM90_NO_SPLIT, 0, 2}};
-constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
-static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
-
-const char *nb_sm90_candidate(int i) { return i >= 0 && i < kCands ? sm90_cand_names[i] : NULL; }
-
-/* Candidate i for a problem of p's tiles: what it launches. Two candidates
- * with the same schedule run the same kernel the same way. */
-struct sm90_sched {
-  int group, sk, splits, cluster;
-  int64_t grid;
-};
-
-static sm90_sched sm90_resolve(int i, const sm90_params &p, int n_sm) {
-  int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
-  sm90_sched s;
-  s.sk = sm90_cands[i].split == SM90_STREAM_K;
-  s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, p.ktiles, n_sm) : 1;
-  s.cluster = !s.sk && s.splits == 1 && p.tiles_m >= 2 ? sm90_cands[i].cluster : 1;
-  /* a group of at least all the unit rows is one raster: column by column */
-  int64_t rows = (p.tiles_m + s.cluster - 1) / s.cluster, units = rows * p.tiles_n;
-  s.group = sm90_cands[i].group / s.cluster < rows ? sm90_cands[i].group / s.cluster : (int)rows;
-  if (s.cluster > 1) /* clusters of 2 CTAs, one per unit at most */
-    s.grid = 2 * (units < n_sm / 2 ? units : n_sm / 2);
-  else
-    s.grid = s.sk ? n_sm
-             : s.splits > 1 ? tiles * s.splits
-             : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
-  return s;
-}
-
-static int sm90_same(const sm90_sched &a, const sm90_sched &b) {
-  return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
-         a.grid == b.grid;
-}
-
+/* ---- host: parameters and launch ------------------------------------------ */
 /* Zeroed parameters for a rows x N x K product: sizes and tile counts
- * (each at most INT32_MAX: sm90_plan checks). */
+ * (each at most INT32_MAX: nb_sm90_plan checks). */
 static void sm90_shape(sm90_params *p, int64_t rows, int64_t N, int64_t K) {
   memset(p, 0, sizeof *p);
   p->M = (int)rows;
@@ -894,31 +682,15 @@ static void sm90_shape(sm90_params *p, int64_t rows, int64_t N, int64_t K) {
   p->ktiles = (int)((K + kBK - 1) / kBK);
 }
 
-int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out) {
-  if (i < 0 || i >= kCands || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
-      N > INT32_MAX || K > INT32_MAX)
-    return 0;
-  sm90_params p;
-  sm90_shape(&p, rows, N, K);
-  sm90_sched s = sm90_resolve(i, p, n_sm);
-  out->tiles = (int64_t)p.tiles_m * p.tiles_n;
-  out->grid = s.grid;
-  out->splits = s.splits;
-  out->stream_k = s.sk;
-  out->cluster = s.cluster;
-  out->group = s.group;
-  return 1;
-}
-
 /* Sets p's schedule to s and returns the grid; a split schedule without its
  * workspace falls back to the persistent data-parallel grid. */
-static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const sm90_sched &s) {
+static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const nb_sm90_sched &s) {
   int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   p->group = s.group;
   p->cluster = s.cluster;
   p->sk = 0;
   p->splits = 1;
-  if ((s.sk || s.splits > 1) && sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
+  if ((s.sk || s.splits > 1) && nb_sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
     p->sk = s.sk;
     p->splits = s.splits;
     p->work = tiles * p->ktiles;
@@ -928,15 +700,11 @@ static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const sm90_sch
 }
 
 /* ---- launch ----------------------------------------------------------------- */
-struct sm90_maps {
-  CUtensorMap a, b, c, aux;
-};
-
 /* Launches of the own kernel, for tests that must know it ran. */
 static int64_t sm90_launches;
 
 int64_t nb_sm90_launches(int dev) {
-  return sm90_device_ok(dev) ? __atomic_load_n(&sm90_launches, __ATOMIC_RELAXED) : -1;
+  return nb_sm90_device_ok(dev) ? __atomic_load_n(&sm90_launches, __ATOMIC_RELAXED) : -1;
 }
 
 /* How many clusters of p.cluster CTAs can run at once (cached per device:
@@ -946,7 +714,7 @@ static int sm90_occ[64];
 template <typename K>
 static int sm90_max_clusters(const nb_cuda_ctx *ctx, K kern, const cudaLaunchConfig_t *cfg) {
   pthread_mutex_lock(&sm90_occ_lock);
-  int *n = &sm90_occ[ctx->dev]; /* dev < 64: sm90_device_ok */
+  int *n = &sm90_occ[ctx->dev]; /* dev < 64: nb_sm90_device_ok */
   if (!*n && (cudaOccupancyMaxActiveClusters(n, kern, cfg) != cudaSuccess || *n < 1)) {
     cudaGetLastError();
     *n = ctx->n_sm / 2; /* one CTA per SM */
@@ -957,7 +725,7 @@ static int sm90_max_clusters(const nb_cuda_ctx *ctx, K kern, const cudaLaunchCon
 }
 
 template <typename T, typename TO, int TA, int TB>
-static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const sm90_params &p,
+static nb_status sm90_launch(const nb_cuda_ctx *ctx, const nb_sm90_maps &m, const sm90_params &p,
                              int64_t grid) {
   auto kern = sm90_gemm_kernel<T, TO, TA, TB>;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
@@ -987,7 +755,7 @@ static nb_status sm90_launch(const nb_cuda_ctx *ctx, const sm90_maps &m, const s
 }
 
 template <typename T, typename TO>
-static nb_status sm90_dispatch(const nb_cuda_ctx *ctx, int ta, int tb, const sm90_maps &m,
+static nb_status sm90_dispatch(const nb_cuda_ctx *ctx, int ta, int tb, const nb_sm90_maps &m,
                                const sm90_params &p, int64_t grid) {
   if (!ta && !tb) return sm90_launch<T, TO, 0, 0>(ctx, m, p, grid);
   if (!ta && tb) return sm90_launch<T, TO, 0, 1>(ctx, m, p, grid);
@@ -997,87 +765,12 @@ static nb_status sm90_dispatch(const nb_cuda_ctx *ctx, int ta, int tb, const sm9
 
 /* Launches the kernel for operand dtype in and output dtype out on grid CTAs. */
 static nb_status sm90_go(const nb_cuda_ctx *ctx, nb_dtype in, nb_dtype out, int ta, int tb,
-                         const sm90_maps &m, const sm90_params &p, int64_t grid) {
+                         const nb_sm90_maps &m, const sm90_params &p, int64_t grid) {
   if (in == NB_BF16)
     return out == NB_F32 ? sm90_dispatch<__nv_bfloat16, float>(ctx, ta, tb, m, p, grid)
                          : sm90_dispatch<__nv_bfloat16, __nv_bfloat16>(ctx, ta, tb, m, p, grid);
   return out == NB_F32 ? sm90_dispatch<__half, float>(ctx, ta, tb, m, p, grid)
                        : sm90_dispatch<__half, __half>(ctx, ta, tb, m, p, grid);
-}
-
-/* Folds the batch axes of v (the first nbd) into its row axis: 1 with the
- * total row count when every batch axis of size > 1 continues the rows. */
-static int sm90_fold_rows(const nb_kview *v, const int64_t *shape, int nbd, int64_t rows,
-                          int64_t row_stride, int64_t *total) {
-  int64_t expect = row_stride * rows, n = rows;
-  for (int d = nbd - 1; d >= 0; d--) {
-    if (shape[d] == 1) continue;
-    if (v->strides[d] != expect || rows == 0) return 0;
-    expect *= shape[d];
-    n *= shape[d];
-  }
-  *total = n;
-  return 1;
-}
-
-/* The row stride *ld of an (M, N) matrix view whose columns are contiguous
- * (any column stride for one column; N for one row): 0 when they are not. */
-static int sm90_ld(const nb_kview *v, int64_t M, int64_t N, int64_t *ld) {
-  int od = v->ndim;
-  if (!(v->strides[od - 1] == 1 || N == 1)) return 0;
-  *ld = M == 1 ? N : v->strides[od - 2];
-  return 1;
-}
-
-/* The problem after folding batches into rows, with its operand maps. */
-struct sm90_problem {
-  nb_dtype in;
-  int ta, tb;
-  int64_t rows, N, K, ldc;
-  sm90_maps m;
-};
-
-/* Checks that the own kernel takes out = a @ b and builds the operand maps:
- * 1 when it does. */
-static int sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
-                     const nb_kview *b, sm90_problem *pr) {
-  nb_dtype dt = a->dtype;
-  if ((dt != NB_F16 && dt != NB_BF16) || b->dtype != dt) return 0;
-  int od = out->ndim, nbd = od - 2;
-  if (od < 2 || a->ndim != od || b->ndim != od || !sm90_device_ok(ctx->dev)) return 0;
-  int64_t M = out->shape[od - 2], N = out->shape[od - 1], K = a->shape[od - 1];
-  int64_t sam = a->strides[od - 2], sak = a->strides[od - 1];
-  int64_t sbk = b->strides[od - 2], sbn = b->strides[od - 1];
-  for (int d = 0; d < nbd; d++) /* one B for every batch */
-    if (out->shape[d] != 1 && b->strides[d] != 0) return 0;
-  int ta = !(sak == 1 || K == 1);
-  if (ta && sam != 1 && M != 1) return 0;
-  int tb = !(sbk == 1 || K == 1);
-  if (tb && sbn != 1 && N != 1) return 0;
-  int64_t ldc = 0, rows = M, rows_a = M;
-  if (!sm90_ld(out, M, N, &ldc)) return 0;
-  if (nbd > 0) {
-    if (ta) { /* an MN-major A cannot absorb batches */
-      for (int d = 0; d < nbd; d++)
-        if (out->shape[d] != 1) return 0;
-    } else if (!sm90_fold_rows(a, out->shape, nbd, M, M == 1 ? K : sam, &rows_a) ||
-               !sm90_fold_rows(out, out->shape, nbd, M, ldc, &rows)) {
-      return 0;
-    }
-  }
-  if (rows != rows_a || rows > INT32_MAX || N > INT32_MAX || K > INT32_MAX) return 0;
-  int ok = ta ? sm90_map(&pr->m.a, dt, a->data, rows, K, sak, 64, 64)
-              : sm90_map(&pr->m.a, dt, a->data, K, rows, M == 1 ? K : sam, kBK, kBM);
-  ok = ok && (tb ? sm90_map(&pr->m.b, dt, b->data, N, K, sbk, 64, 64)
-                 : sm90_map(&pr->m.b, dt, b->data, K, N, N == 1 ? K : sbn, kBK, kBN / 2));
-  pr->in = dt;
-  pr->ta = ta;
-  pr->tb = tb;
-  pr->rows = rows;
-  pr->N = N;
-  pr->K = K;
-  pr->ldc = ldc;
-  return ok;
 }
 
 /* ---- autotuning ------------------------------------------------------------
@@ -1093,33 +786,15 @@ static int sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview
  * So a fused call that finds the key new times the plain product into
  * scratch, and a plain call times itself into its output (every run
  * overwrites it; the chosen run writes it last). */
-static pthread_mutex_t sm90_name_lock = PTHREAD_MUTEX_INITIALIZER;
-static char sm90_names[64][80]; /* per device; guarded by sm90_name_lock */
-
-/* "NAME-132sm" for the device into buf (the name is read once). */
-static void sm90_device_label(const nb_cuda_ctx *ctx, char *buf, size_t cap) {
-  pthread_mutex_lock(&sm90_name_lock);
-  char *name = sm90_names[ctx->dev]; /* dev < 64: sm90_device_ok */
-  if (!name[0]) {
-    cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, ctx->dev) == cudaSuccess)
-      snprintf(name, sizeof sm90_names[0], "%.*s", (int)sizeof sm90_names[0] - 1, prop.name);
-    else
-      snprintf(name, sizeof sm90_names[0], "sm90");
-    cudaGetLastError();
-  }
-  snprintf(buf, cap, "%s-%dsm", name, ctx->n_sm);
-  pthread_mutex_unlock(&sm90_name_lock);
-}
 
 /* One candidate's timing: the plain product (p, maps m) into out (the
  * caller's output, or scratch allocated on the first timing when scratch
  * is set). Events on the context's stream. */
 struct sm90_tune {
   const nb_cuda_ctx *ctx;
-  const sm90_problem *pr;
+  const nb_sm90_problem *pr;
   sm90_params p;
-  sm90_maps m;
+  nb_sm90_maps m;
   nb_dtype out;
   int scratch;
   void *buf;
@@ -1135,7 +810,7 @@ static int sm90_tune_setup(sm90_tune *t) {
     t->bytes = bytes;
     t->p.c = t->buf;
     t->p.ldc = t->pr->N;
-    sm90_out_map(&t->m.c, &t->p.tma_c, &t->p.pairs_c, t->out, t->buf, t->pr->rows, t->pr->N, t->pr->N);
+    nb_sm90_out_map(&t->m.c, &t->p.tma_c, &t->p.pairs_c, t->out, t->buf, t->pr->rows, t->pr->N, t->pr->N);
     t->m.aux = t->m.c;
   }
   if (!t->e0 && cudaEventCreate(&t->e0) != cudaSuccess) t->e0 = NULL;
@@ -1146,7 +821,7 @@ static int sm90_tune_setup(sm90_tune *t) {
 /* Launches per timing sample (at most 64): nb_tune_sample_seconds() of work
  * at 500 TFLOP/s (1 ms by default), so that a small product's sample is not
  * one launch's jitter. */
-static int sm90_time_reps(const sm90_problem *pr) {
+static int sm90_time_reps(const nb_sm90_problem *pr) {
   double s = 2.0 * (double)pr->rows * (double)pr->N * (double)pr->K / 5e14, want = nb_tune_sample_seconds();
   return s >= want ? 1 : s * 64 <= want ? 64 : (int)(want / s) + 1;
 }
@@ -1157,9 +832,10 @@ static int sm90_time_reps(const sm90_problem *pr) {
  * three samples come from nb_tune_pick. Each launch takes its own epoch. */
 static double sm90_time(void *arg, int i) {
   sm90_tune *t = (sm90_tune *)arg;
-  sm90_sched s = sm90_resolve(i, t->p, t->ctx->n_sm);
+  const sm90_params &q = t->p;
+  nb_sm90_sched s = nb_sm90_resolve(i, q.tiles_m, q.tiles_n, q.ktiles, t->ctx->n_sm);
   for (int j = 0; j < i; j++)
-    if (sm90_same(sm90_resolve(j, t->p, t->ctx->n_sm), s)) return -1;
+    if (nb_sm90_same(nb_sm90_resolve(j, q.tiles_m, q.tiles_n, q.ktiles, t->ctx->n_sm), s)) return -1;
   int had = nb_error_pending();
   float ms = -1;
   int reps = sm90_time_reps(t->pr);
@@ -1186,12 +862,12 @@ static double sm90_time(void *arg, int i) {
 /* The candidate for a planned problem whose parameters (schedule unset)
  * are p: cached, tuned (NABLA_AUTOTUNE=1) or 0. With tuning off and nothing
  * cached, no key is built. ep: a fused call (times into scratch). */
-static int sm90_pick(const nb_cuda_ctx *ctx, const sm90_problem *pr, const sm90_params &p,
+static int sm90_pick(const nb_cuda_ctx *ctx, const nb_sm90_problem *pr, const sm90_params &p,
                      nb_dtype out, int ep) {
   if (!nb_tune_active()) return 0;
   char dev[112], dtype[16], key[192];
   const char layout[3] = {pr->ta ? 'T' : 'N', pr->tb ? 'N' : 'T', 0};
-  sm90_device_label(ctx, dev, sizeof dev);
+  nb_sm90_device_label(ctx, dev, sizeof dev);
   if (out == pr->in) snprintf(dtype, sizeof dtype, "%s", nb_dtype_name(pr->in));
   else snprintf(dtype, sizeof dtype, "%s-%s", nb_dtype_name(pr->in), nb_dtype_name(out));
   const int64_t dims[3] = {pr->rows, pr->N, pr->K};
@@ -1216,7 +892,7 @@ static int sm90_pick(const nb_cuda_ctx *ctx, const sm90_problem *pr, const sm90_
   int capturing = cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess ||
                   cap != cudaStreamCaptureStatusNone;
   cudaGetLastError();
-  int i = nb_tune_pick(key, kCands, sm90_cand_names, capturing ? NULL : sm90_time, &t, 0);
+  int i = nb_tune_pick(key, nb_sm90_cand_count(), nb_sm90_cand_names(), capturing ? NULL : sm90_time, &t, 0);
   if (t.e0) cudaEventDestroy(t.e0);
   if (t.e1) cudaEventDestroy(t.e1);
   nb_cuda_scratch_free(ctx, t.buf, t.bytes);
@@ -1224,7 +900,7 @@ static int sm90_pick(const nb_cuda_ctx *ctx, const sm90_problem *pr, const sm90_
 }
 
 /* Runs a planned problem: out (and the epilogue's views, NULL ep = none). */
-static nb_status sm90_run(const nb_cuda_ctx *ctx, sm90_problem *pr, const nb_kview *out,
+static nb_status sm90_run(const nb_cuda_ctx *ctx, nb_sm90_problem *pr, const nb_kview *out,
                           const nb_gemm_epilogue *ep, int64_t ldaux, int64_t ldcin) {
   sm90_params p;
   sm90_shape(&p, pr->rows, pr->N, pr->K);
@@ -1233,12 +909,12 @@ static nb_status sm90_run(const nb_cuda_ctx *ctx, sm90_problem *pr, const nb_kvi
   p.gelu = ep ? ep->gelu : 0;
   p.c = out->data;
   p.ldc = pr->ldc;
-  sm90_out_map(&pr->m.c, &p.tma_c, &p.pairs_c, out->dtype, out->data, pr->rows, pr->N, pr->ldc);
+  nb_sm90_out_map(&pr->m.c, &p.tma_c, &p.pairs_c, out->dtype, out->data, pr->rows, pr->N, pr->ldc);
   pr->m.aux = pr->m.c;
   if (ep && ep->aux) {
     p.aux = ep->aux->data;
     p.ldaux = ldaux;
-    sm90_out_map(&pr->m.aux, &p.tma_aux, &p.pairs_aux, out->dtype, p.aux, pr->rows, pr->N, ldaux);
+    nb_sm90_out_map(&pr->m.aux, &p.tma_aux, &p.pairs_aux, out->dtype, p.aux, pr->rows, pr->N, ldaux);
   }
   if (p.beta != 0.0f) {
     p.cin = ep->c->data;
@@ -1246,15 +922,15 @@ static nb_status sm90_run(const nb_cuda_ctx *ctx, sm90_problem *pr, const nb_kvi
   }
   if (ep && ep->bias) p.bias = ep->bias->data;
   int cand = sm90_pick(ctx, pr, p, out->dtype, ep != NULL);
-  int64_t grid = sm90_apply(ctx, &p, sm90_resolve(cand, p, ctx->n_sm));
+  int64_t grid = sm90_apply(ctx, &p, nb_sm90_resolve(cand, p.tiles_m, p.tiles_n, p.ktiles, ctx->n_sm));
   return sm90_go(ctx, pr->in, out->dtype, pr->ta, pr->tb, pr->m, p, grid);
 }
 
 int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
                    const nb_kview *b, nb_status *st) {
   *st = NB_OK;
-  sm90_problem pr;
-  if (out->dtype != a->dtype || !sm90_plan(ctx, out, a, b, &pr)) return 0;
+  nb_sm90_problem pr;
+  if (out->dtype != a->dtype || !nb_sm90_plan(ctx, out, a, b, &pr)) return 0;
   *st = sm90_run(ctx, &pr, out, NULL, 0, 0);
   return 1;
 }
@@ -1264,11 +940,11 @@ int nb_sm90_gemm_ex(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview 
   *st = NB_OK;
   if (out->ndim != 2 || (out->dtype != a->dtype && out->dtype != NB_F32)) return 0;
   int64_t M = out->shape[0], N = out->shape[1], ldaux = 0, ldcin = 0;
-  if (ep && ep->aux && !sm90_ld(ep->aux, M, N, &ldaux)) return 0;
-  if (ep && ep->c && ep->beta != 0.0f && !sm90_ld(ep->c, M, N, &ldcin)) return 0;
+  if (ep && ep->aux && !nb_sm90_ld(ep->aux, M, N, &ldaux)) return 0;
+  if (ep && ep->c && ep->beta != 0.0f && !nb_sm90_ld(ep->c, M, N, &ldcin)) return 0;
   if (ep && ep->bias && ep->bias->strides[0] != 1 && N > 1) return 0;
-  sm90_problem pr;
-  if (!sm90_plan(ctx, out, a, b, &pr)) return 0;
+  nb_sm90_problem pr;
+  if (!nb_sm90_plan(ctx, out, a, b, &pr)) return 0;
   *st = sm90_run(ctx, &pr, out, ep, ldaux, ldcin);
   return 1;
 }

@@ -1,0 +1,317 @@
+/* The own sm_90a GEMM's host-side planning (see gemm_sm90.cu for the kernel):
+ * TMA maps of the operands and outputs, which products the kernel takes,
+ * the split-K cost model and its workspace, the schedule candidates that
+ * autotuning chooses among and their resolution for a problem. Nothing
+ * here launches the kernel; nb_sm90_schedule and nb_sm90_candidate answer
+ * without a device (tests/test_gemm_schedule.c). */
+#include <cudaTypedefs.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cuda/gemm_sm90.h"
+#include "backend/cuda/gemm_sm90_plan.h"
+
+constexpr int kBM = NB_SM90_BM, kBN = NB_SM90_BN, kBK = NB_SM90_BK, kGroupM = NB_SM90_GROUP_M;
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point, so the
+ * library needs no -lcuda. NULL when the driver lacks it. */
+static PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+  static int tried = 0;
+  if (!tried) {
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess && q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    cudaGetLastError();
+    tried = 1;
+  }
+  return fn;
+}
+
+int nb_sm90_device_ok(int dev) {
+  static signed char cache[64];
+  if (dev < 0 || dev >= 64) return 0;
+  if (!cache[dev]) {
+    int ma = 0, mi = 0;
+    cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaGetLastError();
+    cache[dev] = (ma == 9 && mi == 0) ? 1 : -1;
+  }
+  return cache[dev] == 1;
+}
+
+static CUtensorMapDataType sm90_tma_type(nb_dtype dt) {
+  return dt == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+         : dt == NB_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+}
+
+/* A 2-D tensor map of dtype dt: inner x outer elements, rows stride_el
+ * apart, box box_in x box_out, 128-byte swizzle, zero fill out of bounds.
+ * 0 when TMA cannot take it (alignment, sizes). */
+static int sm90_map(CUtensorMap *m, nb_dtype dt, const void *p, int64_t inner, int64_t outer,
+                    int64_t stride_el, uint32_t box_in, uint32_t box_out) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encode_fn();
+  int64_t es = (int64_t)nb_dtype_size(dt);
+  if (!enc || !p || ((uintptr_t)p & 15)) return 0;
+  int64_t sb = outer == 1 ? ((inner * es + 15) & ~(int64_t)15) : stride_el * es;
+  if (sb % 16 || sb < inner * es || sb >= ((int64_t)1 << 40)) return 0;
+  if (inner >= ((int64_t)1 << 32) || outer >= ((int64_t)1 << 32)) return 0;
+  cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, strides[1] = {(cuuint64_t)sb};
+  cuuint32_t box[2] = {box_in, box_out}, es1[2] = {1, 1};
+  return enc(m, sm90_tma_type(dt), 2, (void *)p, dims, strides, box, es1,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* An output's TMA store map: boxes of 64 rows x 128 bytes. */
+void nb_sm90_out_map(CUtensorMap *m, int *tma, int *pairs, nb_dtype dt, void *p, int64_t rows,
+                     int64_t N, int64_t ld) {
+  size_t es = nb_dtype_size(dt);
+  *pairs = ld % 2 == 0 && ((uintptr_t)p % (2 * es)) == 0;
+  *tma = sm90_map(m, dt, p, N, rows, ld, (uint32_t)(128 / es), 64);
+}
+
+/* ---- split tiles: split-K and stream-K -----------------------------------
+ * Split-K (the heuristic's choice when the tiles do not fill the SMs): S
+ * parts per tile, CTA u on part u / tiles of tile u % tiles. All CTAs of a
+ * part read the same k columns at the same time, so L2 serves the panels
+ * they share. Stream-K (a tuning candidate only) splits the k-iterations
+ * evenly instead, which staggers the CTAs over k: on the H100 the GPT-2
+ * weight-gradient shapes ran 0.54-0.63x cuBLASLt with it (2304x768x16384
+ * TN 0.170 ms), below one partly empty data-parallel wave (768x3072x16384
+ * TN 0.157 against 0.222 ms).
+ * S minimises a time in k-tiles: waves of one CTA per SM times the part's
+ * k-tiles, plus kPartCost for each partial the head adds (a 128 KB f32
+ * tile read from L2 costs about what 3 k-tiles of loads and wgmma do);
+ * among S within 5% of the best, the fewest parts. Parts are at least 8
+ * k-tiles long and the non-head parts fit the workspace's slots.
+ * The workspace (kSlotsPerSM partial tiles per SM and two flags per slot)
+ * is allocated once per device and kept; flags carry a launch epoch, so
+ * they never need clearing. Launches on the device's one stream run in
+ * order, so one workspace serves them all. */
+constexpr int kSlotsPerSM = 2;
+constexpr double kPartCost = 3.0;
+
+static double sm90_split_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t s) {
+  int64_t waves = (tiles * s + n_sm - 1) / n_sm;
+  return (double)(waves * ((ktiles + s - 1) / s)) + kPartCost * (double)(s - 1);
+}
+
+static int sm90_splits(int64_t tiles, int64_t ktiles, int n_sm) {
+  if (tiles >= n_sm) return 1;
+  int64_t top = ktiles / 8, slots = (int64_t)kSlotsPerSM * n_sm;
+  if (top > 16) top = 16;
+  while (top > 1 && (top - 1) * tiles > slots) top--;
+  double best = sm90_split_cost(tiles, ktiles, n_sm, 1);
+  for (int64_t s = 2; s <= top; s++) {
+    double c = sm90_split_cost(tiles, ktiles, n_sm, s);
+    if (c < best) best = c;
+  }
+  for (int64_t s = 1; s <= top; s++)
+    if (sm90_split_cost(tiles, ktiles, n_sm, s) <= 1.05 * best) return (int)s;
+  return 1;
+}
+
+static pthread_mutex_t sm90_ws_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  float *ws;
+  unsigned *flags;
+  unsigned epoch;
+  int slots;
+} sm90_ws[64]; /* per device; guarded by sm90_ws_lock */
+
+/* The device's workspace: kSlotsPerSM slots per SM. */
+int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch) {
+  if (ctx->dev < 0 || ctx->dev >= 64) return 0;
+  pthread_mutex_lock(&sm90_ws_lock);
+  auto *s = &sm90_ws[ctx->dev];
+  int want = kSlotsPerSM * ctx->n_sm;
+  if (s->slots < want) {
+    if (s->ws) cudaFree(s->ws); /* not reached with one n_sm per device */
+    s->ws = NULL;
+    s->slots = 0;
+    size_t tile = (size_t)kBM * kBN * sizeof(float), fl = (size_t)2 * want * sizeof(unsigned);
+    void *m = NULL;
+    if (cudaMalloc(&m, tile * want + fl) == cudaSuccess &&
+        cudaMemsetAsync((char *)m + tile * want, 0, fl, ctx->stream) == cudaSuccess) {
+      s->ws = (float *)m;
+      s->flags = (unsigned *)((char *)m + tile * want);
+      s->slots = want;
+    } else {
+      if (m) cudaFree(m);
+      cudaGetLastError();
+    }
+  }
+  int ok = s->slots >= want;
+  if (ok) {
+    if (++s->epoch == 0) s->epoch = 1; /* 0 is the cleared state */
+    *ws = s->ws;
+    *flags = s->flags;
+    *epoch = s->epoch;
+  }
+  pthread_mutex_unlock(&sm90_ws_lock);
+  return ok;
+}
+
+/* ---- schedules ------------------------------------------------------------
+ * The candidates among which autotuning chooses (backend/autotune.h). They
+ * change only which CTA computes which tile or k range, and in what order;
+ * the tile shape and the instructions stay, so the template instantiations
+ * do not multiply. Candidate 0 is the heuristic, the choice when tuning is
+ * off: raster groups of 8 tile rows, split-K when sm90_splits says so,
+ * else a persistent grid of min(tiles, SMs) CTAs. The others: groups of 4
+ * or 16 tile rows (split-K as the heuristic); data-parallel (never split);
+ * stream-K whenever the workspace can be had (also for several waves of
+ * tiles: it evens out a last partial wave); one CTA per tile (not
+ * persistent: the hardware hands tiles to SMs as CTAs finish, without the
+ * overlap of one tile's stores with the next one's loads); clusters of 2
+ * (data-parallel, pairs of tile rows share each B tile by TMA multicast:
+ * half the B traffic from L2; on the H100 within +-2% of the unclustered
+ * grid on the GPT-2 and square shapes, 6% slower at 2048^3, so not the
+ * heuristic's choice). An output tile
+ * is summed over k in order by one CTA, except that split-K and stream-K
+ * add the partial sums of their k ranges in a fixed order: a candidate
+ * changes results at most by rounding. */
+static const char *const sm90_cand_names[] = {"default", "group4", "group16", "data-parallel",
+                                              "stream-k", "cta-per-tile", "cluster2"};
+enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K };
+static const struct {
+  int group;          /* tile rows per raster group */
+  sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
+  int per_tile;       /* data-parallel grid of one CTA per tile */
+  int cluster;        /* 1, or 2 (when unsplit and there are two tile rows) */
+} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1},  {4, SM90_SPLIT_K, 0, 1},
+                  {16, SM90_SPLIT_K, 0, 1},       {kGroupM, SM90_NO_SPLIT, 0, 1},
+                  {kGroupM, SM90_STREAM_K, 0, 1}, {kGroupM, SM90_NO_SPLIT, 1, 1},
+                  {kGroupM, SM90_NO_SPLIT, 0, 2}};
+constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
+static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
+
+const char *nb_sm90_candidate(int i) { return i >= 0 && i < kCands ? sm90_cand_names[i] : NULL; }
+int nb_sm90_cand_count(void) { return kCands; }
+const char *const *nb_sm90_cand_names(void) { return sm90_cand_names; }
+
+nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n_sm) {
+  int64_t tiles = (int64_t)tiles_m * tiles_n;
+  nb_sm90_sched s;
+  s.sk = sm90_cands[i].split == SM90_STREAM_K;
+  s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, ktiles, n_sm) : 1;
+  s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 ? sm90_cands[i].cluster : 1;
+  /* a group of at least all the unit rows is one raster: column by column */
+  int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
+  s.group = sm90_cands[i].group / s.cluster < rows ? sm90_cands[i].group / s.cluster : (int)rows;
+  if (s.cluster > 1) /* clusters of 2 CTAs, one per unit at most */
+    s.grid = 2 * (units < n_sm / 2 ? units : n_sm / 2);
+  else
+    s.grid = s.sk ? n_sm
+             : s.splits > 1 ? tiles * s.splits
+             : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
+  return s;
+}
+
+int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
+  return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
+         a.grid == b.grid;
+}
+
+int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out) {
+  if (i < 0 || i >= kCands || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
+      N > INT32_MAX || K > INT32_MAX)
+    return 0;
+  int tiles_m = (int)((rows + kBM - 1) / kBM), tiles_n = (int)((N + kBN - 1) / kBN);
+  nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, tiles_n, (int)((K + kBK - 1) / kBK), n_sm);
+  out->tiles = (int64_t)tiles_m * tiles_n;
+  out->grid = s.grid;
+  out->splits = s.splits;
+  out->stream_k = s.sk;
+  out->cluster = s.cluster;
+  out->group = s.group;
+  return 1;
+}
+
+/* Folds the batch axes of v (the first nbd) into its row axis: 1 with the
+ * total row count when every batch axis of size > 1 continues the rows. */
+static int sm90_fold_rows(const nb_kview *v, const int64_t *shape, int nbd, int64_t rows,
+                          int64_t row_stride, int64_t *total) {
+  int64_t expect = row_stride * rows, n = rows;
+  for (int d = nbd - 1; d >= 0; d--) {
+    if (shape[d] == 1) continue;
+    if (v->strides[d] != expect || rows == 0) return 0;
+    expect *= shape[d];
+    n *= shape[d];
+  }
+  *total = n;
+  return 1;
+}
+
+/* Any column stride for one column; N for one row. */
+int nb_sm90_ld(const nb_kview *v, int64_t M, int64_t N, int64_t *ld) {
+  int od = v->ndim;
+  if (!(v->strides[od - 1] == 1 || N == 1)) return 0;
+  *ld = M == 1 ? N : v->strides[od - 2];
+  return 1;
+}
+
+int nb_sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                 nb_sm90_problem *pr) {
+  nb_dtype dt = a->dtype;
+  if ((dt != NB_F16 && dt != NB_BF16) || b->dtype != dt) return 0;
+  int od = out->ndim, nbd = od - 2;
+  if (od < 2 || a->ndim != od || b->ndim != od || !nb_sm90_device_ok(ctx->dev)) return 0;
+  int64_t M = out->shape[od - 2], N = out->shape[od - 1], K = a->shape[od - 1];
+  int64_t sam = a->strides[od - 2], sak = a->strides[od - 1];
+  int64_t sbk = b->strides[od - 2], sbn = b->strides[od - 1];
+  for (int d = 0; d < nbd; d++) /* one B for every batch */
+    if (out->shape[d] != 1 && b->strides[d] != 0) return 0;
+  int ta = !(sak == 1 || K == 1);
+  if (ta && sam != 1 && M != 1) return 0;
+  int tb = !(sbk == 1 || K == 1);
+  if (tb && sbn != 1 && N != 1) return 0;
+  int64_t ldc = 0, rows = M, rows_a = M;
+  if (!nb_sm90_ld(out, M, N, &ldc)) return 0;
+  if (nbd > 0) {
+    if (ta) { /* an MN-major A cannot absorb batches */
+      for (int d = 0; d < nbd; d++)
+        if (out->shape[d] != 1) return 0;
+    } else if (!sm90_fold_rows(a, out->shape, nbd, M, M == 1 ? K : sam, &rows_a) ||
+               !sm90_fold_rows(out, out->shape, nbd, M, ldc, &rows)) {
+      return 0;
+    }
+  }
+  if (rows != rows_a || rows > INT32_MAX || N > INT32_MAX || K > INT32_MAX) return 0;
+  int ok = ta ? sm90_map(&pr->m.a, dt, a->data, rows, K, sak, 64, 64)
+              : sm90_map(&pr->m.a, dt, a->data, K, rows, M == 1 ? K : sam, kBK, kBM);
+  ok = ok && (tb ? sm90_map(&pr->m.b, dt, b->data, N, K, sbk, 64, 64)
+                 : sm90_map(&pr->m.b, dt, b->data, K, N, N == 1 ? K : sbn, kBK, kBN / 2));
+  pr->in = dt;
+  pr->ta = ta;
+  pr->tb = tb;
+  pr->rows = rows;
+  pr->N = N;
+  pr->K = K;
+  pr->ldc = ldc;
+  return ok;
+}
+
+/* The autotuning key's device: "NAME-132sm" (the name is read once). */
+static pthread_mutex_t sm90_name_lock = PTHREAD_MUTEX_INITIALIZER;
+static char sm90_names[64][80]; /* per device; guarded by sm90_name_lock */
+
+void nb_sm90_device_label(const nb_cuda_ctx *ctx, char *buf, size_t cap) {
+  pthread_mutex_lock(&sm90_name_lock);
+  char *name = sm90_names[ctx->dev]; /* dev < 64: nb_sm90_device_ok */
+  if (!name[0]) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, ctx->dev) == cudaSuccess)
+      snprintf(name, sizeof sm90_names[0], "%.*s", (int)sizeof sm90_names[0] - 1, prop.name);
+    else
+      snprintf(name, sizeof sm90_names[0], "sm90");
+    cudaGetLastError();
+  }
+  snprintf(buf, cap, "%s-%dsm", name, ctx->n_sm);
+  pthread_mutex_unlock(&sm90_name_lock);
+}

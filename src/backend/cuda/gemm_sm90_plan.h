@@ -1,0 +1,68 @@
+/* The own sm_90a GEMM's host-side planning (gemm_sm90_plan.cu), used by its
+ * kernel and launch (gemm_sm90.cu): the tile shape both sides agree on, the
+ * schedule candidates and their heuristic, the split-K workspace, and the
+ * checks that turn a product's views into TMA maps. CUDA C++ only. */
+#ifndef NB_GEMM_SM90_PLAN_H
+#define NB_GEMM_SM90_PLAN_H
+
+#include <cuda.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm.h"
+
+/* One output tile is NB_SM90_BM x NB_SM90_BN, its k-tiles NB_SM90_BK deep;
+ * the heuristic's raster walks N with NB_SM90_GROUP_M tile rows together. */
+enum { NB_SM90_BM = 128, NB_SM90_BN = 256, NB_SM90_BK = 64, NB_SM90_GROUP_M = 8 };
+
+/* What schedule candidate i launches for a problem (nb_sm90_resolve). Two
+ * candidates with the same schedule run the same kernel the same way. */
+struct nb_sm90_sched {
+  int group, sk, splits, cluster;
+  int64_t grid;
+};
+
+/* The number of schedule candidates (nb_sm90_candidate names them). */
+int nb_sm90_cand_count(void);
+/* The name table nb_tune_pick takes: nb_sm90_cand_count() names. */
+const char *const *nb_sm90_cand_names(void);
+/* Candidate i (0 <= i < nb_sm90_cand_count()) for tiles_m x tiles_n tiles
+ * of ktiles k-tiles each on n_sm SMs. */
+nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n_sm);
+int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b);
+
+/* The device's split-K/stream-K workspace and the next launch epoch; 0
+ * when it cannot be had (the caller then runs data-parallel). */
+int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch);
+
+/* 1 if the device is compute capability 9.0 (the sm_90a code runs there). */
+int nb_sm90_device_ok(int dev);
+/* "NAME-132sm" for the context's device into buf (the autotuning key). */
+void nb_sm90_device_label(const nb_cuda_ctx *ctx, char *buf, size_t cap);
+
+/* An output (rows x N, rows ld apart): its TMA store map when TMA can
+ * describe it (*tma), and whether direct stores may go two elements at a
+ * time (*pairs). */
+void nb_sm90_out_map(CUtensorMap *m, int *tma, int *pairs, nb_dtype dt, void *p, int64_t rows,
+                     int64_t N, int64_t ld);
+/* The row stride *ld of an (M, N) matrix view whose columns are contiguous:
+ * 0 when they are not. */
+int nb_sm90_ld(const nb_kview *v, int64_t M, int64_t N, int64_t *ld);
+
+struct nb_sm90_maps {
+  CUtensorMap a, b, c, aux;
+};
+
+/* The problem after folding batches into rows, with its operand maps. */
+struct nb_sm90_problem {
+  nb_dtype in;
+  int ta, tb;
+  int64_t rows, N, K, ldc;
+  nb_sm90_maps m;
+};
+
+/* Checks that the own kernel takes out = a @ b and builds the operand maps:
+ * 1 when it does. */
+int nb_sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                 nb_sm90_problem *pr);
+
+#endif /* NB_GEMM_SM90_PLAN_H */
