@@ -48,13 +48,13 @@ static int nbp_seen[2][64]; /* devices used while profiling: [cpu, cuda][index] 
 static nb_backend nbp_proxy[2];
 static const nb_backend *nbp_real[2];
 
-static const char *const nbp_uop[NB_UOP_COUNT] = {
+const char *const nb_uop_names[NB_UOP_COUNT] = {
     "neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal",
     "sin", "cos", "tanh", "sigmoid", "relu", "gelu_erf", "gelu_tanh", "silu", "softplus", "sign",
     "floor", "ceil", "round", "gelu_erf_d", "gelu_tanh_d", "silu_d"};
-static const char *const nbp_bop[NB_BOP_COUNT] = {"add", "sub", "mul", "div", "pow", "max", "min",
-                                                  "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
-static const char *const nbp_rop[NB_ROP_COUNT] = {"sum", "max", "min", "argmax", "argmin"};
+const char *const nb_bop_names[NB_BOP_COUNT] = {"add", "sub", "mul", "div", "pow", "max", "min",
+                                                "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+const char *const nb_rop_names[NB_ROP_COUNT] = {"sum", "max", "min", "argmax", "argmin"};
 
 /* ---- timing a proxied call -------------------------------------------------- */
 static int nbp_begin(nbp_mark *m, const char *name) {
@@ -109,140 +109,16 @@ static void nbp_end(nbp_mark *m, int timed, nb_status st) {
   nbp_end(&mark_, timed_, st_);                  \
   return st_
 
-static nb_status nbp_fill(const nb_kview *o, double v) { NBP_TIMED("fill", fill(o, v)); }
-static nb_status nbp_arange(const nb_kview *o, double a, double s) { NBP_TIMED("arange", arange(o, a, s)); }
-static nb_status nbp_copy(const nb_kview *o, const nb_kview *i) { NBP_TIMED("copy", copy(o, i)); }
-static nb_status nbp_unary(nb_uop op, const nb_kview *o, const nb_kview *i) {
-  NBP_TIMED(nbp_uop[op], unary(op, o, i));
-}
-static nb_status nbp_binary(nb_bop op, const nb_kview *o, const nb_kview *a, const nb_kview *b) {
-  NBP_TIMED(nbp_bop[op], binary(op, o, a, b));
-}
-static nb_status nbp_where(const nb_kview *o, const nb_kview *c, const nb_kview *a, const nb_kview *b) {
-  NBP_TIMED("where", where(o, c, a, b));
-}
-static nb_status nbp_reduce(nb_rop op, const nb_kview *o, const nb_kview *i, int n) {
-  NBP_TIMED(nbp_rop[op], reduce(op, o, i, n));
-}
-static nb_status nbp_matmul(const nb_kview *o, const nb_kview *a, const nb_kview *b) {
-  NBP_TIMED("matmul", matmul(o, a, b));
-}
-static nb_status nbp_rand_uniform(const nb_kview *o, uint64_t s, uint64_t off, double lo, double hi) {
-  NBP_TIMED("rand_uniform", rand_uniform(o, s, off, lo, hi));
-}
-static nb_status nbp_rand_normal(const nb_kview *o, uint64_t s, uint64_t off, double mu, double sd) {
-  NBP_TIMED("rand_normal", rand_normal(o, s, off, mu, sd));
-}
-static nb_status nbp_randint(const nb_kview *o, uint64_t s, uint64_t off, int64_t lo, int64_t hi) {
-  NBP_TIMED("randint", randint(o, s, off, lo, hi));
-}
-static nb_status nbp_softmax_fwd(const nb_kview *y, const nb_kview *x, int log) {
-  NBP_TIMED(log ? "log_softmax" : "softmax", softmax_fwd(y, x, log));
-}
-static nb_status nbp_softmax_bwd(const nb_kview *dx, const nb_kview *dy, const nb_kview *y, int log) {
-  NBP_TIMED(log ? "log_softmax_bwd" : "softmax_bwd", softmax_bwd(dx, dy, y, log));
-}
-static nb_status nbp_norm_fwd(const nb_kview *y, const nb_kview *mean, const nb_kview *rstd,
-                              const nb_kview *x, const nb_kview *w, const nb_kview *b, double eps, int rms) {
-  NBP_TIMED(rms ? "rms_norm" : "layer_norm", norm_fwd(y, mean, rstd, x, w, b, eps, rms));
-}
-static nb_status nbp_norm_bwd(const nb_kview *dx, const nb_kview *dw, const nb_kview *db,
-                              const nb_kview *dy, const nb_kview *x, const nb_kview *mean,
-                              const nb_kview *rstd, const nb_kview *w, int rms) {
-  NBP_TIMED(rms ? "rms_norm_bwd" : "layer_norm_bwd", norm_bwd(dx, dw, db, dy, x, mean, rstd, w, rms));
-}
-static nb_status nbp_xent_fwd(const nb_kview *loss, const nb_kview *lse, const nb_kview *logits,
-                              const nb_kview *t, int64_t ignore, double smoothing) {
-  NBP_TIMED("cross_entropy", xent_fwd(loss, lse, logits, t, ignore, smoothing));
-}
-static nb_status nbp_xent_bwd(const nb_kview *dlogits, const nb_kview *dloss, const nb_kview *logits,
-                              const nb_kview *t, const nb_kview *lse, int64_t ignore, double smoothing) {
-  NBP_TIMED("cross_entropy_bwd", xent_bwd(dlogits, dloss, logits, t, lse, ignore, smoothing));
-}
-static nb_status nbp_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_kview *dlogits,
-                                const nb_kview *dloss, const nb_kview *out, int mean,
-                                const nb_kview *logits, const nb_kview *t, int64_t ignore,
-                                double smoothing) {
-  NBP_TIMED("cross_entropy_fused", xent_fused(loss, lse, dlogits, dloss, out, mean, logits, t, ignore, smoothing));
-}
-static nb_status nbp_index_select(const nb_kview *o, const nb_kview *x, int axis, const nb_kview *idx) {
-  NBP_TIMED("index_select", index_select(o, x, axis, idx));
-}
-static nb_status nbp_index_add(const nb_kview *o, int axis, const nb_kview *idx, const nb_kview *src, int det) {
-  NBP_TIMED("index_add", index_add(o, axis, idx, src, det));
-}
-static nb_status nbp_gather(const nb_kview *o, const nb_kview *x, int axis, const nb_kview *idx) {
-  NBP_TIMED("gather", gather(o, x, axis, idx));
-}
-static nb_status nbp_scatter_add(const nb_kview *o, int axis, const nb_kview *idx, const nb_kview *src, int det) {
-  NBP_TIMED("scatter_add", scatter_add(o, axis, idx, src, det));
-}
-static nb_status nbp_dropout(const nb_kview *o, const nb_kview *x, double p, uint64_t s, uint64_t off) {
-  NBP_TIMED("dropout", dropout(o, x, p, s, off));
-}
-static nb_status nbp_im2col(const nb_kview *cols, const nb_kview *x, const nb_im2col_params *p) {
-  NBP_TIMED("im2col", im2col(cols, x, p));
-}
-static nb_status nbp_col2im(const nb_kview *x, const nb_kview *cols, const nb_im2col_params *p) {
-  NBP_TIMED("col2im", col2im(x, cols, p));
-}
-static nb_status nbp_maxpool2d_fwd(const nb_kview *y, const nb_kview *am, const nb_kview *x,
-                                   const nb_im2col_params *p) {
-  NBP_TIMED("maxpool2d", maxpool2d_fwd(y, am, x, p));
-}
-static nb_status nbp_maxpool2d_bwd(const nb_kview *dx, const nb_kview *dy, const nb_kview *am,
-                                   const nb_im2col_params *p) {
-  NBP_TIMED("maxpool2d_bwd", maxpool2d_bwd(dx, dy, am, p));
-}
-static nb_status nbp_avgpool2d_fwd(const nb_kview *y, const nb_kview *x, const nb_im2col_params *p) {
-  NBP_TIMED("avgpool2d", avgpool2d_fwd(y, x, p));
-}
-static nb_status nbp_avgpool2d_bwd(const nb_kview *dx, const nb_kview *dy, const nb_im2col_params *p) {
-  NBP_TIMED("avgpool2d_bwd", avgpool2d_bwd(dx, dy, p));
-}
-static nb_status nbp_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview *m, const nb_kview *v,
-                                double lr, double b1, double b2, double eps, double wd, int64_t step) {
-  NBP_TIMED("adamw", adamw_step(p, g, m, v, lr, b1, b2, eps, wd, step));
-}
-static nb_status nbp_sgd_step(const nb_kview *p, const nb_kview *g, const nb_kview *buf, double lr,
-                              double mom, double damp, int nesterov, double wd) {
-  NBP_TIMED("sgd", sgd_step(p, g, buf, lr, mom, damp, nesterov, wd));
-}
-static nb_status nbp_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
-                                 const nb_kview *v, double lr, double b1, double b2, double eps,
-                                 double wd, int64_t step) {
-  NBP_TIMED("adamw_multi", adamw_multi(n, p, g, m, v, lr, b1, b2, eps, wd, step));
-}
-static nb_status nbp_sumsq_multi(int n, const nb_kview *x, const nb_kview *out) {
-  NBP_TIMED("sumsq_multi", sumsq_multi(n, x, out));
-}
-static nb_status nbp_scale_multi(int n, const nb_kview *x, double s) {
-  NBP_TIMED("scale_multi", scale_multi(n, x, s));
-}
-static nb_status nbp_attn_fwd(const nb_kview *o, const nb_kview *lse, const nb_kview *q,
-                              const nb_kview *k, const nb_kview *v, double scale, int causal) {
-  NBP_TIMED("attention", attn_fwd(o, lse, q, k, v, scale, causal));
-}
-static nb_status nbp_attn_bwd(const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
-                              const nb_kview *dout, const nb_kview *q, const nb_kview *k,
-                              const nb_kview *v, const nb_kview *o, const nb_kview *lse,
-                              double scale, int causal) {
-  NBP_TIMED("attention_bwd", attn_bwd(dq, dk, dv, dout, q, k, v, o, lse, scale, causal));
-}
+/* One timed proxy nbp_NAME per kernel entry of backend_entries.h. */
+#define NB_BACKEND_KERNEL(NAME, PARAMS, ARGS, PROF) \
+  static nb_status nbp_##NAME PARAMS { NBP_TIMED(PROF, NAME ARGS); }
+#include "backend/backend_entries.h"
 
 /* The proxy of real: its kernel entries timed, absent ones left absent. */
 static void nbp_build(nb_backend *px, const nb_backend *r) {
   *px = *r;
-#define NBP_SET(f) px->f = r->f ? nbp_##f : NULL
-  NBP_SET(fill); NBP_SET(arange); NBP_SET(copy); NBP_SET(unary); NBP_SET(binary); NBP_SET(where);
-  NBP_SET(reduce); NBP_SET(matmul); NBP_SET(rand_uniform); NBP_SET(rand_normal); NBP_SET(randint);
-  NBP_SET(softmax_fwd); NBP_SET(softmax_bwd); NBP_SET(norm_fwd); NBP_SET(norm_bwd);
-  NBP_SET(xent_fwd); NBP_SET(xent_bwd); NBP_SET(xent_fused); NBP_SET(index_select);
-  NBP_SET(index_add); NBP_SET(gather); NBP_SET(scatter_add); NBP_SET(dropout); NBP_SET(im2col);
-  NBP_SET(col2im); NBP_SET(maxpool2d_fwd); NBP_SET(maxpool2d_bwd); NBP_SET(avgpool2d_fwd);
-  NBP_SET(avgpool2d_bwd); NBP_SET(adamw_step); NBP_SET(sgd_step); NBP_SET(adamw_multi);
-  NBP_SET(sumsq_multi); NBP_SET(scale_multi); NBP_SET(attn_fwd); NBP_SET(attn_bwd);
-#undef NBP_SET
+#define NB_BACKEND_KERNEL(NAME, PARAMS, ARGS, PROF) px->NAME = r->NAME ? nbp_##NAME : NULL;
+#include "backend/backend_entries.h"
 }
 
 const nb_backend *nb_profile_wrap(const nb_backend *real, nb_device dev) {

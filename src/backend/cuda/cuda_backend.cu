@@ -1,4 +1,4 @@
-/* The CUDA backend's function table (contracts in backend/backend.h). */
+/* The CUDA backend's function table (contracts in backend/backend_entries.h). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -12,46 +12,19 @@ static const nb_backend nb_cuda_table = {
   nb_cuda_host_alloc_entry,
   nb_cuda_host_free_entry,
   nb_cuda_upload_async_entry,
-  nb_cuda_fill,
-  nb_cuda_arange,
-  nb_cuda_copy,
-  nb_cuda_unary,
-  nb_cuda_binary,
-  nb_cuda_where,
-  nb_cuda_reduce,
-  nb_cuda_matmul,
-  nb_cuda_rand_uniform,
-  nb_cuda_rand_normal,
-  nb_cuda_randint,
-  nb_cuda_softmax_fwd,
-  nb_cuda_softmax_bwd,
-  nb_cuda_norm_fwd,
-  nb_cuda_norm_bwd,
-  nb_cuda_xent_fwd,
-  nb_cuda_xent_bwd,
-  nb_cuda_xent_fused,
-  nb_cuda_index_select,
-  nb_cuda_index_add,
-  nb_cuda_gather,
-  nb_cuda_scatter_add,
-  nb_cuda_dropout,
-  nb_cuda_im2col,
-  nb_cuda_col2im,
-  nb_cuda_maxpool2d_fwd,
-  nb_cuda_maxpool2d_bwd,
-  nb_cuda_avgpool2d_fwd,
-  nb_cuda_avgpool2d_bwd,
-  nb_cuda_adamw_step,
-  nb_cuda_sgd_step,
-  nb_cuda_adamw_multi,
-  nb_cuda_sumsq_multi,
-  nb_cuda_scale_multi,
-  nb_cuda_attn_fwd,
-  nb_cuda_attn_bwd,
+#define NB_BACKEND_KERNEL(NAME, PARAMS, ARGS, PROF) nb_cuda_##NAME,
+#include "backend/backend_entries.h"
 };
 
 /* Positional initialisation (C++ has no designated initialisers for every
- * member in order before C++20): this checks the member count stays put. */
-static_assert(sizeof(nb_backend) == sizeof(void *) * 45, "nb_backend changed: update the table");
+ * member in order before C++20): the memory entries above are in
+ * backend_entries.h's order, by hand; the kernels follow from the list. */
+enum {
+  NB_CUDA_MEMORY_ENTRIES = 0
+#define NB_BACKEND_MEMORY(RET, NAME, PARAMS) + 1
+#include "backend/backend_entries.h"
+};
+static_assert(NB_CUDA_MEMORY_ENTRIES == 8 && offsetof(nb_backend, fill) == sizeof(void *) * 9,
+              "nb_backend's memory entries changed: update the table");
 
 extern "C" const nb_backend *nb_cuda_backend(void) { return &nb_cuda_table; }
