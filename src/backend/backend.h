@@ -64,9 +64,10 @@ typedef struct nb_backend {
 #include "backend/backend_entries.h"
 } nb_backend;
 
+/* backend/registry.c */
 const nb_backend *nb_backend_for(nb_device dev);   /* NULL + error if absent */
 const nb_backend *nb_backend_find(nb_device dev);  /* the same, never the profiler's proxy */
-/* core/profile.c: real itself, or while profiling its timed proxy (dev is
+/* backend/profile.c: real itself, or while profiling its timed proxy (dev is
  * the device the entries will run on); nb_profile_backward(1/0) brackets a
  * backward pass so that its kernels count as bwd. */
 const nb_backend *nb_profile_wrap(const nb_backend *real, nb_device dev);

@@ -58,7 +58,7 @@ nb_tensor *nb_tensor_view_of(const nb_tensor *t, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset);
 void nb_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 int64_t nb_shape_numel(int ndim, const int64_t *shape);
-/* The monotonic host clock in milliseconds (core/timing.c). */
+/* The monotonic host clock in milliseconds (core/clock.c). */
 double nb_host_ms(void);
 /* "[2, 3]" */
 const char *nb_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);

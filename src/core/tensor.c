@@ -70,11 +70,6 @@ nb_status nb_device_parse(const char *s, nb_device *out) {
   return nb_error_set(NB_ERR_DEVICE, "nb_device_parse: bad device '%s' (expected cpu, cuda or cuda:N)", s);
 }
 
-nb_status nb_device_synchronize(nb_device dev) {
-  const nb_backend *be = nb_backend_for(dev);
-  return be ? be->synchronize(dev) : nb_last_status();
-}
-
 /* ---- storage and tensor lifetime --------------------------------------- */
 static nb_storage *storage_new(size_t nbytes, nb_device dev) {
   const nb_backend *be = nb_backend_for(dev);

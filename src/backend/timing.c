@@ -6,9 +6,7 @@
  * the device's stream by the CUDA runtime (cuda_runtime.cu), so elapsed
  * time is device time and the host can queue many timed iterations before
  * waiting for any of them. */
-#define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
-#include <time.h>
 
 #include "core/core.h"
 #ifdef NABLA_HAVE_CUDA
@@ -20,12 +18,6 @@ struct nb_event {
   double host_ms;  /* CPU: monotonic clock in milliseconds */
   void *cuda;      /* CUDA: the cudaEvent_t, owned */
 };
-
-double nb_host_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
 
 /* Fills e->cuda for a CUDA device; a CPU-only build has no such device. */
 static nb_status timing_record_device(nb_event *e) {
