@@ -8,24 +8,15 @@
 #include <omp.h>
 #endif
 
+#include "testutil.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/core.h"
 #include "core/philox.h"
 
 #define KT_PI 3.14159265358979323846
 
-static int kt_pass, kt_fail;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) kt_pass++;                                              \
-    else {                                                            \
-      kt_fail++;                                                      \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);                     \
-      printf(__VA_ARGS__);                                            \
-      printf("\n");                                                   \
-    }                                                                 \
-  } while (0)
+/* The shared checker (testutil.h), under this file's short name. */
+#define CHECK NBT_CHECK
 
 static const nb_dtype FLOATS[] = {NB_F64, NB_F32, NB_F16, NB_BF16};
 static const nb_dtype ALL[] = {NB_F64, NB_F32, NB_F16, NB_BF16, NB_I64, NB_I32, NB_U8, NB_BOOL};
@@ -864,6 +855,5 @@ int main(void) {
   test_random();
   test_clip_multi();
   bench_add();
-  printf("%d passed, %d failed\n", kt_pass, kt_fail);
-  return kt_fail != 0;
+  return nbt_finish();
 }

@@ -9,23 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "testutil.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/core.h"
 #include "core/philox.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                \
-  do {                                                  \
-    if (cond) n_pass++;                                 \
-    else {                                              \
-      n_fail++;                                         \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);       \
-      printf(__VA_ARGS__);                              \
-      printf("\n");                                     \
-    }                                                   \
-  } while (0)
+/* The shared checker (testutil.h), under this file's short name. */
+#define CHECK NBT_CHECK
 
 /* ---- test tensors: a view over a malloc'd buffer in one of three layouts */
 
@@ -955,6 +946,5 @@ int main(void) {
   test_pools();
   test_adamw();
   test_sgd();
-  printf("%d passed, %d failed\n", n_pass, n_fail);
-  return n_fail ? 1 : 0;
+  return nbt_finish();
 }

@@ -21,20 +21,11 @@
 #include <omp.h>
 #endif
 
+#include "testutil.h"
 #include "backend/cpu/cpu_gemm.h"
 
-static int g_pass, g_fail;
-
-#define CHECK(cond, ...)                                    \
-  do {                                                      \
-    if (cond) g_pass++;                                     \
-    else {                                                  \
-      g_fail++;                                             \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);           \
-      printf(__VA_ARGS__);                                  \
-      printf("\n");                                         \
-    }                                                       \
-  } while (0)
+/* The shared checker (testutil.h), under this file's short name. */
+#define CHECK NBT_CHECK
 
 /* ---- values of any float dtype ------------------------------------------ */
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
@@ -286,6 +277,5 @@ int main(void) {
   test_large();
   test_thread_invariance();
   test_edges();
-  printf("%d passed, %d failed\n", g_pass, g_fail);
-  return g_fail != 0;
+  return nbt_finish();
 }
