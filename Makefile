@@ -1,6 +1,6 @@
 # Thin wrapper over CMake. `make` builds everything, `make test` runs the CPU
 # suite, `make run` trains the default model, `make test-cuda` runs the GPU
-# suite (on a machine with a GPU).
+# suite (on a machine with a GPU: test_cuda, test_cuda_accuracy, test_attention).
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
@@ -18,6 +18,8 @@ test: all
 
 test-cuda: all
 	$(BUILD)/tests/test_cuda
+	$(BUILD)/tests/test_cuda_accuracy
+	$(BUILD)/tests/test_attention
 
 run: all
 	$(BUILD)/nabla train
