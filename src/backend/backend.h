@@ -77,7 +77,11 @@ extern const nb_backend nb_cpu_backend;
 const nb_backend *nb_cuda_backend(void);
 #endif
 
-/* helpers for kernels */
+/* backend/kview.c: the view of a tensor, optionally broadcast to a shape
+ * (ndim, shape; returns 0, or -1 if t cannot broadcast to it), and helpers
+ * for kernels. */
+void nb_kview_of(const nb_tensor *t, nb_kview *v);
+int nb_kview_broadcast(const nb_tensor *t, int ndim, const int64_t *shape, nb_kview *v);
 int64_t nb_kview_numel(const nb_kview *v);
 int nb_kview_is_contiguous(const nb_kview *v);
 

@@ -1,6 +1,7 @@
-/* The backend registry: which table serves a device, and the device
- * queries that need no kernel. While the profiler runs, nb_backend_for hands
- * out its timed proxy of the table (backend/profile.c). */
+/* The backend registry: which table serves a device, the device queries
+ * that need no kernel, and core's default allocators (core.h's allocator
+ * interface over the backends' memory entries). While the profiler runs,
+ * nb_backend_for hands out its timed proxy of the table (backend/profile.c). */
 #include <string.h>
 
 #include "backend/backend.h"
@@ -44,4 +45,40 @@ nb_status nb_cuda_empty_cache(int device) {
 nb_status nb_device_synchronize(nb_device dev) {
   const nb_backend *be = nb_backend_for(dev);
   return be ? be->synchronize(dev) : nb_last_status();
+}
+
+/* ---- core's allocator interface over the backends' memory entries ---------- */
+static void *backend_alloc(nb_device dev, size_t nbytes) {
+  const nb_backend *be = nb_backend_for(dev);
+  return be ? be->alloc(dev, nbytes) : NULL;
+}
+
+static void backend_free(nb_device dev, void *p, size_t nbytes) {
+  const nb_backend *be = nb_backend_for(dev);
+  if (be) be->free(dev, p, nbytes);
+}
+
+static const nb_allocator backend_allocator = {backend_alloc, backend_free};
+
+const nb_allocator *nb_backend_allocator(nb_device dev) {
+  return nb_backend_for(dev) ? &backend_allocator : NULL;
+}
+
+/* The backend that provides pinned host memory (the CUDA one), or NULL. */
+static const nb_backend *pinned_backend(void) {
+  if (nb_cuda_available() <= 0) return NULL;
+  const nb_backend *be = nb_backend_for(nb_device_cuda(0));
+  return be && be->host_alloc ? be : NULL;
+}
+
+static void *pinned_alloc(nb_device dev, size_t nbytes) {
+  return pinned_backend()->host_alloc(nbytes);
+}
+
+static void pinned_free(nb_device dev, void *p, size_t nbytes) { pinned_backend()->host_free(p); }
+
+static const nb_allocator pinned_allocator = {pinned_alloc, pinned_free};
+
+const nb_allocator *nb_pinned_allocator(void) {
+  return pinned_backend() ? &pinned_allocator : NULL;
 }

@@ -1,5 +1,6 @@
-/* Internal core: the tensor and storage structs, errors, scopes.
- * Everything here is private to the library (prefix nb_, not in nabla.h). */
+/* Internal core: the tensor and storage structs, the allocator interface,
+ * errors, scopes. Everything here is private to the library (prefix nb_,
+ * not in nabla.h). Core is the bottom layer: it includes nothing above it. */
 #ifndef NB_CORE_H
 #define NB_CORE_H
 
@@ -9,6 +10,16 @@
 extern "C" {
 #endif
 
+/* Storage memory goes through an allocator: a small table of functions per
+ * device type that a memory planner can replace (nb_set_allocator). By
+ * default it is the backend's own memory entries (backend/registry.c
+ * provides nb_backend_allocator: the backend layer implements this
+ * interface, core only calls it). */
+typedef struct nb_allocator {
+  void *(*alloc)(nb_device dev, size_t nbytes);  /* NULL + error on failure */
+  void (*free)(nb_device dev, void *p, size_t nbytes);
+} nb_allocator;
+
 typedef struct nb_storage {
   int64_t refcount;
   void *data;
@@ -16,6 +27,7 @@ typedef struct nb_storage {
   nb_device device;
   int borrowed; /* data not owned (never freed by nabla) */
   int pinned;   /* page-locked host memory from a GPU backend's host_alloc */
+  const nb_allocator *allocator; /* the one that allocated data, which frees it */
   /* Host-side knowledge: every element holds fill_value (set by nb_zeros,
    * nb_ones, nb_full; cleared by nb_fill_, nb_copy_ and nb_data_ptr). Lets a
    * backward rule recognise the engine's all-ones seed without a device read. */
@@ -48,6 +60,22 @@ int nb_error_pending(void);
  * (so the first message of a chain survives). Returns NB_ERR_NULL. */
 nb_status nb_error_null(const char *op, const char *name);
 
+/* The allocator of storage on dev: the one installed for dev's type, else
+ * the backend's; NULL + error when dev is not available. */
+const nb_allocator *nb_allocator_for(nb_device dev);
+/* Installs a for every device of type (NULL: the backend's again). Storage
+ * already allocated is freed by the allocator that allocated it. */
+void nb_set_allocator(nb_device_type type, const nb_allocator *a);
+/* Provided by the backend layer (backend/registry.c): the backend's memory
+ * entries for dev as an allocator (NULL + error when dev is not available),
+ * and page-locked host memory (NULL where no GPU backend provides it). */
+const nb_allocator *nb_backend_allocator(nb_device dev);
+const nb_allocator *nb_pinned_allocator(void);
+
+/* Provided by the graph layer (graph/node.c): drops a reference to the node
+ * that produced a tensor (nb_release frees a tensor's grad_fn through it). */
+void nb_node_release(struct nb_node *n);
+
 /* Registers a fresh reference with the innermost scope, if any; returns t. */
 nb_tensor *nb_autorelease(nb_tensor *t);
 
@@ -64,12 +92,6 @@ double nb_host_ms(void);
 const char *nb_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 int nb_same_device(nb_device a, nb_device b);
 const char *nb_device_str(nb_device d, char *buf, size_t n);
-
-/* Backend view of a tensor, optionally broadcast to a shape (ndim, shape). */
-struct nb_kview;
-void nb_kview_of(const nb_tensor *t, struct nb_kview *v);
-int nb_kview_broadcast(const nb_tensor *t, int ndim, const int64_t *shape,
-                       struct nb_kview *v);
 
 /* Normalises axis into [0, ndim); returns -1 and sets an error if out of range. */
 int nb_norm_axis(const char *op, int axis, int ndim);

@@ -4,8 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "backend/backend.h"
 #include "core/core.h"
 
 static int64_t live_tensors;                 /* atomically updated */
@@ -70,14 +68,27 @@ nb_status nb_device_parse(const char *s, nb_device *out) {
   return nb_error_set(NB_ERR_DEVICE, "nb_device_parse: bad device '%s' (expected cpu, cuda or cuda:N)", s);
 }
 
+/* ---- allocators ---------------------------------------------------------- */
+static const nb_allocator *installed[2]; /* per device type; NULL: the backend's */
+
+const nb_allocator *nb_allocator_for(nb_device dev) {
+  const nb_allocator *a = __atomic_load_n(&installed[dev.type != NB_CPU], __ATOMIC_ACQUIRE);
+  return a ? a : nb_backend_allocator(dev);
+}
+
+void nb_set_allocator(nb_device_type type, const nb_allocator *a) {
+  __atomic_store_n(&installed[type != NB_CPU], a, __ATOMIC_RELEASE);
+}
+
 /* ---- storage and tensor lifetime --------------------------------------- */
 static nb_storage *storage_new(size_t nbytes, nb_device dev) {
-  const nb_backend *be = nb_backend_for(dev);
-  if (!be) return NULL;
+  const nb_allocator *al = nb_allocator_for(dev);
+  if (!al) return NULL;
   nb_storage *s = calloc(1, sizeof *s);
   if (!s) { nb_error_set(NB_ERR_OOM, "out of host memory for a storage header"); return NULL; }
-  s->data = be->alloc(dev, nbytes);
+  s->data = al->alloc(dev, nbytes);
   if (!s->data) { free(s); return NULL; }
+  s->allocator = al;
   s->refcount = 1;
   s->nbytes = nbytes;
   s->device = dev;
@@ -85,21 +96,9 @@ static nb_storage *storage_new(size_t nbytes, nb_device dev) {
   return s;
 }
 
-/* The backend that provides pinned host memory (the CUDA one), or NULL. */
-static const nb_backend *pinned_backend(void) {
-  if (nb_cuda_available() <= 0) return NULL;
-  const nb_backend *be = nb_backend_for(nb_device_cuda(0));
-  return be && be->host_alloc ? be : NULL;
-}
-
 static void storage_release(nb_storage *s) {
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (s->pinned) {
-    pinned_backend()->host_free(s->data);
-  } else if (!s->borrowed) {
-    const nb_backend *be = nb_backend_for(s->device);
-    if (be) be->free(s->device, s->data, s->nbytes);
-  }
+  if (!s->borrowed) s->allocator->free(s->device, s->data, s->nbytes);
   __atomic_sub_fetch(&live_bytes[s->device.type != NB_CPU], (int64_t)s->nbytes, __ATOMIC_RELAXED);
   free(s);
 }
@@ -145,14 +144,16 @@ nb_tensor *nb_tensor_alloc(int ndim, const int64_t *shape, nb_dtype dt, nb_devic
 /* A CPU tensor in page-locked memory where a GPU backend provides it, else
  * in ordinary memory: copies from it to a GPU can then run asynchronously. */
 nb_tensor *nb_empty_pinned(int ndim, const int64_t *shape, nb_dtype dt) {
-  const nb_backend *pb = pinned_backend();
+  const nb_allocator *pa = nb_pinned_allocator();
   nb_tensor *t = nb_tensor_alloc(ndim, shape, dt, NB_DEVICE_CPU);
-  if (!t || !pb) return nb_autorelease(t);
-  void *p = pb->host_alloc(t->storage->nbytes);
+  if (!t || !pa) return nb_autorelease(t);
+  nb_storage *s = t->storage;
+  void *p = pa->alloc(NB_DEVICE_CPU, s->nbytes);
   if (!p) { nb_release(t); return NULL; }
-  nb_cpu_backend.free(NB_DEVICE_CPU, t->storage->data, t->storage->nbytes);
-  t->storage->data = p;
-  t->storage->pinned = 1;
+  s->allocator->free(NB_DEVICE_CPU, s->data, s->nbytes);
+  s->data = p;
+  s->allocator = pa;
+  s->pinned = 1;
   return nb_autorelease(t);
 }
 
@@ -301,46 +302,4 @@ int nb_norm_axis(const char *op, int axis, int ndim) {
     return -1;
   }
   return a;
-}
-
-/* ---- kernel views ------------------------------------------------------ */
-void nb_kview_of(const nb_tensor *t, nb_kview *v) {
-  v->data = (char *)t->storage->data + t->offset * (int64_t)nb_dtype_size(t->dtype);
-  v->dtype = t->dtype;
-  v->ndim = t->ndim;
-  for (int i = 0; i < t->ndim; i++) {
-    v->shape[i] = t->shape[i];
-    v->strides[i] = t->strides[i];
-  }
-}
-
-/* Right-aligned NumPy broadcast of t's view to (ndim, shape): stride 0 on
- * new or size-1 axes. Returns 0, or -1 if t cannot broadcast. */
-int nb_kview_broadcast(const nb_tensor *t, int ndim, const int64_t *shape, nb_kview *v) {
-  nb_kview_of(t, v);
-  if (t->ndim > ndim) return -1;
-  int off = ndim - t->ndim;
-  for (int i = ndim - 1; i >= 0; i--) {
-    int j = i - off;
-    int64_t sz = j >= 0 ? t->shape[j] : 1, st = j >= 0 ? t->strides[j] : 0;
-    if (sz != shape[i]) {
-      if (sz != 1) return -1;
-      st = 0;
-    }
-    v->shape[i] = shape[i];
-    v->strides[i] = st;
-  }
-  v->ndim = ndim;
-  return 0;
-}
-
-int64_t nb_kview_numel(const nb_kview *v) { return nb_shape_numel(v->ndim, v->shape); }
-
-int nb_kview_is_contiguous(const nb_kview *v) {
-  int64_t s = 1;
-  for (int i = v->ndim - 1; i >= 0; i--) {
-    if (v->shape[i] != 1 && v->strides[i] != s) return 0;
-    s *= v->shape[i];
-  }
-  return 1;
 }

@@ -1,11 +1,10 @@
-/* Creation, host transfer, device transfer, in-place fill/copy, RNG draws. */
+/* Creation, host transfer, device transfer, in-place fill/copy, RNG draws:
+ * the ops that fill new storage through a kernel (core allocates it). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "backend/backend.h"
-#include "core/core.h"
+#include "ops/ops.h"
 
 static nb_tensor *fill_new(const char *op, int ndim, const int64_t *shape, double v, nb_dtype dt,
                            nb_device dev) {
