@@ -49,6 +49,16 @@ void *nb_cuda_lt_handle(const nb_cuda_ctx *ctx, void **workspace, size_t *ws_byt
 
 #define NB_CUDA_THREADS 256
 
+/* Runs the body (__VA_ARGS__) with E bound to the unsigned integer type of
+ * size sz: a kernel that moves elements as bits instantiates once per size. */
+#define NB_CUDA_SIZE_SWITCH(sz, E, ...)                       \
+  switch (sz) {                                               \
+  case 1: { typedef uint8_t E; __VA_ARGS__; } break;          \
+  case 2: { typedef uint16_t E; __VA_ARGS__; } break;         \
+  case 4: { typedef uint32_t E; __VA_ARGS__; } break;         \
+  default: { typedef uint64_t E; __VA_ARGS__; } break;        \
+  }
+
 /* Grid size for a grid-stride loop over n items with NB_CUDA_THREADS
  * threads per block: enough blocks to fill the device several times. */
 static inline unsigned nb_cuda_blocks(const nb_cuda_ctx *ctx, int64_t n, int threads) {

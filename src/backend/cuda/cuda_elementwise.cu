@@ -56,15 +56,6 @@ static nb_status fill_run(const nb_cuda_ctx *ctx, const nb_kview *out, const voi
   return nb_cuda_launch_check("fill");
 }
 
-/* Runs body with E bound to the unsigned type of size sz. */
-#define NB_CUDA_SIZE_SWITCH(sz, E, ...)                       \
-  switch (sz) {                                               \
-  case 1: { typedef uint8_t E; __VA_ARGS__; } break;          \
-  case 2: { typedef uint16_t E; __VA_ARGS__; } break;         \
-  case 4: { typedef uint32_t E; __VA_ARGS__; } break;         \
-  default: { typedef uint64_t E; __VA_ARGS__; } break;        \
-  }
-
 extern "C" nb_status nb_cuda_fill(const nb_kview *out, double value) {
   int64_t n = nb_kview_numel(out);
   if (n == 0) return NB_OK;

@@ -121,14 +121,6 @@ __global__ void nb_gather_kernel(E *out, const E *x, const char *idx, int idt, i
   }
 }
 
-#define NB_CUDA_SIZE_SWITCH(sz, E, ...)                       \
-  switch (sz) {                                               \
-  case 1: { typedef uint8_t E; __VA_ARGS__; } break;          \
-  case 2: { typedef uint16_t E; __VA_ARGS__; } break;         \
-  case 4: { typedef uint32_t E; __VA_ARGS__; } break;         \
-  default: { typedef uint64_t E; __VA_ARGS__; } break;        \
-  }
-
 /* ---- whole rows ---------------------------------------------------------- */
 /* The row layout: out and x (or src) contiguous with only unit axes before
  * axis, so row j of the indexed axis is L consecutive elements. */
