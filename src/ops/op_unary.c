@@ -1,7 +1,7 @@
 /* Unary elementwise ops: definition, dtype rule, backward rule. */
 #include <math.h>
 
-#include "autograd/autograd.h"
+#include "graph/node.h"
 #include "backend/backend.h"
 #include "core/core.h"
 #include "ops/ops.h"

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
+#include "graph/node.h"
 #include "backend/backend.h"
 #include "core/core.h"
 

@@ -2,7 +2,7 @@
 #ifndef NB_OPS_H
 #define NB_OPS_H
 
-#include "autograd/autograd.h"
+#include "graph/node.h"
 #include "backend/backend.h"
 #include "core/core.h"
 

@@ -1,4 +1,5 @@
-/* Autograd internals: graph nodes and the recording API used by ops.
+/* The graph layer: nodes and their recording, used by ops (below them;
+ * the backward engine that runs the nodes is autograd, above them).
  *
  * Every differentiable op has exactly one output. When grad mode is on and
  * an input requires grad, the op records a node on its output: the node holds
@@ -7,8 +8,8 @@
  * (detached, so an op saving its own output makes no reference cycle), and
  * integer/double parameters. A backward rule computes input gradients with
  * nabla's own ops, so under create_graph the rules are themselves recorded. */
-#ifndef NB_AUTOGRAD_H
-#define NB_AUTOGRAD_H
+#ifndef NB_GRAPH_NODE_H
+#define NB_GRAPH_NODE_H
 
 #include "core/core.h"
 
@@ -39,7 +40,13 @@ struct nb_node {
   nb_tensor *gacc;
 };
 
+/* Grad mode (nb_no_grad_begin/end, nb_grad_enabled in nabla.h) is
+ * recording's switch and lives here, in graph/node.c, with it. */
+
 void nb_node_release(nb_node *n);
+/* Drops the node's inputs and saved tensors (a backward pass that does not
+ * retain the graph frees it this way). */
+void nb_node_drop_refs(nb_node *n);
 /* Records a node on out if grad mode is on and any input requires grad.
  * Returns the node (so the caller can save tensors and parameters) or NULL
  * when nothing was recorded. NULL entries in inputs are allowed. */
