@@ -106,11 +106,7 @@ nb_status nb_cpu_attn_fwd(const nb_kview *o, const nb_kview *lse, const nb_kview
   int fail = 0;
 #pragma omp parallel if (rows * a.Lk * (a.D + a.Dv) >= NB_CPU_PAR_MIN)
   {
-    double *w = malloc((size_t)wn * sizeof *w);
-    if (!w) {
-#pragma omp atomic write
-      fail = 1;
-    }
+    double *w = nb_cpu_scratch((size_t)wn, &fail);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++)
       if (w) att_fwd_row(o, lse, q, k, v, scale, causal, a, r / a.Lq, r % a.Lq, w);
@@ -189,11 +185,7 @@ nb_status nb_cpu_attn_bwd(const nb_kview *dq, const nb_kview *dk, const nb_kview
   int par = rows * a.Lk * (a.D + a.Dv) >= NB_CPU_PAR_MIN, fail = 0;
 #pragma omp parallel if (par)
   {
-    double *w = malloc((size_t)wn * sizeof *w);
-    if (!w) {
-#pragma omp atomic write
-      fail = 1;
-    }
+    double *w = nb_cpu_scratch((size_t)wn, &fail);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       if (!w) continue;

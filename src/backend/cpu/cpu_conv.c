@@ -96,11 +96,7 @@ nb_status nb_cpu_col2im(const nb_kview *x, const nb_kview *cols, const nb_im2col
   int oom = 0;
 #pragma omp parallel if (planes * crows >= NB_CPU_PAR_MIN)
   {
-    double *acc = malloc((size_t)(hw + p->ow + 1) * sizeof *acc);
-    if (!acc) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *acc = nb_cpu_scratch((size_t)(hw + p->ow + 1), &oom);
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < planes; q++) {
       if (!acc) continue;
@@ -127,11 +123,7 @@ static nb_status cv_planes(const char *op, const nb_im2col_params *p, int64_t nb
   int oom = 0;
 #pragma omp parallel if (work >= NB_CPU_PAR_MIN)
   {
-    double *buf = malloc((size_t)(nbuf ? nbuf : 1) * sizeof *buf);
-    if (!buf) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *buf = nb_cpu_scratch((size_t)(nbuf ? nbuf : 1), &oom);
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < planes; q++)
       if (buf) fn(q, buf, ctx);

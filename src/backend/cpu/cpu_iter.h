@@ -12,6 +12,7 @@
 #define NB_CPU_ITER_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -27,6 +28,18 @@
 #define NB_CPU_PAR_MIN 32768
 /* Elements per stack tile when a strip is converted to a compute type. */
 #define NB_CPU_TILE 256
+
+/* A thread's scratch of n doubles (a row, a plane) inside a parallel
+ * region: malloc'd, or NULL with *fail set (atomically) so that the caller
+ * skips its share and reports NB_ERR_OOM after the region. */
+static inline double *nb_cpu_scratch(size_t n, int *fail) {
+  double *p = malloc(n * sizeof *p);
+  if (!p) {
+#pragma omp atomic write
+    *fail = 1;
+  }
+  return p;
+}
 
 typedef struct {
   int ndim, nops;

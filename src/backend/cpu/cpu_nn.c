@@ -111,11 +111,7 @@ nb_status nb_cpu_softmax_fwd(const nb_kview *y, const nb_kview *x, int log) {
   if (R == 0) return NB_OK;
 #pragma omp parallel if (R * D >= NB_CPU_PAR_MIN)
   {
-    double *a = malloc((size_t)D * sizeof *a);
-    if (!a) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *a = nb_cpu_scratch((size_t)D, &oom);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; r++) {
       if (!a) continue;
@@ -147,11 +143,7 @@ nb_status nb_cpu_softmax_bwd(const nb_kview *dx, const nb_kview *dy, const nb_kv
   if (R == 0) return NB_OK;
 #pragma omp parallel if (R * D >= NB_CPU_PAR_MIN)
   {
-    double *a = malloc(2 * (size_t)D * sizeof *a);
-    if (!a) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *a = nb_cpu_scratch(2 * (size_t)D, &oom);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; r++) {
       if (!a) continue;
@@ -198,11 +190,7 @@ nb_status nb_cpu_norm_fwd(const nb_kview *y, const nb_kview *mean, const nb_kvie
   double *wv = nn_param(w, D, &oom), *bv = nn_param(b, D, &oom);
 #pragma omp parallel if (R * D >= NB_CPU_PAR_MIN && !oom)
   {
-    double *a = oom ? NULL : malloc((size_t)D * sizeof *a);
-    if (!a) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *a = oom ? NULL : nb_cpu_scratch((size_t)D, &oom);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; r++) {
       if (!a) continue;
@@ -279,11 +267,7 @@ nb_status nb_cpu_norm_bwd(const nb_kview *dx, const nb_kview *dw, const nb_kview
   if ((dw && !pw) || (db && !pb)) oom = 1;
 #pragma omp parallel if (R * D >= NB_CPU_PAR_MIN && !oom)
   {
-    double *a = oom ? NULL : malloc(2 * (size_t)D * sizeof *a);
-    if (!a) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *a = oom ? NULL : nb_cpu_scratch(2 * (size_t)D, &oom);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < nch; c++) {
       for (int64_t r = c * per; a && r < R && r < (c + 1) * per; r++) {
@@ -356,11 +340,7 @@ nb_status nb_cpu_xent_fwd(const nb_kview *loss, const nb_kview *lse, const nb_kv
   if (N == 0) return NB_OK;
 #pragma omp parallel if (N * C >= NB_CPU_PAR_MIN)
   {
-    double *a = malloc((size_t)(C ? C : 1) * sizeof *a);
-    if (!a) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *a = nb_cpu_scratch((size_t)(C ? C : 1), &oom);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < N; i++) {
       if (!a) continue;
@@ -391,11 +371,7 @@ nb_status nb_cpu_xent_bwd(const nb_kview *dlogits, const nb_kview *dloss,
   if (N == 0 || C == 0) return NB_OK;
 #pragma omp parallel if (N * C >= NB_CPU_PAR_MIN)
   {
-    double *a = malloc((size_t)C * sizeof *a);
-    if (!a) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *a = nb_cpu_scratch((size_t)C, &oom);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < N; i++) {
       if (!a) continue;
@@ -450,11 +426,7 @@ nb_status nb_cpu_xent_fused(const nb_kview *loss, const nb_kview *lse, const nb_
     nvalid += nb_cpu_get_i64(nn_at(targets, i), targets->dtype) != ignore_index;
 #pragma omp parallel if (N * C >= NB_CPU_PAR_MIN)
   {
-    double *a = malloc((size_t)(C ? C : 1) * sizeof *a);
-    if (!a) {
-#pragma omp atomic write
-      oom = 1;
-    }
+    double *a = nb_cpu_scratch((size_t)(C ? C : 1), &oom);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < N; i++) {
       if (!a) continue;
