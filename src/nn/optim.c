@@ -1,9 +1,10 @@
 /* Optimizers (SGD with momentum/Nesterov, AdamW) and gradient clipping.
  *
- * The update itself is one backend kernel per parameter (adamw_step,
- * sgd_step in backend.h), run on the parameter's device on contiguous
- * views; AdamW hands its contiguous parameters of one device to the
- * backend's adamw_multi at once (the same bits, fewer launches). This file owns the state: one slot per parameter, allocated on the
+ * The update itself is one fused op per parameter (nb_op_adamw_step,
+ * nb_op_sgd_step in ops/op_optim.h: one kernel each), run on the
+ * parameter's device on contiguous tensors; AdamW hands its contiguous
+ * parameters of one device to nb_op_adamw_multi at once (the same bits,
+ * fewer launches). This file owns the state: one slot per parameter, allocated on the
  * parameter's device the first time it is needed (the parameter's first
  * step with a gradient, or the first nb_optim_state_* call, so a checkpoint
  * can be restored into it before any step).
@@ -22,8 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
 #include "core/core.h"
+#include "ops/op_optim.h"
 
 typedef enum { OPTIM_SGD, OPTIM_ADAMW } optim_kind;
 
@@ -187,27 +188,28 @@ nb_tensor *nb_optim_state_get(const nb_optim *o, int i, const char **name) {
 
 /* ---- one step -------------------------------------------------------------- */
 
-static nb_status optim_kernel(nb_optim *o, optim_slot *s, const nb_kview *kp, const nb_kview *kg,
-                              const nb_backend *be) {
-  nb_kview ka, kb;
-  if (s->state[0]) nb_kview_of(s->state[0], &ka);
+static nb_adamw_hparams optim_adamw_hparams(const nb_optim *o) {
+  return (nb_adamw_hparams){o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->steps};
+}
+
+static nb_status optim_kernel(nb_optim *o, optim_slot *s, nb_tensor *pc, nb_tensor *gc) {
   if (o->kind == OPTIM_ADAMW) {
-    nb_kview_of(s->state[1], &kb);
-    return be->adamw_step(kp, kg, &ka, &kb, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->steps);
+    nb_adamw_hparams h = optim_adamw_hparams(o);
+    return nb_op_adamw_step(pc, gc, s->state[0], s->state[1], &h);
   }
   /* torch starts the buffer at the first (decayed) gradient: with a zero
    * buffer and no dampening, the kernel's update gives exactly that. */
   double damp = s->started ? o->dampening : 0.0;
-  return be->sgd_step(kp, kg, s->state[0] ? &ka : NULL, o->lr, o->momentum, damp, o->nesterov,
-                      o->weight_decay);
+  return nb_op_sgd_step(pc, gc, s->state[0], o->lr, o->momentum, damp, o->nesterov,
+                        o->weight_decay);
 }
 
 /* Checks parameter i's gradient and makes its state; *pc and *gc are then
  * contiguous views of the parameter (p itself unless p is strided) and of
- * its gradient in p's dtype, or both NULL when p has no gradient. Call
+ * its gradient in p's dtype, or both NULL when p has no gradient; *caps is
+ * what the fused entries take on p's device (nb_op_optim_caps). Call
  * inside a scope and no-grad. */
-static nb_status optim_prepare(nb_optim *o, int i, nb_tensor **pc, nb_tensor **gc,
-                               const nb_backend **be) {
+static nb_status optim_prepare(nb_optim *o, int i, nb_tensor **pc, nb_tensor **gc, int *caps) {
   nb_tensor *p = nb_params_get(o->params, i), *g = nb_grad(p);
   *pc = *gc = NULL;
   if (!g) return NB_OK;
@@ -216,8 +218,8 @@ static nb_status optim_prepare(nb_optim *o, int i, nb_tensor **pc, nb_tensor **g
       memcmp(nb_shape(g), nb_shape(p), (size_t)nb_ndim(p) * sizeof(int64_t)))
     return nb_error_set(NB_ERR_SHAPE, "%s: gradient %s does not match parameter \"%s\" %s", optim_name(o),
                         nb_describe(g, b1, sizeof b1), nb_params_name(o->params, i), nb_describe(p, b2, sizeof b2));
-  *be = nb_backend_for(nb_device_of(p));
-  if (!*be) return nb_last_status();
+  *caps = nb_op_optim_caps(nb_device_of(p));
+  if (*caps < 0) return nb_last_status();
   nb_status st = optim_materialise(o, i);
   if (st) return st;
   if (nb_dtype_of(g) != nb_dtype_of(p)) g = nb_cast(g, nb_dtype_of(p));
@@ -231,13 +233,10 @@ static nb_status optim_prepare(nb_optim *o, int i, nb_tensor **pc, nb_tensor **g
 }
 
 /* The update of one prepared parameter, copied back if p is strided. */
-static nb_status optim_apply(nb_optim *o, int i, nb_tensor *pc, nb_tensor *gc, const nb_backend *be) {
+static nb_status optim_apply(nb_optim *o, int i, nb_tensor *pc, nb_tensor *gc) {
   nb_tensor *p = nb_params_get(o->params, i);
-  nb_kview kp, kg;
-  nb_kview_of(pc, &kp);
-  nb_kview_of(gc, &kg);
   nb_status st;
-  if (nb_numel(p) && (st = optim_kernel(o, &o->slots[i], &kp, &kg, be))) return st;
+  if (nb_numel(p) && (st = optim_kernel(o, &o->slots[i], pc, gc))) return st;
   o->slots[i].started = 1;
   return pc == p ? NB_OK : nb_copy_(p, pc);
 }
@@ -245,92 +244,55 @@ static nb_status optim_apply(nb_optim *o, int i, nb_tensor *pc, nb_tensor *gc, c
 /* Updates parameter i from its gradient; call inside a scope and no-grad. */
 static nb_status optim_update(nb_optim *o, int i) {
   nb_tensor *pc, *gc;
-  const nb_backend *be = NULL;
-  nb_status st = optim_prepare(o, i, &pc, &gc, &be);
+  int caps;
+  nb_status st = optim_prepare(o, i, &pc, &gc, &caps);
   if (st || !pc) return st;
-  return optim_apply(o, i, pc, gc, be);
+  return optim_apply(o, i, pc, gc);
 }
 
 /* ---- AdamW over many parameters at once ------------------------------------- */
 
-typedef struct {
-  uintptr_t lo, hi;
-} optim_range;
-
-static int optim_range_cmp(const void *a, const void *b) {
-  uintptr_t x = ((const optim_range *)a)->lo, y = ((const optim_range *)b)->lo;
-  return (x > y) - (x < y);
-}
-
-/* Whether any two of the n contiguous parameter views share bytes (a
- * parameter listed twice, or overlapping views): then the updates must run
- * one after another, as the per-tensor path does. */
-static int optim_overlap(const nb_kview *kp, int n) {
-  optim_range *r = malloc((size_t)n * sizeof *r);
-  if (!r) return 1; /* the per-tensor path needs no memory */
-  for (int i = 0; i < n; i++) {
-    r[i].lo = (uintptr_t)kp[i].data;
-    r[i].hi = r[i].lo + (uintptr_t)nb_kview_numel(&kp[i]) * nb_dtype_size(kp[i].dtype);
-  }
-  qsort(r, (size_t)n, sizeof *r, optim_range_cmp);
-  int ov = 0;
-  for (int i = 1; i < n && !ov; i++) ov = r[i].lo < r[i - 1].hi;
-  free(r);
-  return ov;
-}
-
-/* The batch of contiguous parameters on one device through the backend's
- * adamw_multi (one or a few launches instead of one per tensor); same bits
- * as per-tensor adamw_step calls, which remain the path for overlapping
- * parameters. kv holds 4 arrays of cap views: p, g, m, v. */
-static nb_status optim_adamw_batch(nb_optim *o, const nb_backend *be, nb_kview *kv, int cap,
-                                   const int *slot, int k) {
-  nb_kview *kp = kv, *kg = kv + cap, *km = kv + 2 * cap, *kw = kv + 3 * cap;
-  nb_status st = NB_OK;
-  if (!optim_overlap(kp, k))
-    st = be->adamw_multi(k, kp, kg, km, kw, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->steps);
-  else
-    for (int j = 0; j < k && !st; j++)
-      st = be->adamw_step(&kp[j], &kg[j], &km[j], &kw[j], o->lr, o->beta1, o->beta2, o->eps,
-                          o->weight_decay, o->steps);
-  for (int j = 0; j < k && !st; j++) o->slots[slot[j]].started = 1;
-  return st;
-}
-
 /* AdamW step of every parameter: contiguous, non-empty parameters on the
- * first such parameter's device go to one adamw_multi call; the rest (strided
- * parameters, other devices, backends without adamw_multi) one by one. */
+ * first such parameter's device go to one nb_op_adamw_multi call (one or a
+ * few launches instead of one per tensor, the same bits); the rest (strided
+ * parameters, other devices, backends without the multi-tensor kernel) one
+ * by one. */
 static nb_status optim_adamw_all(nb_optim *o) {
   int n = o->n_slots, k = 0;
-  nb_kview *kv = malloc((size_t)(n ? n : 1) * 4 * sizeof *kv);
+  nb_tensor **tv = malloc((size_t)(n ? n : 1) * 4 * sizeof *tv);
   int *slot = malloc((size_t)(n ? n : 1) * sizeof *slot);
-  if (!kv || !slot) {
-    free(kv);
+  if (!tv || !slot) {
+    free(tv);
     free(slot);
     return nb_error_set(NB_ERR_OOM, "adamw: out of memory for the parameter table");
   }
-  const nb_backend *be0 = NULL;
+  int have0 = 0;
   nb_device dev0 = NB_DEVICE_CPU;
   nb_status st = NB_OK;
   for (int i = 0; i < n && !st; i++) {
     nb_tensor *pc, *gc, *p = nb_params_get(o->params, i);
-    const nb_backend *be = NULL;
-    if ((st = optim_prepare(o, i, &pc, &gc, &be)) || !pc) continue;
-    int batch = pc == p && nb_numel(p) && be->adamw_multi && (!be0 || nb_same_device(nb_device_of(p), dev0));
+    int caps = 0;
+    if ((st = optim_prepare(o, i, &pc, &gc, &caps)) || !pc) continue;
+    int batch = pc == p && nb_numel(p) && (caps & NB_OPTIM_ADAMW_MULTI) &&
+                (!have0 || nb_same_device(nb_device_of(p), dev0));
     if (!batch) {
-      st = optim_apply(o, i, pc, gc, be);
+      st = optim_apply(o, i, pc, gc);
       continue;
     }
-    be0 = be;
+    have0 = 1;
     dev0 = nb_device_of(p);
-    nb_kview_of(pc, &kv[k]);
-    nb_kview_of(gc, &kv[n + k]);
-    nb_kview_of(o->slots[i].state[0], &kv[2 * n + k]);
-    nb_kview_of(o->slots[i].state[1], &kv[3 * n + k]);
+    tv[k] = pc;
+    tv[n + k] = gc;
+    tv[2 * n + k] = o->slots[i].state[0];
+    tv[3 * n + k] = o->slots[i].state[1];
     slot[k++] = i;
   }
-  if (!st && k) st = optim_adamw_batch(o, be0, kv, n, slot, k);
-  free(kv);
+  if (!st && k) {
+    nb_adamw_hparams h = optim_adamw_hparams(o);
+    st = nb_op_adamw_multi(k, tv, tv + n, tv + 2 * n, tv + 3 * n, &h);
+    for (int j = 0; j < k && !st; j++) o->slots[slot[j]].started = 1;
+  }
+  free(tv);
   free(slot);
   return st;
 }
@@ -397,32 +359,30 @@ static nb_tensor *clip_sum_squares(const nb_tensor *g) {
   return nb_cast(nb_sum(nb_square(c), 0, NULL, 0), NB_F64);
 }
 
-/* The gradients that the backend's multi-tensor passes take: contiguous,
- * non-empty, of a float dtype, on the first such gradient's device, when
- * that backend has sumsq_multi and scale_multi. batched[i] marks them; kv
- * gets their views, in order; returns how many (*be, *dev: their backend
- * and device). */
-static int clip_batch(nb_params *params, char *batched, nb_kview *kv, const nb_backend **be,
-                      nb_device *dev) {
-  int k = 0;
-  *be = NULL;
+/* The gradients that the multi-tensor passes (nb_op_sumsq_multi,
+ * nb_op_scale_multi) take: contiguous, non-empty, of a float dtype, on the
+ * first such gradient's device, when its backend has them. batched[i]
+ * marks them; gs gets them, in order; returns how many (*dev: their
+ * device). */
+static int clip_batch(nb_params *params, char *batched, nb_tensor **gs, nb_device *dev) {
+  int k = 0, have = 0;
   for (int i = 0; i < nb_params_count(params); i++) {
     nb_tensor *g = nb_grad(nb_params_get(params, i));
     batched[i] = 0;
     if (!g || !nb_numel(g) || !nb_is_contiguous(g) || !nb_dtype_is_float(nb_dtype_of(g))) continue;
-    if (!*be) {
-      const nb_backend *b = nb_backend_for(nb_device_of(g));
-      if (!b || !b->sumsq_multi || !b->scale_multi) {
+    if (!have) {
+      int caps = nb_op_optim_caps(nb_device_of(g));
+      if (caps < 0 || !(caps & NB_OPTIM_CLIP_MULTI)) {
         nb_clear_error();
         return 0;
       }
-      *be = b;
+      have = 1;
       *dev = nb_device_of(g);
     } else if (!nb_same_device(nb_device_of(g), *dev)) {
       continue;
     }
     batched[i] = 1;
-    nb_kview_of(g, &kv[k++]);
+    gs[k++] = g;
   }
   return k;
 }
@@ -431,15 +391,13 @@ static int clip_batch(nb_params *params, char *batched, nb_kview *kv, const nb_b
  * (its sum stays on the device: one value read back, one synchronisation),
  * the rest one by one as clip_sum_squares, added there when on the batch's
  * device, else read back each. */
-static nb_status clip_total(nb_params *params, const char *batched, const nb_kview *kv, int k,
-                            const nb_backend *be, nb_device dev, double *total) {
+static nb_status clip_total(nb_params *params, const char *batched, nb_tensor *const *gs, int k,
+                            nb_device dev, double *total) {
   nb_tensor *dev_total = NULL;
   double host_total = 0;
   if (k) {
     if (!(dev_total = nb_empty(0, NULL, NB_F64, dev))) return nb_last_status();
-    nb_kview ko;
-    nb_kview_of(dev_total, &ko);
-    nb_status st = be->sumsq_multi(k, kv, &ko);
+    nb_status st = nb_op_sumsq_multi(k, gs, dev_total);
     if (st) return st;
   }
   for (int i = 0; i < nb_params_count(params); i++) {
@@ -458,10 +416,10 @@ static nb_status clip_total(nb_params *params, const char *batched, const nb_kvi
 
 /* g *= coef for every gradient: the batch in one backend call (unless two
  * of its views share bytes), the rest through mul_scalar and a copy. */
-static nb_status clip_scale(nb_params *params, const char *batched, const nb_kview *kv, int k,
-                            const nb_backend *be, double coef) {
-  int one_call = k && !optim_overlap(kv, k);
-  nb_status st = one_call ? be->scale_multi(k, kv, coef) : NB_OK;
+static nb_status clip_scale(nb_params *params, const char *batched, nb_tensor *const *gs, int k,
+                            double coef) {
+  int one_call = k && !nb_op_tensors_overlap(k, gs);
+  nb_status st = one_call ? nb_op_scale_multi(k, gs, coef) : NB_OK;
   for (int i = 0; i < nb_params_count(params) && !st; i++) {
     nb_tensor *g = nb_grad(nb_params_get(params, i));
     if (!g || !nb_numel(g)) continue;
@@ -482,28 +440,27 @@ double nb_clip_grad_norm(nb_params *params, double max_norm) {
   }
   int n = nb_params_count(params);
   char *batched = malloc((size_t)(n ? n : 1));
-  nb_kview *kv = malloc((size_t)(n ? n : 1) * sizeof *kv);
-  if (!batched || !kv) {
+  nb_tensor **gs = malloc((size_t)(n ? n : 1) * sizeof *gs);
+  if (!batched || !gs) {
     free(batched);
-    free(kv);
+    free(gs);
     nb_error_set(NB_ERR_OOM, "nb_clip_grad_norm: out of memory for the gradient table");
     return -1;
   }
   double total = 0;
   nb_scope_begin();
   nb_no_grad_begin();
-  const nb_backend *be = NULL;
   nb_device dev = NB_DEVICE_CPU;
-  int k = clip_batch(params, batched, kv, &be, &dev);
-  nb_status st = clip_total(params, batched, kv, k, be, dev, &total);
+  int k = clip_batch(params, batched, gs, &dev);
+  nb_status st = clip_total(params, batched, gs, k, dev, &total);
   double norm = sqrt(total);
   /* torch's rule: scale by max_norm/(norm+1e-6) when that is below 1. A
    * non-finite norm propagates into the gradients, as in torch. */
   double coef = max_norm / (norm + 1e-6);
-  if (!st && !(coef >= 1.0)) st = clip_scale(params, batched, kv, k, be, coef);
+  if (!st && !(coef >= 1.0)) st = clip_scale(params, batched, gs, k, coef);
   nb_no_grad_end();
   nb_scope_end();
   free(batched);
-  free(kv);
+  free(gs);
   return st ? -1 : norm;
 }
