@@ -424,6 +424,27 @@ nb_tensor *nb_st_tensor(const nb_st_file *f, const char *name);
 const char *nb_st_metadata(const nb_st_file *f, const char *key); /* NULL if absent */
 void nb_st_close(nb_st_file *f);
 
+/* ---- token files (io) -------------------------------------------------------
+ * The format of llm.c's data scripts: a header of 256 little-endian int32
+ * (magic 20240520, version 1, the token count, the rest zero), then the
+ * tokens as little-endian uint16. */
+#define NB_TOKENS_MAGIC 20240520
+#define NB_TOKENS_VERSION 1
+#define NB_TOKENS_HEADER_BYTES 1024
+typedef struct nb_tokens nb_tokens;
+/* Checks the header and that the file's size is the header plus 2 bytes for
+ * each token it counts, then reads all tokens into host memory (2 bytes a
+ * token). vocab > 0: every token must be below it; 0: not checked. Returns
+ * a new nb_tokens owned by the caller (free with nb_tokens_close), or NULL
+ * with NB_ERR_IO naming the file and what was expected (a wrong magic or
+ * version, a file shorter or longer than its count, a token beyond vocab,
+ * an empty file, a directory), NB_ERR_OOM, or NB_ERR_NULL. */
+nb_tokens *nb_tokens_open(const char *path, int64_t vocab);
+int64_t nb_tokens_count(const nb_tokens *t);
+/* The tokens, borrowed from t: valid until nb_tokens_close(t). */
+const uint16_t *nb_tokens_data(const nb_tokens *t);
+void nb_tokens_close(nb_tokens *t); /* NULL is a no-op */
+
 #ifdef __cplusplus
 }
 #endif
