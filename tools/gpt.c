@@ -20,6 +20,14 @@
  * cpu-2026-11-24-default-recipe.md). */
 static double gpt_init_std(const gpt_config *c) { return 1.0 / sqrt((double)c->dim); }
 
+gpt_config gpt_preset_gpt2(void) {
+  return (gpt_config){.vocab = GPT2_VOCAB, .context = 1024, .layers = 12, .heads = 12, .dim = 768};
+}
+
+int gpt_padded_vocab(int vocab) {
+  return (vocab + GPT_VOCAB_ALIGN - 1) / GPT_VOCAB_ALIGN * GPT_VOCAB_ALIGN;
+}
+
 const char *gpt_config_check(const gpt_config *c) {
   static char msg[160];
   if (c->vocab < 2) snprintf(msg, sizeof msg, "vocabulary of %d tokens (need >= 2)", c->vocab);

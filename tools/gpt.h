@@ -31,6 +31,20 @@ typedef struct {
   gpt_block *blocks;
 } gpt_model;
 
+/* GPT-2 small (124M parameters with the padded vocabulary): 12 layers, 12
+ * heads, width 768, context 1024 and the GPT-2 tokenizer's 50,257 ids. */
+#define GPT2_VOCAB 50257
+gpt_config gpt_preset_gpt2(void);
+
+/* The model's vocabulary (rows of the token embedding and of the tied
+ * output head, columns of the logits) for token ids below vocab: vocab
+ * rounded up to a multiple of 64 (GPT-2's 50,257 becomes 50,304), so the
+ * head's matrix products run on whole tiles. The padding ids are never
+ * inputs or targets; their logits enter the softmax's normalisation and
+ * training pushes them down (nanoGPT's padding). */
+#define GPT_VOCAB_ALIGN 64
+int gpt_padded_vocab(int vocab);
+
 /* Checks a configuration; returns NULL or a message naming the problem. */
 const char *gpt_config_check(const gpt_config *cfg);
 /* A model with freshly initialised f32 weights on dev (NULL + library error

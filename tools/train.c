@@ -147,6 +147,69 @@ static void text_batch(const text_data *t, nb_rng *rng, int B, int T, int held_o
   }
 }
 
+/* ---- token files ---------------------------------------------------------- */
+
+/* Opens one token file (--tokens or --val-tokens), every id checked against
+ * the vocabulary; a bad file is bad input. */
+static int tokens_open_one(const trainer *tr, const char *opt, const char *path, nb_tokens **out) {
+  *out = nb_tokens_open(path, tr->o.vocab_size);
+  if (*out) return 0;
+  fprintf(stderr, "nabla train: --%s: %s%s\n", opt, nb_last_error(),
+          strstr(nb_last_error(), "vocabulary") ? " (--vocab-size sets it)" : "");
+  return nb_last_status() == NB_ERR_OOM ? NB_TOOL_EXIT_RUNTIME : NB_TOOL_EXIT_USAGE;
+}
+
+static int tokens_load(trainer *tr) {
+  token_data *t = &tr->tok;
+  t->vocab = tr->o.vocab_size;
+  int rc = tokens_open_one(tr, "tokens", tr->o.tokens, &t->train);
+  if (!rc && tr->o.val_tokens) rc = tokens_open_one(tr, "val-tokens", tr->o.val_tokens, &t->val);
+  return rc;
+}
+
+/* Training and held-out ids; each part needs one context plus its target. */
+static int tokens_split(trainer *tr) {
+  token_data *t = &tr->tok;
+  int64_t need = (int64_t)tr->o.context + 1, n = nb_tokens_count(t->train);
+  t->ids = nb_tokens_data(t->train);
+  if (t->val) {
+    t->n_train = n;
+    t->held = nb_tokens_data(t->val);
+    t->n_held = nb_tokens_count(t->val);
+  } else {
+    t->n_held = n / 10 > need ? n / 10 : need;
+    t->n_train = n - t->n_held;
+    t->held = t->ids + (t->n_train > 0 ? t->n_train : 0);
+  }
+  const char *opt = t->n_train < need ? "tokens" : t->n_held < need ? "val-tokens" : NULL;
+  if (!opt) return 0;
+  const char *path = t->n_train < need || !t->val ? tr->o.tokens : tr->o.val_tokens;
+  fprintf(stderr, "nabla train: --%s '%s' has %lld tokens; --context %d needs at least %lld%s\n",
+          opt, path, (long long)(t->val && opt[0] == 'v' ? t->n_held : nb_tokens_count(t->train)),
+          tr->o.context, (long long)(t->val ? need : 2 * need),
+          t->val ? "" : " (one context for training and one held out)");
+  return NB_TOOL_EXIT_USAGE;
+}
+
+static void tokens_batch(const token_data *t, nb_rng *rng, int B, int T, int held_out, int64_t *x,
+                         int64_t *y) {
+  const uint16_t *base = held_out ? t->held : t->ids;
+  int64_t n = held_out ? t->n_held : t->n_train;
+  for (int r = 0; r < B; r++) {
+    const uint16_t *s = base + (int64_t)tool_rand_below(rng, (uint64_t)(n - T));
+    for (int i = 0; i < T; i++) {
+      x[(int64_t)r * T + i] = s[i];
+      y[(int64_t)r * T + i] = s[i + 1];
+    }
+  }
+}
+
+/* The model's vocabulary: the task's, padded for token files. */
+static int train_vocab(const trainer *tr) {
+  if (tr->is_tokens) return gpt_padded_vocab(tr->tok.vocab);
+  return tr->is_text ? tr->text.vocab : TASK_ADD_VOCAB;
+}
+
 /* The sequence length of every batch. */
 static int train_seq_len(const trainer *tr) {
   return tr->is_text ? tr->o.context : tr->add.context;
@@ -154,7 +217,8 @@ static int train_seq_len(const trainer *tr) {
 
 static void train_batch(const trainer *tr, nb_rng *rng, int B, int held_out, int64_t *x,
                         int64_t *y) {
-  if (tr->is_text) text_batch(&tr->text, rng, B, tr->o.context, held_out, x, y);
+  if (tr->is_tokens) tokens_batch(&tr->tok, rng, B, tr->o.context, held_out, x, y);
+  else if (tr->is_text) text_batch(&tr->text, rng, B, tr->o.context, held_out, x, y);
   else task_add_batch(&tr->add, rng, B, held_out, x, y);
 }
 
@@ -264,6 +328,18 @@ static int train_evaluate(trainer *tr, int64_t *x, int64_t *y, int final) {
 
 /* ---- progress ---------------------------------------------------------------- */
 
+/* Peak device memory so far in MiB: the CUDA caching allocator's largest
+ * allocated total (tensors, not its cache); -1 on the CPU, whose allocator
+ * keeps no such figure. */
+static double train_peak_mib(const trainer *tr) {
+  nb_memory_stats ms;
+  if (tr->device.type != NB_CUDA || nb_cuda_memory_stats(tr->device.index, &ms) != NB_OK) {
+    nb_clear_error();
+    return -1;
+  }
+  return ms.peak / 1048576.0;
+}
+
 typedef struct {
   double t0, last_print;
   int64_t first_step; /* step at the start of this run (after a resume) */
@@ -285,11 +361,14 @@ static void train_progress(const trainer *tr, train_clock *c, double loss, int64
     return;
   c->last_print = now;
   double tps = done * (double)tr->o.batch * train_seq_len(tr) / (el > 0 ? el : 1e-9);
-  char eta[32];
+  char eta[32], peak[48] = "";
   train_fmt_time(done ? el / done * (double)(last - tr->step) : 0, eta, sizeof eta);
-  fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  %.1fk tok/s  ETA %s%s",
+  double mib = train_peak_mib(tr);
+  if (mib >= 0) snprintf(peak, sizeof peak, "  peak %.0f MiB", mib);
+  fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  %.1fk tok/s%s  ETA %s%s",
           c->tty ? "\r" : "", (long long)tr->step, (long long)last, loss,
-          nb_optim_lr(tr->opt_decay), tps / 1000, eta, c->tty ? (end ? "\033[K\n" : "\033[K") : "\n");
+          nb_optim_lr(tr->opt_decay), tps / 1000, peak, eta,
+          c->tty ? (end ? "\033[K\n" : "\033[K") : "\n");
   fflush(stderr);
 }
 
@@ -315,8 +394,7 @@ static int train_pick_device(trainer *tr) {
 
 static int train_check_options(trainer *tr) {
   train_opts *o = &tr->o;
-  gpt_config cfg = {tr->is_text ? tr->text.vocab : TASK_ADD_VOCAB, o->context, o->layers,
-                    o->heads, o->dim};
+  gpt_config cfg = {train_vocab(tr), o->context, o->layers, o->heads, o->dim};
   const char *bad = gpt_config_check(&cfg);
   if (bad) return fprintf(stderr, "nabla train: %s\n", bad), NB_TOOL_EXIT_USAGE;
   if (!tr->is_text && o->context < tr->add.context) {
@@ -339,13 +417,13 @@ static int train_check_options(trainer *tr) {
             (long long)o->stop_at, (long long)tr->step, (long long)o->steps);
     return NB_TOOL_EXIT_USAGE;
   }
+  if (tr->is_tokens) return tokens_split(tr);
   return tr->is_text ? text_split(tr) : 0;
 }
 
 static int train_build(trainer *tr) {
   train_opts *o = &tr->o;
-  gpt_config cfg = {tr->is_text ? tr->text.vocab : TASK_ADD_VOCAB, o->context, o->layers,
-                    o->heads, o->dim};
+  gpt_config cfg = {train_vocab(tr), o->context, o->layers, o->heads, o->dim};
   nb_rng init = nb_rng_new(o->seed);
   tr->model = gpt_new(cfg, tr->device, &init);
   if (!tr->model) return train_fail("creating the model");
@@ -394,6 +472,14 @@ static int train_check_outputs(const trainer *tr) {
             "(--save) records it in its metadata, which must be; rename the file\n", o->data);
     return NB_TOOL_EXIT_USAGE;
   }
+  const char *paths[2] = {o->tokens, o->val_tokens}, *names[2] = {"--tokens", "--val-tokens"};
+  for (int i = 0; i < 2; i++)
+    if (o->save && paths[i] && !cli_utf8_valid(paths[i])) {
+      fprintf(stderr, "nabla train: %s '%s': the path is not valid UTF-8, and a checkpoint "
+              "(--save) records it in its metadata, which must be; rename the file\n", names[i],
+              paths[i]);
+      return NB_TOOL_EXIT_USAGE;
+    }
   if (o->no_svg) return 0;
   /* the default curve goes under the run directory, made here */
   if (!(o->set & OPT_SVG) && mkdir(TRAIN_DEFAULT_DIR, 0777) && errno != EEXIST) {
@@ -404,17 +490,38 @@ static int train_check_outputs(const trainer *tr) {
   return cli_check_output("nabla train", "--svg", o->svg);
 }
 
+/* Which task the options ask for, and the options that need another task. */
+static int train_check_task(trainer *tr) {
+  const train_opts *o = &tr->o;
+  const char *need = !o->tokens && o->val_tokens ? "--val-tokens"
+                     : !o->tokens && (o->set & OPT_VOCAB) ? "--vocab-size"
+                     : !o->tokens && o->model ? "--model" : NULL;
+  if (need) {
+    fprintf(stderr, "nabla train: %s needs --tokens FILE (a token file to train on)\n", need);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  if (o->tokens && o->data) {
+    fprintf(stderr, "nabla train: --data and --tokens both given; pass one (characters or "
+            "tokens)\n");
+    return NB_TOOL_EXIT_USAGE;
+  }
+  tr->is_tokens = o->tokens != NULL;
+  tr->is_text = o->data != NULL || tr->is_tokens;
+  return 0;
+}
+
 static int train_setup(trainer *tr) {
   int rc = train_pick_device(tr);
   if (!rc && tr->o.resume) rc = train_ckpt_open(tr);
   if (!rc) rc = train_check_outputs(tr);
   if (rc) return rc;
   tr->tty = isatty(fileno(stderr));
-  tr->is_text = tr->o.data != NULL;
-  if (tr->is_text && (rc = text_load(tr))) return rc;
-  if (tr->is_text && tr->resume && (rc = train_ckpt_check_vocab(tr))) return rc;
+  if ((rc = train_check_task(tr))) return rc;
+  if (tr->o.data && (rc = text_load(tr))) return rc;
+  if (tr->o.data && tr->resume && (rc = train_ckpt_check_vocab(tr))) return rc;
   task_add_init(&tr->add, tr->o.digits);
   train_resolve_defaults(&tr->o, tr->is_text, tr->device.type == NB_CUDA);
+  if (tr->is_tokens && (rc = tokens_load(tr))) return rc;
   if (!tr->resume) tr->data_rng = nb_rng_new(tr->o.seed ^ TRAIN_DATA_SEED);
   if ((rc = train_check_options(tr)) || (rc = train_build(tr))) return rc;
   return tr->resume ? train_ckpt_restore(tr) : 0;
@@ -429,13 +536,21 @@ static void train_describe(const trainer *tr) {
   int threads = train_pick_threads(tr);
   if (tr->device.type == NB_CPU)
     snprintf(dev, sizeof dev, "cpu (%d thread%s)", threads, threads > 1 ? "s" : "");
-  if (tr->is_text)
+  char vocab[48];
+  snprintf(vocab, sizeof vocab, "%d", tr->model->cfg.vocab);
+  if (tr->is_tokens) {
+    printf("task: tokens, %s (%lld tokens, ids below %d); held out: ", o->tokens,
+           (long long)nb_tokens_count(tr->tok.train), tr->tok.vocab);
+    if (tr->tok.val) printf("%s (%lld tokens)\n", o->val_tokens, (long long)tr->tok.n_held);
+    else printf("its last %lld tokens\n", (long long)tr->tok.n_held);
+    snprintf(vocab, sizeof vocab, "%d (padded to %d)", tr->tok.vocab, tr->model->cfg.vocab);
+  } else if (tr->is_text)
     printf("task: character-level text, %s (%lld bytes, %d distinct)\n", o->data,
            (long long)tr->text.n, tr->text.vocab);
   else
     printf("task: %d-digit addition, answer written least significant digit first\n", o->digits);
-  printf("model: %d layers, %d heads, dim %d, context %d, vocab %d: %lld parameters on %s\n",
-         o->layers, o->heads, o->dim, o->context, tr->model->cfg.vocab,
+  printf("model: %s%d layers, %d heads, dim %d, context %d, vocab %s: %lld parameters on %s\n",
+         o->model ? "GPT-2 small preset, " : "", o->layers, o->heads, o->dim, o->context, vocab,
          (long long)nb_params_numel(tr->model->all), dev);
   char accum[64] = "";
   if (o->accum > 1) snprintf(accum, sizeof accum, " in %d micro-batches", o->accum);
@@ -556,9 +671,13 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
   printf("throughput: %.0f tokens/s (%lld steps in %.1f s)\n",
          n * (double)tr->o.batch * train_seq_len(tr) / (seconds > 0 ? seconds : 1e-9),
          (long long)n, seconds);
+  double mib = train_peak_mib(tr);
+  if (mib >= 0)
+    printf("peak device memory: %.1f MiB (cuda:%d, allocated tensors at their peak)\n", mib,
+           tr->device.index);
   fflush(stdout);
   int rc = train_evaluate(tr, x, y, 1);
-  if (!rc && tr->is_text) rc = train_sample(tr);
+  if (!rc && tr->is_text && !tr->is_tokens) rc = train_sample(tr);
   /* the outputs, each written even if something before it failed */
   int rc_save = tr->o.save ? train_ckpt_save(tr, tr->o.save) : 0;
   if (tr->o.save && !rc_save)
@@ -567,7 +686,7 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
   if (!tr->o.no_svg) {
     char title[128];
     snprintf(title, sizeof title, "nabla train: %s, %d layers, dim %d",
-             tr->is_text ? "text" : "addition", tr->o.layers, tr->o.dim);
+             tr->is_tokens ? "tokens" : tr->is_text ? "text" : "addition", tr->o.layers, tr->o.dim);
     if (tool_svg_loss(tr->o.svg, title, tr->loss, tr->step, tr->eval_step, tr->eval_loss,
                       tr->n_eval)) {
       fprintf(stderr, "nabla train: cannot write --svg '%s': %s\n", tr->o.svg, strerror(errno));
@@ -598,6 +717,10 @@ static void train_cleanup(trainer *tr) {
   gpt_free(tr->model);
   if (tr->resume) nb_st_close(tr->resume);
   free(tr->data_path);
+  free(tr->tokens_path);
+  free(tr->val_path);
+  nb_tokens_close(tr->tok.train);
+  nb_tokens_close(tr->tok.val);
   free(tr->text.tokens);
   free(tr->loss);
   free(tr->eval_step);

@@ -15,7 +15,7 @@ enum {
   OPT_LAYERS = 1 << 0, OPT_HEADS = 1 << 1, OPT_DIM = 1 << 2, OPT_CONTEXT = 1 << 3,
   OPT_BATCH = 1 << 4, OPT_STEPS = 1 << 5, OPT_LR = 1 << 6, OPT_WARMUP = 1 << 7,
   OPT_DIGITS = 1 << 8, OPT_SEED = 1 << 9, OPT_LOG_EVERY = 1 << 10, OPT_EVAL_EVERY = 1 << 11,
-  OPT_ACCUM = 1 << 12, OPT_SVG = 1 << 13
+  OPT_ACCUM = 1 << 12, OPT_SVG = 1 << 13, OPT_VOCAB = 1 << 14
 };
 
 /* The loss curve unless --svg says otherwise: under a run directory that
@@ -25,6 +25,9 @@ enum {
 
 typedef struct {
   const char *data, *save, *resume, *svg, *device;
+  const char *tokens, *val_tokens; /* token files (llm.c's format) */
+  const char *model;               /* a preset of model defaults ("gpt2"), or NULL */
+  int vocab_size;                  /* token ids are below it (--tokens) */
   int64_t max_data;   /* largest --data in bytes; 0: the default (train.c) */
   int64_t save_every; /* checkpoint to --save every N steps; 0: only at the end */
   int digits, layers, heads, dim, context, batch;
@@ -47,10 +50,22 @@ typedef struct {
   int byte_to_id[256];
 } text_data;
 
+/* Token files (--tokens, --val-tokens): ids below vocab, which the model
+ * pads (gpt_padded_vocab). Without --val-tokens the last tenth of --tokens
+ * (at least one context) is held out. */
+typedef struct {
+  nb_tokens *train, *val; /* owned; val NULL without --val-tokens */
+  const uint16_t *ids, *held; /* training ids [0, n_train), held-out ids [0, n_held) */
+  int64_t n_train, n_held;
+  int vocab;
+} token_data;
+
 typedef struct {
   train_opts o;
   nb_device device;
-  int is_text;
+  int is_text;   /* a language model of --data or --tokens (context-length sequences) */
+  int is_tokens; /* --tokens: token files instead of characters */
+  token_data tok;
   task_add add;
   text_data text;
   gpt_model *model;
@@ -63,6 +78,7 @@ typedef struct {
   int n_eval, cap_eval;
   nb_st_file *resume; /* the checkpoint being resumed, until restored */
   char *data_path;    /* o.data when it came from the checkpoint (owned) */
+  char *tokens_path, *val_path; /* o.tokens, o.val_tokens from the checkpoint (owned) */
   int tty;            /* stderr is a terminal: progress on one \r-line */
 } trainer;
 

@@ -40,7 +40,7 @@ static void ckpt_fill_meta(const trainer *tr, ckpt_meta *m, char *vocab_hex) {
   const train_opts *o = &tr->o;
   m->n = 0;
   meta_put(m, "format", "%s", CKPT_FORMAT);
-  meta_put(m, "task", "%s", tr->is_text ? "text" : "addition");
+  meta_put(m, "task", "%s", tr->is_tokens ? "tokens" : tr->is_text ? "text" : "addition");
   meta_put(m, "digits", "%d", o->digits);
   meta_put(m, "vocab", "%d", tr->model->cfg.vocab);
   meta_put(m, "context", "%d", o->context);
@@ -56,7 +56,12 @@ static void ckpt_fill_meta(const trainer *tr, ckpt_meta *m, char *vocab_hex) {
   meta_put(m, "step", "%lld", (long long)tr->step);
   meta_put(m, "data_rng_seed", "%llu", (unsigned long long)tr->data_rng.seed);
   meta_put(m, "data_rng_offset", "%llu", (unsigned long long)tr->data_rng.offset);
-  if (tr->is_text) {
+  if (tr->is_tokens) {
+    meta_put(m, "vocab_size", "%d", tr->tok.vocab);
+    m->keys[m->n] = "tokens";
+    m->vals[m->n++] = o->tokens;
+    if (o->val_tokens) m->keys[m->n] = "val_tokens", m->vals[m->n++] = o->val_tokens;
+  } else if (tr->is_text) {
     for (int i = 0; i < tr->text.vocab; i++) sprintf(vocab_hex + 2 * i, "%02x", tr->text.id_to_byte[i]);
     m->keys[m->n] = "vocab_bytes";
     m->vals[m->n++] = vocab_hex;
@@ -186,10 +191,46 @@ static int ckpt_sched(trainer *tr, const char *key, unsigned bit, void *field, s
   return 0;
 }
 
+/* A path recorded in the metadata, copied (the metadata is freed once the
+ * checkpoint is restored; the path is used to the end). */
+static int ckpt_path(trainer *tr, const char *key, int required, char **own, const char **dst) {
+  const char *s = nb_st_metadata(tr->resume, key);
+  if (!s || !*s) return required ? ckpt_fail(tr, "missing metadata entry ", key) : 0;
+  if (!(*own = strdup(s))) return fprintf(stderr, "nabla train: out of memory\n"), NB_TOOL_EXIT_RUNTIME;
+  *dst = *own;
+  return 0;
+}
+
+/* A token checkpoint: its files unless --tokens is given, and its
+ * vocabulary, which --vocab-size must match. */
+static int ckpt_read_tokens(trainer *tr) {
+  train_opts *o = &tr->o;
+  int v, rc;
+  if (o->data) return ckpt_fail(tr, "the checkpoint is of token files, but --data was given", "");
+  if (!o->tokens && ((rc = ckpt_path(tr, "tokens", 1, &tr->tokens_path, &o->tokens)) ||
+                     (rc = ckpt_path(tr, "val_tokens", 0, &tr->val_path, &o->val_tokens))))
+    return rc;
+  const char *s = ckpt_entry(tr, "vocab_size");
+  char what[512];
+  snprintf(what, sizeof what, "--resume %s: metadata \"vocab_size\"", o->resume);
+  if (!s || train_opt_value("vocab-size", what, s, &v)) return NB_TOOL_EXIT_USAGE;
+  if ((o->set & OPT_VOCAB) && o->vocab_size != v) {
+    fprintf(stderr, "nabla train: --vocab-size %d disagrees with the checkpoint '%s' "
+            "(vocab_size %d)\n", o->vocab_size, o->resume, v);
+    return NB_TOOL_EXIT_USAGE;
+  }
+  o->vocab_size = v;
+  o->set |= OPT_VOCAB;
+  return 0;
+}
+
 static int ckpt_read_task(trainer *tr) {
   const char *task = nb_st_metadata(tr->resume, "task");
-  if (!task || (strcmp(task, "text") && strcmp(task, "addition")))
+  if (!task || (strcmp(task, "text") && strcmp(task, "addition") && strcmp(task, "tokens")))
     return ckpt_fail(tr, "missing or unknown task in the metadata", "");
+  if (!strcmp(task, "tokens")) return ckpt_read_tokens(tr);
+  if (tr->o.tokens)
+    return ckpt_fail(tr, "--tokens was given, but the checkpoint is of the task ", task);
   int text = !strcmp(task, "text");
   if (!text && tr->o.data)
     return ckpt_fail(tr, "the checkpoint is of the addition task, but --data was given", "");

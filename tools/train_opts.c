@@ -18,9 +18,17 @@ void train_usage(FILE *f) {
     "\n"
     "Trains a GPT-style transformer. Without --data it learns multi-digit addition\n"
     "(generated in code) and reports exact-match accuracy on held-out problems;\n"
-    "with --data FILE it is a character-level model of the file and prints a sample.\n"
+    "with --data FILE it is a character-level model of the file and prints a sample;\n"
+    "with --tokens FILE it models the file's tokens and reports held-out loss.\n"
     "\n"
     "  --data FILE        character-level training text\n"
+    "  --tokens FILE      training tokens in llm.c's format (uint16 after a 1024-byte\n"
+    "                     header: magic 20240520, version 1, token count)\n"
+    "  --val-tokens FILE  held-out tokens (default: the last 10%% of --tokens)\n"
+    "  --vocab-size N     token ids are below N (default 50257, GPT-2's tokenizer);\n"
+    "                     the model pads it to a multiple of 64\n"
+    "  --model gpt2       GPT-2 small's defaults (12 layers, 12 heads, dim 768,\n"
+    "                     context 1024; needs --tokens); options given override them\n"
     "  --max-data SIZE    refuse a --data larger than SIZE bytes (K, M, G suffixes;\n"
     "                     default 1G, or half of this machine's memory if less)\n"
     "  --digits N         addition task: digits per operand (default 3)\n"
@@ -55,10 +63,14 @@ void train_usage(FILE *f) {
 
 /* The option table, its destinations in o. */
 #define TRAIN_BIG 1000000000
-#define TRAIN_N_OPTS 25
+#define TRAIN_N_OPTS 29
 static int train_opt_rows(train_opts *o, cli_opt *r) {
   const cli_opt rows[TRAIN_N_OPTS] = {
       CLI_OPT_STR("data", &o->data, 0),
+      CLI_OPT_STR("tokens", &o->tokens, 0),
+      CLI_OPT_STR("val-tokens", &o->val_tokens, 0),
+      CLI_OPT_CHOICE("model", &o->model, "gpt2"),
+      CLI_OPT_NUM(CLI_INT, "vocab-size", &o->vocab_size, 2, 65536, OPT_VOCAB),
       CLI_OPT_NUM(CLI_SIZE, "max-data", &o->max_data, 1, INT64_MAX, 0),
       CLI_OPT_STR("save", &o->save, 0),
       CLI_OPT_NUM(CLI_I64, "save-every", &o->save_every, 1, TRAIN_BIG, 0),
@@ -127,7 +139,19 @@ int train_opt_value(const char *name, const char *what, const char *s, void *dst
  * and batch (3.2M parameters), lr 1e-3 for the wider model, 1,000 steps
  * (the 4x larger batch sees 2.7x the CPU run's examples). */
 void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
-  if (!is_text) {
+  DEFAULT(OPT_VOCAB, vocab_size, GPT2_VOCAB);
+  if (o->model && !strcmp(o->model, "gpt2")) {
+    /* GPT-2 small; llm.c's recipe at a batch that fits one GPU: peak lr
+     * 6e-4 (warm-up and cosine as for every run) */
+    gpt_config g = gpt_preset_gpt2();
+    DEFAULT(OPT_LAYERS, layers, g.layers);
+    DEFAULT(OPT_HEADS, heads, g.heads);
+    DEFAULT(OPT_DIM, dim, g.dim);
+    DEFAULT(OPT_CONTEXT, context, g.context);
+    DEFAULT(OPT_BATCH, batch, on_gpu ? 16 : 4);
+    DEFAULT(OPT_STEPS, steps, on_gpu ? 2000 : 500);
+    DEFAULT(OPT_LR, lr, 6e-4);
+  } else if (!is_text) {
     DEFAULT(OPT_LAYERS, layers, on_gpu ? 4 : 2);
     DEFAULT(OPT_HEADS, heads, 4);
     DEFAULT(OPT_DIM, dim, on_gpu ? 256 : 64);
