@@ -28,15 +28,10 @@
 #include <omp.h>
 #endif
 
-#include "backend/autotune.h"
+#include "backend/bench_api.h"
 #include "cli.h"
 #include "nabla.h"
 #include "tool.h"
-#ifdef NABLA_HAVE_CUDA
-#include "backend/cuda/cuda_gemm.h"
-#include "backend/cuda/cuda_timing.h"
-#include "core/core.h"
-#endif
 #include "bench.h"
 
 /* ---- timing --------------------------------------------------------------- */

@@ -6,12 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/bench_api.h"
 #include "bench.h"
 #include "nabla.h"
-#ifdef NABLA_HAVE_CUDA
-#include "backend/cuda/cuda_gemm.h"
-#include "core/core.h"
-#endif
 
 /* ---- the cases ------------------------------------------------------------ */
 const char *const bench_family[BK_COUNT] = {

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "backend/autotune.h"
+#include "backend/bench_api.h"
 #include "bench.h"
 #include "nabla.h"
 
