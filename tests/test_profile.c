@@ -1,4 +1,4 @@
-/* The kernel profiler (core/profile.c, nb_profile_* in nabla.h) on the CPU:
+/* The kernel profiler (backend/profile.c, nb_profile_* in nabla.h) on the CPU:
  * misuse gets a clear error; a forward and backward pass is counted per
  * kernel and phase (a matmul forward, its two backward matmuls); each
  * kernel's time lies within the host time of the call that ran it; the
