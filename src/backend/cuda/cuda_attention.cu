@@ -331,9 +331,7 @@ extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, co
     return nb_error_set(NB_ERR_UNSUPPORTED, "attention (cuda): head dimensions %d, %d (the kernels "
                         "take up to 256)", a.D, a.Dv);
   if (!a.B || !a.Lq) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(o->data, "attention", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, o->data, "attention");
   int64_t nrb = (a.Lq + ATT_W - 1) / ATT_W;
   NB_CUDA_FLOAT_SWITCH(q->dtype, T, {
     typedef typename nb_acc<T>::type A;
@@ -356,9 +354,7 @@ extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq, const nb_kview *dk, co
     return nb_error_set(NB_ERR_UNSUPPORTED, "attention backward (cuda): head dimensions %d, %d "
                         "(the kernels take up to 256)", a.D, a.Dv);
   if (!a.B || (!a.Lq && !a.Lk)) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(dq->data, "attention_bwd", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, dq->data, "attention_bwd");
   size_t asz = q->dtype == NB_F64 ? 8 : 4, dbytes = (size_t)(a.B * a.Lq) * asz;
   a.delta = dbytes ? nb_cuda_scratch(&ctx, dbytes) : NULL;
   if (dbytes && !a.delta) return nb_last_status();

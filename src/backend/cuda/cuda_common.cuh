@@ -47,6 +47,14 @@ void *nb_cuda_lt_handle(const nb_cuda_ctx *ctx, void **workspace, size_t *ws_byt
     if (nb__st != NB_OK) return nb__st;                      \
   } while (0)
 
+/* A launcher's entry: declares ctx (the device of ptr, made current, and
+ * its stream) and st, and returns the error naming op from the enclosing
+ * function when nb_cuda_enter fails. */
+#define NB_CUDA_ENTER(ctx, st, ptr, op)             \
+  nb_cuda_ctx ctx;                                  \
+  nb_status st = nb_cuda_enter((ptr), (op), &ctx); \
+  if (st) return st
+
 #define NB_CUDA_THREADS 256
 
 /* Runs the body (__VA_ARGS__) with E bound to the unsigned integer type of

@@ -59,9 +59,7 @@ static nb_status fill_run(const nb_cuda_ctx *ctx, const nb_kview *out, const voi
 extern "C" nb_status nb_cuda_fill(const nb_kview *out, double value) {
   int64_t n = nb_kview_numel(out);
   if (n == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "fill", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "fill");
   unsigned char bits[8] = {0};
   nb_store_f64(bits, out->dtype, value); /* the CPU's conversion, once */
   NB_CUDA_SIZE_SWITCH(nb_dtype_size(out->dtype), E, return fill_run<E>(&ctx, out, bits));
@@ -80,9 +78,7 @@ __global__ void nb_arange_kernel(char *out, int dt, int64_t es, int64_t stride, 
 extern "C" nb_status nb_cuda_arange(const nb_kview *out, double start, double step) {
   int64_t n = nb_kview_numel(out);
   if (n == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "arange", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "arange");
   int64_t stride = out->ndim ? out->strides[0] : 1;
   nb_arange_kernel<<<nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS), NB_CUDA_THREADS, 0, ctx.stream>>>(
       (char *)out->data, out->dtype, (int64_t)nb_dtype_size(out->dtype), stride, n, start, step);
@@ -131,9 +127,7 @@ static nb_status convert_contig_from(const nb_cuda_ctx *ctx, const nb_kview *out
 extern "C" nb_status nb_cuda_copy(const nb_kview *out, const nb_kview *in) {
   int64_t n = nb_kview_numel(out);
   if (n == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "copy", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "copy");
   const nb_kview *vs[2] = {out, in};
   nb_iter it;
   nb_iter_views(&it, 2, vs);
@@ -367,9 +361,7 @@ static nb_status unary_run(const nb_cuda_ctx *ctx, nb_uop op, const nb_kview *ou
 
 extern "C" nb_status nb_cuda_unary(nb_uop op, const nb_kview *out, const nb_kview *in) {
   if (nb_kview_numel(out) == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "unary", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "unary");
   switch (in->dtype) {
   case NB_F64: return unary_run<double>(&ctx, op, out, in);
   case NB_F32: return unary_run<float>(&ctx, op, out, in);
@@ -544,9 +536,7 @@ static nb_status binary_run(const nb_cuda_ctx *ctx, nb_bop op, const nb_kview *o
 extern "C" nb_status nb_cuda_binary(nb_bop op, const nb_kview *out, const nb_kview *a,
                                     const nb_kview *b) {
   if (nb_kview_numel(out) == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "binary", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "binary");
   switch (a->dtype) {
   case NB_F64: return binary_run<double>(&ctx, op, out, a, b);
   case NB_F32: return binary_run<float>(&ctx, op, out, a, b);
@@ -574,9 +564,7 @@ extern "C" nb_status nb_cuda_where(const nb_kview *out, const nb_kview *cond, co
                                    const nb_kview *b) {
   int64_t n = nb_kview_numel(out);
   if (n == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "where", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "where");
   const nb_kview *vs[4] = {out, cond, a, b};
   nb_iter it;
   nb_iter_views(&it, 4, vs);

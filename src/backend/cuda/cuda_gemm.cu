@@ -407,9 +407,7 @@ extern "C" nb_status nb_cuda_matmul(const nb_kview *out, const nb_kview *a, cons
   if (!lt_types(out->dtype, &t))
     return nb_error_set(NB_ERR_DTYPE, "cuda matmul: dtype %s (expected f64, f32, f16 or bf16)",
                         nb_dtype_name(out->dtype));
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "matmul", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "matmul");
   mm_copy c;
   if (mm_flatten_pays(&p)) { /* copies merge, so this recursion ends */
     int nbd = od - 2;

@@ -455,9 +455,7 @@ extern "C" nb_status nb_cuda_sumsq_multi(int n, const nb_kview *x, const nb_kvie
   if (out->dtype != NB_F64 || nb_kview_numel(out) != 1)
     return nb_error_set(NB_ERR_DTYPE, "cuda sumsq_multi: out is %s with %lld elements (expected one f64)",
                         nb_dtype_name(out->dtype), (long long)nb_kview_numel(out));
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "sumsq_multi", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "sumsq_multi");
   int64_t total = 0;
   for (int i = 0; i < n; i++) total += mt_tensor_blocks(&x[i]);
   if (total == 0) return nb_cuda_fill(out, 0.0);

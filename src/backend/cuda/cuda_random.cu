@@ -79,9 +79,7 @@ static nb_status rand_launch(const nb_kview *out, uint64_t seed, uint64_t offset
   if (!nb_dtype_is_float(out->dtype))
     return nb_error_set(NB_ERR_DTYPE, "cuda %s: dtype %s is not a float dtype", name,
                         nb_dtype_name(out->dtype));
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, name, &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, name);
   nb_iter it;
   nb_iter_views(&it, 1, &out);
   nb_rand_kernel<<<nb_cuda_blocks(&ctx, n, NB_CUDA_THREADS), NB_CUDA_THREADS, 0, ctx.stream>>>(
@@ -117,9 +115,7 @@ extern "C" nb_status nb_cuda_randint(const nb_kview *out, uint64_t seed, uint64_
                                      int64_t lo, int64_t hi) {
   int64_t n = nb_kview_numel(out);
   if (n == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "randint", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "randint");
   nb_iter it;
   nb_iter_views(&it, 1, &out);
   uint64_t range = (uint64_t)hi - (uint64_t)lo;
@@ -150,9 +146,7 @@ extern "C" nb_status nb_cuda_dropout(const nb_kview *out, const nb_kview *x, dou
                                      uint64_t seed, uint64_t offset) {
   int64_t n = nb_kview_numel(out);
   if (n == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "dropout", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "dropout");
   const nb_kview *vs[2] = {out, x};
   nb_iter it;
   nb_iter_views(&it, 2, vs);

@@ -276,9 +276,7 @@ extern "C" nb_status nb_cuda_reduce(nb_rop op, const nb_kview *out, const nb_kvi
   if (R == 0) { /* empty reductions: 0 for sums and indices, NaN otherwise */
     return nb_cuda_fill(out, op == NB_ROP_SUM || op >= NB_ROP_ARGMAX ? 0.0 : NAN);
   }
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "reduce", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "reduce");
   nb_red_args a;
   a.op = (int)op;
   a.O = O;

@@ -293,9 +293,7 @@ static int softmax_fast(const nb_cuda_ctx *ctx, const nb_kview *const *v, int n,
 
 extern "C" nb_status nb_cuda_softmax_fwd(const nb_kview *y, const nb_kview *x, int log_) {
   if (nb_kview_numel(y) == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(y->data, "softmax", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, y->data, "softmax");
   const nb_kview *vs[2] = {y, x};
   nb_iter rows;
   int64_t D, last[2];
@@ -313,9 +311,7 @@ extern "C" nb_status nb_cuda_softmax_fwd(const nb_kview *y, const nb_kview *x, i
 extern "C" nb_status nb_cuda_softmax_bwd(const nb_kview *dx, const nb_kview *dy,
                                          const nb_kview *y, int log_) {
   if (nb_kview_numel(dx) == 0) return NB_OK;
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(dx->data, "softmax_bwd", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, dx->data, "softmax_bwd");
   const nb_kview *vs[3] = {dx, dy, y};
   nb_iter rows;
   int64_t D, last[3];

@@ -127,9 +127,7 @@ static void xent_setup(nb_xent_args *a, const nb_kview *logits, const nb_kview *
 extern "C" nb_status nb_cuda_xent_fwd(const nb_kview *loss, const nb_kview *lse,
                                       const nb_kview *logits, const nb_kview *targets,
                                       int64_t ignore_index, double smoothing) {
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(logits->data, "cross_entropy", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, logits->data, "cross_entropy");
   nb_xent_args a;
   xent_setup(&a, logits, targets, ignore_index, smoothing, nb_cuda_flag(&ctx));
   if (a.N == 0) return NB_OK;
@@ -147,9 +145,7 @@ extern "C" nb_status nb_cuda_xent_bwd(const nb_kview *dlogits, const nb_kview *d
                                       const nb_kview *logits, const nb_kview *targets,
                                       const nb_kview *lse, int64_t ignore_index,
                                       double smoothing) {
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(logits->data, "cross_entropy_bwd", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, logits->data, "cross_entropy_bwd");
   nb_xent_args a;
   xent_setup(&a, logits, targets, ignore_index, smoothing, nb_cuda_flag(&ctx));
   if (a.N == 0 || a.C == 0) return NB_OK;
@@ -698,9 +694,7 @@ extern "C" nb_status nb_cuda_xent_fused(const nb_kview *loss, const nb_kview *ls
                                         const nb_kview *out, int mean, const nb_kview *logits,
                                         const nb_kview *targets, int64_t ignore_index,
                                         double smoothing) {
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(logits->data, "cross_entropy", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, logits->data, "cross_entropy");
   nb_xent_args a;
   xent_setup(&a, logits, targets, ignore_index, smoothing, nb_cuda_flag(&ctx));
   if (a.N == 0) /* no rows: a sum of nothing, over N_valid = 0 for a mean */

@@ -615,9 +615,7 @@ extern "C" nb_status nb_sm80_gemm(const nb_kview *out, const nb_kview *a, const 
                         nb_shape_str(b->ndim, b->shape, sb, sizeof sb),
                         nb_shape_str(od, out->shape, so, sizeof so));
   }
-  nb_cuda_ctx ctx;
-  nb_status st = nb_cuda_enter(out->data, "matmul sm80", &ctx);
-  if (st) return st;
+  NB_CUDA_ENTER(ctx, st, out->data, "matmul sm80");
   int cc = sm80_cc_major(ctx.dev);
   if (cc < 8)
     return nb_error_set(NB_ERR_UNSUPPORTED, "matmul sm80: device %d has compute capability %d.x "
