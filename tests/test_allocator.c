@@ -33,7 +33,7 @@ int main(void) {
   const int64_t shape[2] = {3, 4};
   NBT_CHECK(nb_allocator_for(NB_DEVICE_CPU) == nb_backend_allocator(NB_DEVICE_CPU),
             "the CPU's allocator is the backend's by default");
-  nb_tensor *before = nb_keep(nb_full(2, shape, 2.0, NB_F32, NB_DEVICE_CPU));
+  nb_tensor *before = nb_full(2, shape, 2.0, NB_F32, NB_DEVICE_CPU); /* owned: no scope */
 
   nb_set_allocator(NB_CPU, &counting);
   NBT_CHECK(nb_allocator_for(NB_DEVICE_CPU) == &counting, "installed allocator is the CPU's");
