@@ -27,8 +27,8 @@ int quick;
 
 /* Tolerances per dtype (relative, absolute): compute is f32 on both sides
  * for the half types, so they differ by about one rounding of the result;
- * f32 differs by the GPU's fast-math transcendental functions and
- * summation order. */
+ * f32 differs by summation order and by the standard functions' few ulps
+ * (their accuracy against float64 is test_cuda_accuracy's job). */
 void tol(nb_dtype dt, double *rtol, double *atol) {
   switch (dt) {
   case NB_F64: *rtol = 1e-10; *atol = 1e-10; break;
