@@ -164,7 +164,9 @@ static const acc_uop ACC_UOPS[] = {
   {"relu", nb_relu, r_relu, d_relu, d_one, -100, 100, -100, 100, 0, 0, 0, 0, 0, 0, 0, 0},
   {"gelu", nb_gelu, r_gelu, d_gelu, s_gelu, -10, 10, -6, 10, 0, 8, 6, 0.51, 8, 6, 3, 2},
   {"gelu_tanh", acc_gelu_t, r_gelu_t, d_gelu_t, s_gelu_t, -10, 10, -4, 10, 0, 4, 5, 0.51, 6, 6, 3, 4},
-  {"silu", nb_silu, r_silu, d_silu, s_silu, -30, 30, -10, 15, 0, 3, 4, 0.51, 4, 5, 3, 0},
+  /* silu's f64 gradient: 3.9 ulp measured in the CPU's optimised build, 4.03 in a -O0
+   * build (other contraction of the derivative's three terms): bound 5 */
+  {"silu", nb_silu, r_silu, d_silu, s_silu, -30, 30, -10, 15, 0, 3, 4, 0.51, 5, 5, 3, 0},
   {"softplus", nb_softplus, r_softplus, r_sig, NULL, -30, 30, -10, 15, 0, 3, 3.5, 0.51, 4, 4, 2, 0},
   {"floor", nb_floor, r_floor, d_zero, d_one, -100, 100, -100, 100, 0, 0, 0, 0, 0, 0, 0, 0},
   {"round", nb_round, r_round, d_zero, d_one, -100, 100, -100, 100, 0, 0, 0, 0, 0, 0, 0, 0},
