@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "core/core.h" /* nb_kview_of */
+#include "backend/backend.h" /* nb_kview_of */
 #include "cuda_test.h"
 #ifdef NABLA_HAVE_CUDA
 #include "backend/cuda/cuda_api.h"
