@@ -195,12 +195,8 @@ __device__ __forceinline__ double nb_rsqrt_(double x) { return rsqrt(x); }
  * divisions). */
 #define NB_GELU_K 0.79788456080286535588
 template <typename C> struct nb_gelu_s { C s, oms; }; /* s and 1 - s */
-/* 1 / x correctly rounded (the IEEE quotient's bits), without the
- * division's slow-path branch */
-__device__ __forceinline__ float nb_ew_rcp(float x) { return __frcp_rn(x); }
-__device__ __forceinline__ double nb_ew_rcp(double x) { return __drcp_rn(x); }
 template <typename C> __device__ __forceinline__ nb_gelu_s<C> nb_gelu_sig(C u) {
-  C t = exp((C)-2 * fabs(u)), hi = nb_ew_rcp((C)1 + t), lo = t * hi;
+  C t = exp((C)-2 * fabs(u)), hi = (C)1 / ((C)1 + t), lo = t * hi;
   nb_gelu_s<C> r;
   r.s = u >= 0 ? hi : lo;
   r.oms = u >= 0 ? lo : hi;

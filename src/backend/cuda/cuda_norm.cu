@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(1024) nb_norm_fwd_kernel(T *y, const T *x, nb_
       }
       var = nb_block_sum(q, smem) / (A)a.D;
     }
-    A rs = nb_rsqrt(var + (A)a.eps);
+    A rs = (A)1 / sqrt(var + (A)a.eps);
     if (tid == 0) {
       ((A *)a.rstd)[r] = rs;
       if (a.mean) ((A *)a.mean)[r] = mu;
@@ -209,9 +209,9 @@ __global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const 
       }
     A mu = 0, var;
     if (rms) {
-      var = nb_grp_reduce<0>(s, sm, tpr, bar) * nb_rcp((A)D);
+      var = nb_grp_reduce<0>(s, sm, tpr, bar) / (A)D;
     } else {
-      A m = n > (A)0 ? s * nb_rcp(n) : (A)0, q = 0;
+      A m = n > (A)0 ? s / n : (A)0, q = 0;
 #pragma unroll
       for (int k = 0; k < NCH; k++)
         if (t + k * tpr < nvec) {
@@ -225,9 +225,9 @@ __global__ void __launch_bounds__(PF ? 768 : 1024) nb_norm_fwd_rows(T *y, const 
         }
       nb_grp_mv(n, m, q, sm, tpr, bar);
       mu = m;
-      var = q * nb_rcp((A)D);
+      var = q / (A)D;
     }
-    A rs = nb_rsqrt(var + (A)eps);
+    A rs = (A)1 / sqrt(var + (A)eps);
     if (t == 0) {
       rstd[r] = rs;
       if (mean) mean[r] = mu;
@@ -346,9 +346,8 @@ __global__ void __launch_bounds__(NCH == 1 ? 768 : 512, 1) nb_norm_bwd_rows(
         }
       }
     nb_grp_sum2(sg, sgx, sm, tpr, bar);
-    const A inv_d = nb_rcp((A)D);
-    sg = rms ? (A)0 : sg * inv_d;
-    sgx *= inv_d;
+    sg = rms ? (A)0 : sg / (A)D;
+    sgx /= (A)D;
     P *dxr = (P *)(dx + r * D);
 #pragma unroll
     for (int k = 0; k < NCH; k++)

@@ -220,18 +220,6 @@ __device__ __forceinline__ void nb_grp_online(A &m, A &s, A *sm, int tpr, int ba
   nb_warp_online(m, s);
 }
 
-/* Correctly rounded reciprocal (the same value as 1 / x under IEEE
- * division, without the division's range checks and slow-path call), and
- * 1/sqrt from the hardware's rsqrt (within 2 ulp in f32, as the reference
- * and PyTorch's norms use; f64 within 1 ulp). Per-row scalars of the row
- * kernels: with -prec-div and -prec-sqrt, a division or 1/sqrt(x) there is
- * a subroutine per row and group merge, which showed as 4-11% on the
- * H100's norm and softmax rows. */
-__device__ __forceinline__ float nb_rcp(float x) { return __frcp_rn(x); }
-__device__ __forceinline__ double nb_rcp(double x) { return __drcp_rn(x); }
-__device__ __forceinline__ float nb_rsqrt(float x) { return rsqrtf(x); }
-__device__ __forceinline__ double nb_rsqrt(double x) { return rsqrt(x); }
-
 /* Merges (count, mean, M2 = sum of squared deviations) of two parts of a
  * row (Chan et al.): one reduction gives mean and variance, as accurate as
  * a second pass over centred values. Empty parts (n = 0) merge as nothing. */
@@ -239,7 +227,7 @@ template <typename A>
 __device__ __forceinline__ void nb_mv_pair(A &n, A &m, A &q, A n2, A m2, A q2) {
   if (n2 == (A)0) return;
   if (n == (A)0) { n = n2; m = m2; q = q2; return; }
-  A nt = n + n2, d = m2 - m, f = n2 * nb_rcp(nt); /* counts: exact integers */
+  A nt = n + n2, d = m2 - m, f = n2 / nt;
   m += d * f;
   q += q2 + d * d * n * f;
   n = nt;

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
     nb_grp_online(m, s, sm, tpr, bar);
     /* log_softmax as (x - m) - log s: m + log s rounded first would cost
      * an ulp of the logits (6e-5 at 1e3) in every output */
-    A ls = log_ ? nb_log_(s) : (A)0, inv = log_ ? (A)0 : nb_rcp(s); /* 1/s: the same bits as 1 / s */
+    A ls = nb_log_(s), inv = (A)1 / s;
 #pragma unroll
     for (int k = 0; k < NCH; k++)
       if (t + k * tpr < nvec) {
