@@ -282,20 +282,13 @@ static void test_programs(void) {
 }
 
 int main(void) {
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/nabla-cli-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir)) {
-    printf("FAIL: cannot create a temporary directory\n");
-    return 1;
-  }
+  if (!nbt_tmpdir(dir, sizeof dir, "cli")) return 1;
   test_syntax();
   test_errors();
   test_value();
   test_outputs();
   test_utf8();
   test_programs();
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'; rm -rf '%s'", dir, dir);
-  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+  nbt_rmtree(dir);
   return nbt_finish();
 }

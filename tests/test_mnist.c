@@ -148,18 +148,11 @@ int main(void) {
     printf("FAIL: NABLA_MNIST_BIN does not name the mnist example (got '%s'); run through ctest\n", bin ? bin : "");
     return 1;
   }
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/nabla-mnist-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir)) {
-    printf("FAIL: cannot create a temporary directory\n");
-    return 1;
-  }
+  if (!nbt_tmpdir(dir, sizeof dir, "mnist")) return 1;
   make_set("train", 600, 1);
   make_set("test", 200, 2);
   test_bad_files();
   test_learns();
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+  nbt_rmtree(dir);
   return nbt_finish();
 }

@@ -65,12 +65,8 @@ int main(void) {
            bin ? bin : "");
     return 1;
   }
-  const char *tmp = getenv("TMPDIR"), *quick = getenv("NABLA_TEST_QUICK");
-  snprintf(dir, sizeof dir, "%s/nabla-recipe-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir)) {
-    printf("FAIL: cannot create a temporary directory\n");
-    return 1;
-  }
+  const char *quick = getenv("NABLA_TEST_QUICK");
+  if (!nbt_tmpdir(dir, sizeof dir, "recipe")) return 1;
   if (RECIPE_SANITIZED) {
     printf("built with a sanitizer: %d steps, no accuracy bar\n", RECIPE_SMOKE_STEPS);
     recipe_seed(1, RECIPE_SMOKE_STEPS, 0.0);
@@ -78,8 +74,6 @@ int main(void) {
     int seeds = quick && *quick && strcmp(quick, "0") ? 1 : RECIPE_SEEDS;
     for (int s = 1; s <= seeds; s++) recipe_seed(s, RECIPE_STEPS, RECIPE_MIN_ACC);
   }
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+  nbt_rmtree(dir);
   return nbt_finish();
 }

@@ -274,12 +274,7 @@ static void test_train_resume(void) {
 }
 
 int main(void) {
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/nabla-tokens-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir)) {
-    printf("FAIL: cannot create a temporary directory\n");
-    return 1;
-  }
+  if (!nbt_tmpdir(dir, sizeof dir, "tokens")) return 1;
   test_reader_valid();
   test_reader_errors();
   bin = getenv("NABLA_BIN");
@@ -295,8 +290,6 @@ int main(void) {
     test_train_bad();
     test_train_resume();
   }
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+  nbt_rmtree(dir);
   return nbt_finish();
 }

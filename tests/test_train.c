@@ -224,19 +224,12 @@ int main(void) {
   const char *dev = getenv("NABLA_TRAIN_DEVICE");
   snprintf(TINY, sizeof TINY, "train --device %s --layers 1 --heads 2 --dim 32 --batch 32 "
            "--quiet --no-svg ", dev && *dev ? dev : "cpu");
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/nabla-train-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir)) {
-    printf("FAIL: cannot create a temporary directory\n");
-    return 1;
-  }
+  if (!nbt_tmpdir(dir, sizeof dir, "train")) return 1;
   test_bad_input();
   test_loss_falls();
   test_accumulation();
   test_text();
   test_resume();
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+  nbt_rmtree(dir);
   return nbt_finish();
 }

@@ -334,20 +334,13 @@ int main(void) {
     return 1;
   }
   snprintf(TINY, sizeof TINY, "train --device cpu --layers 1 --heads 2 --dim 32 --batch 8 --quiet --no-svg ");
-  const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/nabla-train-io-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir)) {
-    printf("FAIL: cannot create a temporary directory\n");
-    return 1;
-  }
+  if (!nbt_tmpdir(dir, sizeof dir, "train-io")) return 1;
   test_outputs_first();
   test_default_svg();
   test_save_every();
   test_tty_eval();
   test_data_limits();
   test_metadata();
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+  nbt_rmtree(dir);
   return nbt_finish();
 }

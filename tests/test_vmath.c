@@ -78,35 +78,24 @@ static const vm_case CASES[] = {
 };
 #define N_CASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-/* Error of got in ulps of the float format at the exact value ref; 0 when
- * both are the same NaN/inf, 1e9 for a wrong NaN or inf. */
-static double ulp_err_f(float got, LD ref) {
+/* Error of got in ulps of a binary format with p significand bits and
+ * smallest normal exponent emin, at the exact value ref (rounded: ref in
+ * that format); 0 when both are the same NaN/inf, 1e9 for a wrong NaN or
+ * inf. */
+static double ulp_err(LD got, LD ref, LD rounded, int p, int emin) {
   if (isnan(ref)) return isnan(got) ? 0 : 1e9;
-  float rf = (float)ref;
-  if (isinf(rf)) return got == rf ? 0 : 1e9;
+  if (isinf(rounded)) return got == rounded ? 0 : 1e9;
   if (isnan(got) || isinf(got)) return 1e9;
-  LD a = fabsl(ref), u = 0x1p-149L;
-  if (a >= 0x1p-126L) {
+  LD a = fabsl(ref), u = ldexpl(1, emin - p + 1);
+  if (a >= ldexpl(1, emin)) {
     int e;
     frexpl(a, &e);
-    u = ldexpl(1, e - 24);
+    u = ldexpl(1, e - p);
   }
-  return (double)(fabsl((LD)got - ref) / u);
+  return (double)(fabsl(got - ref) / u);
 }
-
-static double ulp_err_d(double got, LD ref) {
-  if (isnan(ref)) return isnan(got) ? 0 : 1e9;
-  double rd = (double)ref;
-  if (isinf(rd)) return got == rd ? 0 : 1e9;
-  if (isnan(got) || isinf(got)) return 1e9;
-  LD a = fabsl(ref), u = 0x1p-1074L;
-  if (a >= 0x1p-1022L) {
-    int e;
-    frexpl(a, &e);
-    u = ldexpl(1, e - 53);
-  }
-  return (double)(fabsl((LD)got - ref) / u);
-}
+static double ulp_err_f(float got, LD ref) { return ulp_err(got, ref, (float)ref, 24, -126); }
+static double ulp_err_d(double got, LD ref) { return ulp_err(got, ref, (double)ref, 53, -1022); }
 
 static nb_kview vec_view(void *data, nb_dtype dt, int64_t n, int64_t stride) {
   nb_kview v;

@@ -154,3 +154,17 @@ int nbt_run(const char *bin, const char *args, const char *dir, char *out, size_
   if (f) fclose(f);
   return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+int nbt_tmpdir(char *dir, size_t size, const char *name) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, size, "%s/nabla-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+  if (mkdtemp(dir)) return 1;
+  printf("FAIL: cannot create a temporary directory\n");
+  return 0;
+}
+
+void nbt_rmtree(const char *dir) {
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'; rm -rf '%s'", dir, dir);
+  if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+}

@@ -46,6 +46,13 @@ int nbt_gradcheck(const char *name, nbt_fn f, void *ctx, int n, nb_tensor *const
  * dir holds them); returns the exit status, or -1 if it did not exit. */
 int nbt_run(const char *bin, const char *args, const char *dir, char *out, size_t out_size);
 
+/* Makes a fresh directory $TMPDIR/nabla-NAME-XXXXXX (/tmp without TMPDIR)
+ * in dir; prints a FAIL line and returns 0 when it cannot. */
+int nbt_tmpdir(char *dir, size_t size, const char *name);
+/* Removes dir and everything in it (read-only entries too); prints a note
+ * when it cannot. */
+void nbt_rmtree(const char *dir);
+
 /* A new f64 leaf with requires_grad, filled from a normal(seed); owned by
  * the caller (nb_release) even inside a scope. */
 nb_tensor *nbt_leaf(uint64_t seed, int ndim, const int64_t *shape);
