@@ -14,21 +14,26 @@
 #include "core/core.h"
 
 #define NB_NODE_SAVED 4
+/* The largest parameter struct an op may have (graph/op.h). */
+#define NB_OP_PARAMS_MAX 160
 
 typedef struct nb_node nb_node;
+typedef struct nb_op nb_op;
 /* Sets gin[i] to a new reference (or leaves it NULL for "no gradient") for
  * every input i with nb_node_needs_grad(n, i). Returns NB_OK or an error. */
 typedef nb_status (*nb_backward_fn)(nb_node *n, nb_tensor *gout, nb_tensor **gin);
 
 struct nb_node {
   int64_t refcount;
-  const char *name;
+  const nb_op *op;                 /* the op's description (graph/op.h) */
+  const char *name;                /* op->name */
   nb_backward_fn backward;
   int n_inputs;
   nb_tensor **inputs;              /* owned references */
   nb_tensor *saved[NB_NODE_SAVED]; /* owned references, detached */
   int64_t ip[2 * NB_MAX_DIMS + 4]; /* op parameters */
   double dp[4];
+  _Alignas(16) unsigned char params[NB_OP_PARAMS_MAX]; /* the op's parameter struct */
   int out_ndim;                    /* the output's shape, dtype and device */
   int64_t out_shape[NB_MAX_DIMS];
   nb_dtype out_dtype;
@@ -44,6 +49,8 @@ struct nb_node {
  * recording's switch and lives here, in graph/node.c, with it. */
 
 void nb_node_release(nb_node *n);
+/* The node's parameter struct (the type its op declares). */
+static inline const void *nb_node_params(const nb_node *n) { return n->params; }
 /* Drops the node's inputs and saved tensors (a backward pass that does not
  * retain the graph frees it this way). */
 void nb_node_drop_refs(nb_node *n);

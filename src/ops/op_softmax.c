@@ -22,28 +22,51 @@ static void softmax_view(const nb_tensor *t, int a, nb_kview *v) {
   v->strides[v->ndim - 1] = st;
 }
 
-/* dx from dy and the saved output y, in one kernel pass. An op of its own
- * whose second derivative is unsupported; it is only recorded when grad mode
- * is on, where softmax_bw composes instead (except for 0-d inputs). */
-static nb_tensor *softmax_backward(const nb_tensor *g, const nb_tensor *y, int a, int log) {
-  nb_scope_begin();
-  const nb_tensor *dy = nb_cast(g, y->dtype);
-  nb_tensor *dx = dy ? nb_tensor_alloc(y->ndim, y->shape, y->dtype, nb_device_of(y)) : NULL;
-  if (dx && nb_numel(dx)) {
-    nb_kview kdx, kdy, ky;
-    softmax_view(dx, a, &kdx);
-    softmax_view(dy, a, &kdy);
-    softmax_view(y, a, &ky);
-    if (nb_backend_for(nb_device_of(y))->softmax_bwd(&kdx, &kdy, &ky, log)) {
-      nb_release(dx);
-      dx = NULL;
-    }
+typedef struct {
+  int axis; /* as given (may be negative) */
+  int log;
+} softmax_params;
+
+/* The axis a call's parameters name, for a tensor of ndim axes (checked). */
+static int softmax_axis(const nb_op_call *c, int ndim) {
+  return nb_norm_axis(c->op->name, ((const softmax_params *)c->p)->axis, ndim);
+}
+
+static nb_status softmax_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *x = c->in[0];
+  if (!nb_dtype_is_float(x->dtype)) {
+    char b[200];
+    return nb_error_set(NB_ERR_DTYPE, "%s: input %s (expected a float tensor; cast it first)",
+                        c->op->name, nb_describe(x, b, sizeof b));
   }
-  if (dx)
-    nb_record(log ? "log_softmax_backward" : "softmax_backward", nb_no_double_backward, 2,
-              (const nb_tensor *const[]){dy, y}, dx);
-  nb_scope_end();
-  return nb_autorelease(dx);
+  if (nb_norm_axis(c->op->name, ((const softmax_params *)c->p)->axis, x->ndim) < 0)
+    return nb_last_status();
+  nb_meta_of(x, out);
+  return NB_OK;
+}
+
+/* dx from dy and the saved output y, in one kernel pass: inputs (dy, y).
+ * Recorded only when grad mode is on and y's history is wanted; its second
+ * derivative is unsupported (softmax_bw composes under create_graph). */
+static nb_status softmax_backward_infer(const nb_op_call *c, nb_meta *out) {
+  nb_meta_of(c->in[1], out);
+  return NB_OK;
+}
+
+static nb_status softmax_backward_prepare(const nb_op_call *c, const nb_tensor **in) {
+  in[0] = nb_cast(c->in[0], c->in[1]->dtype);
+  return in[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status softmax_backward_forward(const nb_op_call *c, nb_tensor *dx, nb_tensor **aux) {
+  (void)aux;
+  const softmax_params *p = c->p;
+  int a = softmax_axis(c, dx->ndim);
+  nb_kview kdx, kdy, ky;
+  softmax_view(dx, a, &kdx);
+  softmax_view(c->in[0], a, &kdy);
+  softmax_view(c->in[1], a, &ky);
+  return nb_backend_for(nb_device_of(dx))->softmax_bwd(&kdx, &kdy, &ky, p->log);
 }
 
 /* Under create_graph the gradient must itself be differentiable through y,
@@ -57,47 +80,52 @@ static nb_tensor *softmax_backward_composed(const nb_tensor *g, const nb_tensor 
   return nb_mul(y, nb_sub(g, nb_sum(nb_mul(g, y), 1, &a, 1)));
 }
 
+extern const nb_op nb_op_softmax_backward, nb_op_log_softmax_backward;
+
 static nb_status softmax_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  int a = (int)n->ip[0], log = (int)n->ip[1];
-  const nb_tensor *x = n->inputs[0];
+  const softmax_params *p = nb_node_params(n);
+  const nb_tensor *x = n->inputs[0], *y = n->saved[0];
+  int a = nb_norm_axis(n->name, p->axis, x->ndim);
   if (nb_grad_enabled() && x->ndim > 0)
-    gin[0] = nb_retain(softmax_backward_composed(g, x, a, log));
+    gin[0] = nb_retain(softmax_backward_composed(g, x, a, p->log));
   else
-    gin[0] = nb_retain(softmax_backward(g, n->saved[0], a, log));
+    gin[0] = nb_retain(nb_op_run(p->log ? &nb_op_log_softmax_backward : &nb_op_softmax_backward, 2,
+                                 (const nb_tensor *const[]){g, y}, p));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-static nb_tensor *softmax_op(const char *name, const nb_tensor *x, int axis, int log) {
-  if (!x) { nb_error_null(name, "x"); return NULL; }
-  if (!nb_dtype_is_float(x->dtype)) {
-    char b[200];
-    nb_error_set(NB_ERR_DTYPE, "%s: input %s (expected a float tensor; cast it first)", name,
-                 nb_describe(x, b, sizeof b));
-    return NULL;
-  }
-  int a = nb_norm_axis(name, axis, x->ndim);
-  if (a < 0) return NULL;
-  nb_tensor *y = nb_tensor_alloc(x->ndim, x->shape, x->dtype, nb_device_of(x));
-  if (!y) return NULL;
-  if (nb_numel(y)) {
-    nb_kview ky, kx;
-    softmax_view(y, a, &ky);
-    softmax_view(x, a, &kx);
-    if (nb_backend_for(nb_device_of(x))->softmax_fwd(&ky, &kx, log)) {
-      nb_release(y);
-      return NULL;
-    }
-  }
-  nb_node *n = nb_record(name, softmax_bw, 1, (const nb_tensor *const[]){x}, y);
-  if (n) {
-    nb_node_save(n, 0, y);
-    n->ip[0] = a;
-    n->ip[1] = log;
-  }
-  return nb_autorelease(y);
+static nb_status softmax_forward(const nb_op_call *c, nb_tensor *y, nb_tensor **aux) {
+  (void)aux;
+  const softmax_params *p = c->p;
+  int a = softmax_axis(c, y->ndim);
+  nb_kview ky, kx;
+  softmax_view(y, a, &ky);
+  softmax_view(c->in[0], a, &kx);
+  return nb_backend_for(nb_device_of(y))->softmax_fwd(&ky, &kx, p->log);
 }
 
-nb_tensor *nb_softmax(const nb_tensor *x, int axis) { return softmax_op("softmax", x, axis, 0); }
-nb_tensor *nb_log_softmax(const nb_tensor *x, int axis) {
-  return softmax_op("log_softmax", x, axis, 1);
+/* x and y read once, written once; a max, an exp, a sum and a scale per element */
+static void softmax_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  double n = (double)nb_shape_numel(out->ndim, out->shape);
+  *bytes = n * (double)(nb_dtype_size(c->in[0]->dtype) + nb_dtype_size(out->dtype));
+  *flops = 5 * n;
 }
+
+#define SOFTMAX_OPS(NAME, LOG)                                                         \
+  const nb_op nb_op_##NAME = {                                                         \
+      .name = #NAME, .kind = NB_OPK_ROW, .n_in = 1, .in_names = {"x"}, .psize = sizeof(softmax_params),   \
+      .prec = NB_PREC_F32, .infer = softmax_infer, .forward = softmax_forward,         \
+      .backward = softmax_bw, .save_out = 1, .cost = softmax_cost};                    \
+  const nb_op nb_op_##NAME##_backward = {                                              \
+      .name = #NAME "_backward", .kind = NB_OPK_ROW, .n_in = 2, .in_names = {"dy", "y"}, \
+      .psize = sizeof(softmax_params), .prec = NB_PREC_F32,                            \
+      .infer = softmax_backward_infer, .prepare = softmax_backward_prepare,            \
+      .forward = softmax_backward_forward, .backward = nb_no_double_backward,          \
+      .cost = softmax_cost};                                                           \
+  nb_tensor *nb_##NAME(const nb_tensor *x, int axis) {                                 \
+    softmax_params p = {axis, LOG};                                                    \
+    return nb_op_run(&nb_op_##NAME, 1, (const nb_tensor *const[]){x}, &p);             \
+  }
+
+SOFTMAX_OPS(softmax, 0)
+SOFTMAX_OPS(log_softmax, 1)

@@ -3,6 +3,7 @@
 #define NB_OPS_H
 
 #include "graph/node.h"
+#include "graph/op.h"
 #include "backend/backend.h"
 #include "core/core.h"
 

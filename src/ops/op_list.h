@@ -1,0 +1,14 @@
+/* Every primitive op, once: X(name) names the description nb_op_<name>
+ * defined in its src/ops/op_*.c file. The order is the table's (the test
+ * and benchmark walk it); a new op is one line here plus its description.
+ * The elementwise ops come from the elementwise list (NB_UNARY_OP_LIST and
+ * NB_BINARY_OP_LIST in op_table.c). */
+#ifndef NB_OPS_OP_LIST_H
+#define NB_OPS_OP_LIST_H
+
+#define NB_OP_LIST(X)                                                            \
+  /* row ops */                                                                  \
+  X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
+  X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)
+
+#endif
