@@ -12,6 +12,7 @@
 #define NB_BACKEND_H
 
 #include "nabla.h"
+#include "backend/ew_list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,28 +26,32 @@ typedef struct nb_kview {
   int64_t strides[NB_MAX_DIMS];
 } nb_kview;
 
+/* The unary and binary ops, from backend/ew_list.h. */
+#define NB_EW_ENUM(ID, ...) NB_UOP_##ID,
 typedef enum {
-  NB_UOP_NEG, NB_UOP_ABS, NB_UOP_EXP, NB_UOP_LOG, NB_UOP_LOG1P, NB_UOP_EXPM1,
-  NB_UOP_SQRT, NB_UOP_RSQRT, NB_UOP_SQUARE, NB_UOP_RECIPROCAL, NB_UOP_SIN,
-  NB_UOP_COS, NB_UOP_TANH, NB_UOP_SIGMOID, NB_UOP_RELU, NB_UOP_GELU_ERF,
-  NB_UOP_GELU_TANH, NB_UOP_SILU, NB_UOP_SOFTPLUS, NB_UOP_SIGN, NB_UOP_FLOOR,
-  NB_UOP_CEIL, NB_UOP_ROUND,
-  /* derivatives used by backward rules */
-  NB_UOP_GELU_ERF_D, NB_UOP_GELU_TANH_D, NB_UOP_SILU_D,
+  NB_UOP_LIST(NB_EW_ENUM)
+  NB_UOP_DERIVATIVE_LIST(NB_EW_ENUM) /* derivatives used by backward rules */
   NB_UOP_COUNT
 } nb_uop;
+#undef NB_EW_ENUM
 
+#define NB_EW_ENUM(ID, ...) NB_BOP_##ID,
 typedef enum {
-  NB_BOP_ADD, NB_BOP_SUB, NB_BOP_MUL, NB_BOP_DIV, NB_BOP_POW, NB_BOP_MAX, NB_BOP_MIN,
-  NB_BOP_EQ, NB_BOP_NE, NB_BOP_LT, NB_BOP_LE, NB_BOP_GT, NB_BOP_GE,
+  NB_BOP_LIST(NB_EW_ENUM)
+  NB_CMP_LIST(NB_EW_ENUM) /* comparisons: bool results */
   NB_BOP_COUNT
 } nb_bop;
+#undef NB_EW_ENUM
 
 typedef enum { NB_ROP_SUM, NB_ROP_MAX, NB_ROP_MIN, NB_ROP_ARGMAX, NB_ROP_ARGMIN, NB_ROP_COUNT } nb_rop;
 
 /* The kernels' names (the profiler's rows): "neg", "add", "sum", ... */
 extern const char *const nb_uop_names[NB_UOP_COUNT];
 extern const char *const nb_bop_names[NB_BOP_COUNT];
+/* The forward expressions' text as ew_list.h writes them ("E_EXP(x)",
+ * "x + z"), for code generation. */
+extern const char *const nb_uop_expr_text[NB_UOP_COUNT];
+extern const char *const nb_bop_expr_text[NB_BOP_COUNT];
 extern const char *const nb_rop_names[NB_ROP_COUNT];
 
 typedef struct {

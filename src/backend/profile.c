@@ -48,12 +48,23 @@ static int nbp_seen[2][64]; /* devices used while profiling: [cpu, cuda][index] 
 static nb_backend nbp_proxy[2];
 static const nb_backend *nbp_real[2];
 
+#define NB_EW_NAME(ID, KNAME, ...) KNAME,
 const char *const nb_uop_names[NB_UOP_COUNT] = {
-    "neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal",
-    "sin", "cos", "tanh", "sigmoid", "relu", "gelu_erf", "gelu_tanh", "silu", "softplus", "sign",
-    "floor", "ceil", "round", "gelu_erf_d", "gelu_tanh_d", "silu_d"};
-const char *const nb_bop_names[NB_BOP_COUNT] = {"add", "sub", "mul", "div", "pow", "max", "min",
-                                                "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+    NB_UOP_LIST(NB_EW_NAME) NB_UOP_DERIVATIVE_LIST(NB_EW_NAME)};
+const char *const nb_bop_names[NB_BOP_COUNT] = {NB_BOP_LIST(NB_EW_NAME) NB_CMP_LIST(NB_EW_NAME)};
+#undef NB_EW_NAME
+#define NB_EW_TEXT_U(ID, KNAME, NAME, INT, SAVE, EXPR, ...) #EXPR,
+#define NB_EW_TEXT_D(ID, KNAME, NODE, EXPR) #EXPR,
+#define NB_EW_TEXT_B(ID, KNAME, NAME, INT, EXPR, ...) #EXPR,
+#define NB_EW_TEXT_C(ID, KNAME, EXPR) #EXPR,
+const char *const nb_uop_expr_text[NB_UOP_COUNT] = {
+    NB_UOP_LIST(NB_EW_TEXT_U) NB_UOP_DERIVATIVE_LIST(NB_EW_TEXT_D)};
+const char *const nb_bop_expr_text[NB_BOP_COUNT] = {
+    NB_BOP_LIST(NB_EW_TEXT_B) NB_CMP_LIST(NB_EW_TEXT_C)};
+#undef NB_EW_TEXT_U
+#undef NB_EW_TEXT_D
+#undef NB_EW_TEXT_B
+#undef NB_EW_TEXT_C
 const char *const nb_rop_names[NB_ROP_COUNT] = {"sum", "max", "min", "argmax", "argmin"};
 
 /* ---- timing a proxied call -------------------------------------------------- */
