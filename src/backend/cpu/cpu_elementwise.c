@@ -23,29 +23,39 @@
 
 #define TILE NB_CPU_TILE
 
-/* ---- the math of each float compute type ------------------------------
+/* ---- the primitives of backend/ew_list.h for each float compute type ----
  * f32 (and f16/bf16, computed in f32): the vectorisable functions of
  * cpu_vmath.h, each within 1 ulp of the exact value. f64: libm, in forms
  * that avoid cancellation (erfc for 1 + erf of a negative argument, the
- * sigmoid form of 0.5 (1 + tanh u), softplus without a threshold). */
-#define MF(name) name##f /* float libm names (exact ops: fabs, sqrt, floor, ...) */
-#define MD(name) name       /* double libm names */
-#define exp_f nb_vm_expf
-#define log_f nb_vm_logf
-#define log1p_f nb_vm_log1pf
-#define expm1_f nb_vm_expm1f
-#define tanh_f nb_vm_tanhf
-#define sigmoid_f nb_vm_sigmoidf
-#define silu_f nb_vm_siluf
-#define silu_d_f nb_vm_silu_df
-#define softplus_f nb_vm_softplusf
-#define gelu_tanh_f nb_vm_gelu_tanhf
-#define gelu_tanh_d_f nb_vm_gelu_tanh_df
-#define exp_d exp
-#define log_d log
-#define log1p_d log1p
-#define expm1_d expm1
-#define tanh_d tanh
+ * sigmoid form of 0.5 (1 + tanh u), softplus without a threshold). Each
+ * primitive picks its function from x's type. */
+#define NB_EW_FD(x, F, D) _Generic((x), float: F, default: D)(x)
+#define E_ABS(x) NB_EW_FD(x, fabsf, fabs)
+#define E_SQRT(x) NB_EW_FD(x, sqrtf, sqrt)
+#define E_RSQRT(x) (1 / E_SQRT(x))
+#define E_SIN(x) NB_EW_FD(x, sinf, sin)
+#define E_COS(x) NB_EW_FD(x, cosf, cos)
+#define E_FLOOR(x) NB_EW_FD(x, floorf, floor)
+#define E_CEIL(x) NB_EW_FD(x, ceilf, ceil)
+#define E_ROUND(x) NB_EW_FD(x, nearbyintf, nearbyint) /* half to even */
+#define E_EXP(x) NB_EW_FD(x, nb_vm_expf, exp)
+#define E_LOG(x) NB_EW_FD(x, nb_vm_logf, log)
+#define E_LOG1P(x) NB_EW_FD(x, nb_vm_log1pf, log1p)
+#define E_EXPM1(x) NB_EW_FD(x, nb_vm_expm1f, expm1)
+#define E_TANH(x) NB_EW_FD(x, nb_vm_tanhf, tanh)
+#define E_SIGMOID(x) NB_EW_FD(x, nb_vm_sigmoidf, sigmoid_d)
+#define E_SILU(x) NB_EW_FD(x, nb_vm_siluf, silu_d)
+#define E_SILU_D(x) NB_EW_FD(x, nb_vm_silu_df, silu_d_d)
+#define E_SOFTPLUS(x) NB_EW_FD(x, nb_vm_softplusf, softplus_d)
+#define E_GELU_TANH(x) NB_EW_FD(x, nb_vm_gelu_tanhf, gelu_tanh_d)
+#define E_GELU_TANH_D(x) NB_EW_FD(x, nb_vm_gelu_tanh_df, gelu_tanh_d_d)
+#define E_GELU_ERF(x) NB_EW_FD(x, gelu_erf_f, gelu_erf_d)
+#define E_GELU_ERF_D(x) NB_EW_FD(x, gelu_erf_d_f, gelu_erf_d_d)
+#define E_POW(x, z) _Generic((x), float: powf, default: pow)(x, z)
+#define E_MAX(x, z) _Generic((x), float: max_f, default: max_d)(x, z)
+#define E_MIN(x, z) _Generic((x), float: min_f, default: min_d)(x, z)
+/* integers to a negative power: 0, and the kernel reports it (bad) */
+#define E_IPOW(x, z) ((z) < 0 ? (bad = 1, 0) : ipow(x, z))
 
 #define GELU_K 0.79788456080286535588 /* sqrt(2 / pi) */
 #define GELU_C 0.044715
@@ -102,43 +112,31 @@ static inline float gelu_erf_d_f(float x) {
 DEF_MINMAX(float, f)
 DEF_MINMAX(double, d)
 
-/* ---- dense array kernels (y may alias an input: same index only) ------- */
-#define MAP1(T, E)                                                                   \
+/* x ** e for integers by repeated squaring (wrapping); e >= 0. */
+static int64_t ipow(int64_t x, int64_t e) {
+  uint64_t r = 1, b = (uint64_t)x;
+  for (uint64_t k = (uint64_t)e; k; k >>= 1, b *= b)
+    if (k & 1) r *= b;
+  return (int64_t)r;
+}
+
+/* ---- dense array kernels (y may alias an input: same index only) -------
+ * One loop per op of ew_list.h, in the function's compute type ew_t. */
+#define MAP1(E)                                                                      \
   _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                              \
-    const T x = in[i];                                                               \
+    const ew_t x = in[i];                                                            \
     y[i] = (E);                                                                      \
   }                                                                                  \
   break
+#define UOP_CASE(ID, KNAME, NAME, INT, SAVE, EXPR, ...) case NB_UOP_##ID: MAP1(EXPR);
+#define UOP_D_CASE(ID, KNAME, NODE, EXPR) case NB_UOP_##ID: MAP1(EXPR);
 
-#define DEF_UOP(T, SUF, M)                                                           \
+#define DEF_UOP(T, SUF)                                                              \
   static void uop_##SUF(nb_uop op, int64_t n, const T *in, T *y) {                   \
+    typedef T ew_t;                                                                  \
     switch (op) {                                                                    \
-    case NB_UOP_NEG: MAP1(T, -x);                                                    \
-    case NB_UOP_ABS: MAP1(T, M(fabs)(x));                                            \
-    case NB_UOP_EXP: MAP1(T, exp_##SUF(x));                                          \
-    case NB_UOP_LOG: MAP1(T, log_##SUF(x));                                          \
-    case NB_UOP_LOG1P: MAP1(T, log1p_##SUF(x));                                      \
-    case NB_UOP_EXPM1: MAP1(T, expm1_##SUF(x));                                      \
-    case NB_UOP_SQRT: MAP1(T, M(sqrt)(x));                                           \
-    case NB_UOP_RSQRT: MAP1(T, (T)1 / M(sqrt)(x));                                   \
-    case NB_UOP_SQUARE: MAP1(T, x * x);                                              \
-    case NB_UOP_RECIPROCAL: MAP1(T, (T)1 / x);                                       \
-    case NB_UOP_SIN: MAP1(T, M(sin)(x));                                             \
-    case NB_UOP_COS: MAP1(T, M(cos)(x));                                             \
-    case NB_UOP_TANH: MAP1(T, tanh_##SUF(x));                                        \
-    case NB_UOP_SIGMOID: MAP1(T, sigmoid_##SUF(x));                                  \
-    case NB_UOP_RELU: MAP1(T, x < 0 ? (T)0 : x); /* NaN passes through */            \
-    case NB_UOP_GELU_ERF: MAP1(T, gelu_erf_##SUF(x));                                \
-    case NB_UOP_GELU_TANH: MAP1(T, gelu_tanh_##SUF(x));                              \
-    case NB_UOP_SILU: MAP1(T, silu_##SUF(x));                                        \
-    case NB_UOP_SOFTPLUS: MAP1(T, softplus_##SUF(x));                                \
-    case NB_UOP_SIGN: MAP1(T, x > 0 ? (T)1 : x < 0 ? (T)-1 : x); /* 0 and NaN kept */ \
-    case NB_UOP_FLOOR: MAP1(T, M(floor)(x));                                         \
-    case NB_UOP_CEIL: MAP1(T, M(ceil)(x));                                           \
-    case NB_UOP_ROUND: MAP1(T, M(nearbyint)(x)); /* half to even */                  \
-    case NB_UOP_GELU_ERF_D: MAP1(T, gelu_erf_d_##SUF(x));                            \
-    case NB_UOP_GELU_TANH_D: MAP1(T, gelu_tanh_d_##SUF(x));                          \
-    case NB_UOP_SILU_D: MAP1(T, silu_d_##SUF(x));                                    \
+    NB_UOP_LIST(UOP_CASE)                                                            \
+    NB_UOP_DERIVATIVE_LIST(UOP_D_CASE)                                               \
     default: break;                                                                  \
     }                                                                                \
   }
@@ -148,64 +146,63 @@ DEF_MINMAX(double, d)
 #if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
 __attribute__((target("prefer-vector-width=512")))
 #endif
-DEF_UOP(float, f, MF)
-DEF_UOP(double, d, MD)
+DEF_UOP(float, f)
+DEF_UOP(double, d)
 
-/* Integer unary ops in int64, wrapping like two's complement. */
+/* Integer unary ops in int64, wrapping like two's complement; the rows of
+ * ew_list.h with an integer kernel (int 1). */
+#define UOP_INT_CASE(ID, KNAME, NAME, INT, SAVE, EXPR, IEXPR, ...)                   \
+  case NB_UOP_##ID:                                                                  \
+    if (INT == 1) {                                                                  \
+      for (int64_t i = 0; i < n; i++) {                                              \
+        const int64_t x = in[i];                                                     \
+        (void)x;                                                                     \
+        y[i] = (IEXPR);                                                              \
+      }                                                                              \
+      return;                                                                        \
+    }                                                                                \
+    break;
 static void uop_i(nb_uop op, int64_t n, const int64_t *in, int64_t *y) {
-  for (int64_t i = 0; i < n; i++) {
-    uint64_t u = (uint64_t)in[i];
-    switch (op) {
-    case NB_UOP_NEG: y[i] = (int64_t)(0 - u); break;
-    case NB_UOP_ABS: y[i] = in[i] < 0 ? (int64_t)(0 - u) : in[i]; break;
-    case NB_UOP_SIGN: y[i] = (in[i] > 0) - (in[i] < 0); break;
-    case NB_UOP_SQUARE: y[i] = (int64_t)(u * u); break;
-    default: y[i] = 0; break;
-    }
+  switch (op) {
+  NB_UOP_LIST(UOP_INT_CASE)
+  default: break;
   }
+  for (int64_t i = 0; i < n; i++) y[i] = 0;
 }
 
-static int uop_int_ok(nb_uop op) {
-  return op == NB_UOP_NEG || op == NB_UOP_ABS || op == NB_UOP_SIGN || op == NB_UOP_SQUARE;
-}
+#define UOP_INT_OK(ID, KNAME, NAME, INT, ...) [NB_UOP_##ID] = INT == 1,
+static const unsigned char uop_int_ok[NB_UOP_COUNT] = {NB_UOP_LIST(UOP_INT_OK)};
 
-#define MAP2(T, E)                                                                   \
+#define MAP2(E)                                                                      \
   _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                              \
-    const T x = a[i], z = b[i];                                                      \
+    const ew_t x = a[i], z = b[i];                                                   \
     y[i] = (E);                                                                      \
   }                                                                                  \
   break
+#define BOP_CASE(ID, KNAME, NAME, INT, EXPR, ...) case NB_BOP_##ID: MAP2(EXPR);
+#define CMP_CASE(ID, NAME, EXPR) case NB_BOP_##ID: MAP2(EXPR);
 
-#define DEF_BOP(T, SUF, M)                                                           \
+#define DEF_BOP(T, SUF)                                                              \
   static void bop_##SUF(nb_bop op, int64_t n, const T *a, const T *b, T *y) {        \
+    typedef T ew_t;                                                                  \
     switch (op) {                                                                    \
-    case NB_BOP_ADD: MAP2(T, x + z);                                                 \
-    case NB_BOP_SUB: MAP2(T, x - z);                                                 \
-    case NB_BOP_MUL: MAP2(T, x * z);                                                 \
-    case NB_BOP_DIV: MAP2(T, x / z);                                                 \
-    case NB_BOP_POW: MAP2(T, M(pow)(x, z));                                          \
-    case NB_BOP_MAX: MAP2(T, max_##SUF(x, z));                                       \
-    case NB_BOP_MIN: MAP2(T, min_##SUF(x, z));                                       \
+    NB_BOP_LIST(BOP_CASE)                                                            \
     default: break;                                                                  \
     }                                                                                \
   }
 
-/* comparisons write bool (0/1); IEEE rules for floats: NaN compares unequal */
+/* comparisons write bool (0/1) */
 #define DEF_CMP(T, SUF)                                                              \
   static void cmp_##SUF(nb_bop op, int64_t n, const T *a, const T *b, uint8_t *y) {  \
+    typedef T ew_t;                                                                  \
     switch (op) {                                                                    \
-    case NB_BOP_EQ: MAP2(T, x == z);                                                 \
-    case NB_BOP_NE: MAP2(T, x != z);                                                 \
-    case NB_BOP_LT: MAP2(T, x < z);                                                  \
-    case NB_BOP_LE: MAP2(T, x <= z);                                                 \
-    case NB_BOP_GT: MAP2(T, x > z);                                                  \
-    case NB_BOP_GE: MAP2(T, x >= z);                                                 \
+    NB_CMP_LIST(CMP_CASE)                                                            \
     default: break;                                                                  \
     }                                                                                \
   }
 
-DEF_BOP(float, f, MF)
-DEF_BOP(double, d, MD)
+DEF_BOP(float, f)
+DEF_BOP(double, d)
 DEF_CMP(float, f)
 DEF_CMP(double, d)
 DEF_CMP(int64_t, i)
@@ -242,33 +239,27 @@ static int bop_f_stream(nb_bop op, int64_t n, const float *a, const float *b, fl
 }
 #endif
 
-/* x ** e for integers by repeated squaring (wrapping); e >= 0. */
-static int64_t ipow(int64_t x, int64_t e) {
-  uint64_t r = 1, b = (uint64_t)x;
-  for (uint64_t k = (uint64_t)e; k; k >>= 1, b *= b)
-    if (k & 1) r *= b;
-  return (int64_t)r;
-}
-
 /* Integer arithmetic in uint64 so that overflow wraps instead of being
- * undefined; returns 1 if a negative exponent was met. */
+ * undefined (the rows of ew_list.h with an integer kernel); returns 1 if a
+ * negative exponent was met. */
+#define BOP_INT_CASE(ID, KNAME, NAME, INT, EXPR, IEXPR, ...)                         \
+  case NB_BOP_##ID:                                                                  \
+    if (INT == 1) {                                                                  \
+      for (int64_t i = 0; i < n; i++) {                                              \
+        const int64_t x = a[i], z = b[i];                                            \
+        (void)x; (void)z;                                                            \
+        y[i] = (IEXPR);                                                              \
+      }                                                                              \
+      return bad;                                                                    \
+    }                                                                                \
+    break;
 static int bop_int(nb_bop op, int64_t n, const int64_t *a, const int64_t *b, int64_t *y) {
   int bad = 0;
-  for (int64_t i = 0; i < n; i++) {
-    uint64_t x = (uint64_t)a[i], z = (uint64_t)b[i];
-    switch (op) {
-    case NB_BOP_ADD: y[i] = (int64_t)(x + z); break;
-    case NB_BOP_SUB: y[i] = (int64_t)(x - z); break;
-    case NB_BOP_MUL: y[i] = (int64_t)(x * z); break;
-    case NB_BOP_MAX: y[i] = a[i] > b[i] ? a[i] : b[i]; break;
-    case NB_BOP_MIN: y[i] = a[i] < b[i] ? a[i] : b[i]; break;
-    case NB_BOP_POW:
-      if (b[i] < 0) bad = 1;
-      y[i] = b[i] < 0 ? 0 : ipow(a[i], b[i]);
-      break;
-    default: y[i] = 0; break;
-    }
+  switch (op) {
+  NB_BOP_LIST(BOP_INT_CASE)
+  default: break;
   }
+  for (int64_t i = 0; i < n; i++) y[i] = 0;
   return bad;
 }
 
@@ -432,9 +423,9 @@ static void unary_strip(void *vc, int64_t n, char *const *p, const int64_t *s, i
 nb_status nb_cpu_unary(nb_uop op, const nb_kview *out, const nb_kview *in) {
   if ((unsigned)op >= NB_UOP_COUNT)
     return nb_error_set(NB_ERR_VALUE, "cpu unary: unknown op %d", (int)op);
-  if (!nb_dtype_is_float(in->dtype) && !uop_int_ok(op))
-    return nb_error_set(NB_ERR_DTYPE, "cpu unary: op %d on dtype %s (expected a float dtype)",
-                        (int)op, nb_dtype_name(in->dtype));
+  if (!nb_dtype_is_float(in->dtype) && !uop_int_ok[op])
+    return nb_error_set(NB_ERR_DTYPE, "cpu unary: op %s on dtype %s (expected a float dtype)",
+                        nb_uop_names[op], nb_dtype_name(in->dtype));
   unary_ctx c = {op, out->dtype, in->dtype};
   nb_cpu_iter it;
   nb_cpu_iter_views(&it, 2, (const nb_kview *const[]){out, in});
