@@ -7,6 +7,8 @@
 #define NB_OPS_OP_LIST_H
 
 #define NB_OP_LIST(X)                                                            \
+  /* reductions (op_reduce.c) */                                                 \
+  X(sum) X(max) X(min) X(argmax) X(argmin)                                      \
   /* row ops */                                                                  \
   X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
   X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)

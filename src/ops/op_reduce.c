@@ -38,36 +38,87 @@ static int reduced_shape(const nb_tensor *x, const int *mask, int keep, int64_t 
   return k;
 }
 
-/* Runs the reduction kernel: kept axes first, reduced axes last. */
-static nb_tensor *reduce_kernel(nb_rop op, const nb_tensor *x, const int *mask, int keep,
-                                nb_dtype out_dt) {
-  int64_t oshape[NB_MAX_DIMS], kshape[NB_MAX_DIMS];
-  int ond = reduced_shape(x, mask, keep, kshape);
-  int knd = reduced_shape(x, mask, 0, oshape);
-  nb_tensor *out = nb_tensor_alloc(ond, kshape, out_dt, nb_device_of(x));
-  if (!out || !nb_numel(out)) return out;
+/* ---- the primitives: sum, max, min (with gradients), argmax, argmin --------
+ * One kernel each. Parameters are the normalised set of axes (the public
+ * functions check the axes given and make the mask) and keepdim. */
+typedef struct {
+  int mask[NB_MAX_DIMS]; /* 1: axis i is reduced */
+  int keep;              /* reduced axes kept as size 1 */
+} reduce_params;
+
+/* The op's output dtype: i64 for arg* and for integer sums. */
+static nb_dtype reduce_dtype(nb_rop op, nb_dtype x) {
+  if (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN) return NB_I64;
+  if (op == NB_ROP_SUM && !nb_dtype_is_float(x)) return NB_I64;
+  return x;
+}
+
+/* Whether a reduced axis of x is empty. */
+static int reduces_empty(const nb_tensor *x, const int *mask) {
+  int empty = 0;
+  for (int i = 0; i < x->ndim; i++) empty |= mask[i] && x->shape[i] == 0;
+  return empty;
+}
+
+static nb_status reduce_infer(nb_rop op, const nb_op_call *c, nb_meta *out) {
+  const reduce_params *p = c->p;
+  const nb_tensor *x = c->in[0];
+  char b[200];
+  for (int i = 0; i < NB_MAX_DIMS; i++)
+    if ((p->mask[i] && i >= x->ndim) || (p->mask[i] != 0 && p->mask[i] != 1))
+      return nb_error_set(NB_ERR_AXIS, "%s: axis %d in the mask of input %s (expected axes 0..%d)",
+                          c->op->name, i, nb_describe(x, b, sizeof b), x->ndim - 1);
+  if (op != NB_ROP_SUM && reduces_empty(x, p->mask))
+    return nb_error_set(NB_ERR_SHAPE, "%s: cannot reduce %s over an empty axis", c->op->name,
+                        nb_describe(x, b, sizeof b));
+  out->ndim = reduced_shape(x, p->mask, p->keep, out->shape);
+  out->dtype = reduce_dtype(op, x->dtype);
+  out->device = nb_device_of(x);
+  return NB_OK;
+}
+
+/* sum adds in its output dtype: integers are cast to i64 first (recorded). */
+static nb_status sum_prepare(const nb_op_call *c, const nb_tensor **in) {
+  in[0] = nb_cast(c->in[0], reduce_dtype(NB_ROP_SUM, c->in[0]->dtype));
+  return in[0] ? NB_OK : nb_last_status();
+}
+
+/* Runs the reduction kernel: kept axes first, reduced axes last. A sum over
+ * an empty axis is zero (no kernel runs). */
+static nb_status reduce_forward(nb_rop op, const nb_op_call *c, nb_tensor *out) {
+  const reduce_params *p = c->p;
+  const nb_tensor *x = c->in[0];
+  const nb_backend *be = nb_backend_for(nb_device_of(x));
   nb_kview ki, ko;
+  nb_kview_of(out, &ko);
+  if (reduces_empty(x, p->mask)) return be->fill(&ko, 0.0);
+  int64_t oshape[NB_MAX_DIMS];
+  int knd = reduced_shape(x, p->mask, 0, oshape);
   nb_kview_of(x, &ki);
   int k = 0, nred = 0;
   for (int i = 0; i < x->ndim; i++)
-    if (!mask[i]) { ki.shape[k] = x->shape[i]; ki.strides[k++] = x->strides[i]; }
+    if (!p->mask[i]) { ki.shape[k] = x->shape[i]; ki.strides[k++] = x->strides[i]; }
   for (int i = 0; i < x->ndim; i++)
-    if (mask[i]) { ki.shape[k] = x->shape[i]; ki.strides[k++] = x->strides[i]; nred++; }
-  nb_kview_of(out, &ko);
+    if (p->mask[i]) { ki.shape[k] = x->shape[i]; ki.strides[k++] = x->strides[i]; nred++; }
   ko.ndim = knd;
   nb_contiguous_strides(knd, oshape, ko.strides);
   memcpy(ko.shape, oshape, sizeof oshape);
-  if (nb_backend_for(nb_device_of(x))->reduce(op, &ko, &ki, nred)) {
-    nb_release(out);
-    return NULL;
-  }
-  return out;
+  return be->reduce(op, &ko, &ki, nred);
+}
+
+/* Every input element read once and added or compared once. */
+static void reduce_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  double nin = (double)nb_numel(c->in[0]);
+  *bytes = nin * (double)nb_dtype_size(c->in[0]->dtype) +
+           (double)nb_shape_numel(out->ndim, out->shape) * (double)nb_dtype_size(out->dtype);
+  *flops = nin;
 }
 
 /* g of the reduced shape, brought back to x's shape by broadcasting. */
 static nb_tensor *expand_back(const nb_tensor *g, const nb_node *n, const nb_tensor *x) {
+  const reduce_params *p = nb_node_params(n);
   int64_t shape[NB_MAX_DIMS];
-  for (int i = 0; i < x->ndim; i++) shape[i] = n->ip[i] ? 1 : x->shape[i];
+  for (int i = 0; i < x->ndim; i++) shape[i] = p->mask[i] ? 1 : x->shape[i];
   nb_tensor *gk = nb_reshape(g, x->ndim, shape);
   return nb_expand(gk, x->ndim, x->shape);
 }
@@ -78,65 +129,64 @@ static nb_status sum_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
 }
 
 /* max/min: the gradient is shared evenly among the elements equal to the
- * extreme (as for maximum on ties). */
+ * extreme (as for maximum on ties); the output is saved. */
 static nb_status extreme_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const reduce_params *p = nb_node_params(n);
   const nb_tensor *x = n->inputs[0];
   nb_tensor *hit = nb_cast(nb_eq(x, expand_back(n->saved[0], n, x)), g->dtype);
   int axes[NB_MAX_DIMS], na = 0;
   for (int i = 0; i < x->ndim; i++)
-    if (n->ip[i]) axes[na++] = i;
+    if (p->mask[i]) axes[na++] = i;
   nb_tensor *count = nb_sum(hit, na, axes, 1);
   gin[0] = nb_retain(nb_div(nb_mul(hit, expand_back(g, n, x)), nb_expand(count, x->ndim, x->shape)));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-static nb_tensor *reduce_op(const char *name, nb_rop op, const nb_tensor *x, int n_axes,
-                            const int *axes, int keep) {
-  if (!x) { nb_error_null(name, "x"); return NULL; }
-  int mask[NB_MAX_DIMS];
-  if (nb_op_axes_mask(name, x, n_axes, axes, mask)) return NULL;
-  int empty = 0;
-  for (int i = 0; i < x->ndim; i++) empty |= mask[i] && x->shape[i] == 0;
-  if (empty && op != NB_ROP_SUM) {
-    char b[200];
-    nb_error_set(NB_ERR_SHAPE, "%s: cannot reduce %s over an empty axis", name, nb_describe(x, b, sizeof b));
-    return NULL;
-  }
-  nb_dtype dt = x->dtype;
-  if (op == NB_ROP_ARGMAX || op == NB_ROP_ARGMIN) dt = NB_I64;
-  else if (op == NB_ROP_SUM && !nb_dtype_is_float(dt)) dt = NB_I64;
-  nb_scope_begin();
-  const nb_tensor *in = op == NB_ROP_SUM ? nb_cast(x, dt) : x;
-  nb_tensor *out = in ? reduce_kernel(op, in, mask, keep, dt) : NULL;
-  if (out && empty) { /* an empty sum is zero: the kernel never ran */
-    nb_kview ko;
-    nb_kview_of(out, &ko);
-    if (nb_numel(out) && nb_backend_for(nb_device_of(out))->fill(&ko, 0.0)) { nb_release(out); out = NULL; }
-  }
-  nb_backward_fn bw = op == NB_ROP_SUM ? sum_bw : op == NB_ROP_MAX || op == NB_ROP_MIN ? extreme_bw : NULL;
-  nb_node *n = out && bw ? nb_record(name, bw, 1, (const nb_tensor *const[]){in}, out) : NULL;
-  if (n) {
-    for (int i = 0; i < x->ndim; i++) n->ip[i] = mask[i];
-    if (bw == extreme_bw) nb_node_save(n, 0, out);
-  }
-  nb_scope_end();
-  return nb_autorelease(out);
+#define REDUCE_OP(NAME, ROP, PREPARE, BACKWARD, SAVE_OUT, PREC, DETERMINISM)                 \
+  static nb_status NAME##_infer(const nb_op_call *c, nb_meta *out) {                         \
+    return reduce_infer(ROP, c, out);                                                        \
+  }                                                                                          \
+  static nb_status NAME##_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {    \
+    (void)aux;                                                                               \
+    return reduce_forward(ROP, c, out);                                                      \
+  }                                                                                          \
+  const nb_op nb_op_##NAME = {                                                               \
+      .name = #NAME, .kind = NB_OPK_REDUCE, .n_in = 1, .in_names = {"x"},                    \
+      .psize = sizeof(reduce_params), .prec = PREC, .determinism = DETERMINISM,              \
+      .infer = NAME##_infer, .prepare = PREPARE, .forward = NAME##_forward,                  \
+      .backward = BACKWARD, .save_out = SAVE_OUT, .cost = reduce_cost};
+
+REDUCE_OP(sum, NB_ROP_SUM, sum_prepare, sum_bw, 0, NB_PREC_F32,
+          "CUDA f32/f64 sums of few outputs add partial sums with atomics under "
+          "nb_set_deterministic(0); fixed order otherwise")
+REDUCE_OP(max, NB_ROP_MAX, NULL, extreme_bw, 1, NB_PREC_FOLLOW, NULL)
+REDUCE_OP(min, NB_ROP_MIN, NULL, extreme_bw, 1, NB_PREC_FOLLOW, NULL)
+REDUCE_OP(argmax, NB_ROP_ARGMAX, NULL, NULL, 0, NB_PREC_FOLLOW, NULL)
+REDUCE_OP(argmin, NB_ROP_ARGMIN, NULL, NULL, 0, NB_PREC_FOLLOW, NULL)
+
+/* The public reductions: the axes given, checked and made a mask. */
+static nb_tensor *reduce_run(const nb_op *op, const nb_tensor *x, int n_axes, const int *axes,
+                             int keep) {
+  if (!x) { nb_error_null(op->name, "x"); return NULL; }
+  reduce_params p = {.keep = keep != 0};
+  if (nb_op_axes_mask(op->name, x, n_axes, axes, p.mask)) return NULL;
+  return nb_op_run(op, 1, (const nb_tensor *const[]){x}, &p);
 }
 
 nb_tensor *nb_sum(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
-  return reduce_op("sum", NB_ROP_SUM, x, n_axes, axes, keepdim);
+  return reduce_run(&nb_op_sum, x, n_axes, axes, keepdim);
 }
 nb_tensor *nb_max(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
-  return reduce_op("max", NB_ROP_MAX, x, n_axes, axes, keepdim);
+  return reduce_run(&nb_op_max, x, n_axes, axes, keepdim);
 }
 nb_tensor *nb_min(const nb_tensor *x, int n_axes, const int *axes, int keepdim) {
-  return reduce_op("min", NB_ROP_MIN, x, n_axes, axes, keepdim);
+  return reduce_run(&nb_op_min, x, n_axes, axes, keepdim);
 }
 nb_tensor *nb_argmax(const nb_tensor *x, int axis, int keepdim) {
-  return reduce_op("argmax", NB_ROP_ARGMAX, x, 1, &axis, keepdim);
+  return reduce_run(&nb_op_argmax, x, 1, &axis, keepdim);
 }
 nb_tensor *nb_argmin(const nb_tensor *x, int axis, int keepdim) {
-  return reduce_op("argmin", NB_ROP_ARGMIN, x, 1, &axis, keepdim);
+  return reduce_run(&nb_op_argmin, x, 1, &axis, keepdim);
 }
 
 /* Number of elements reduced over, or -1 after setting an error. */
