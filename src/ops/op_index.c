@@ -21,13 +21,19 @@ static void rename_index_error(const char *op) {
   nb_error_set(NB_ERR_INDEX, "%s: %s", op, msg);
 }
 
-/* Common checks: non-NULL, index dtype, same device, axis; returns the
- * normalised axis or -1. x must have at least one axis. */
+typedef struct {
+  int axis; /* as given (may be negative) */
+} index_params;
+
+static int index_axis(const nb_op_call *c, int ndim) {
+  return nb_norm_axis(c->op->name, ((const index_params *)c->p)->axis, ndim);
+}
+
+/* Common checks (inputs non-NULL and on one device, checked by nb_op_run):
+ * index dtype, axis; returns the normalised axis or -1. x must have at
+ * least one axis. */
 static int index_args(const char *op, const nb_tensor *x, int axis, const nb_tensor *idx) {
-  if (!x) { nb_error_null(op, "x"); return -1; }
-  if (!idx) { nb_error_null(op, "indices"); return -1; }
   if (!index_dtype_ok(op, idx)) return -1;
-  if (nb_op_same_device(op, 2, (const nb_tensor *const[]){x, idx})) return -1;
   if (x->ndim == 0) {
     nb_error_set(NB_ERR_SHAPE, "%s: input is 0-d (expected at least one axis to index)", op);
     return -1;
@@ -35,68 +41,122 @@ static int index_args(const char *op, const nb_tensor *x, int axis, const nb_ten
   return nb_norm_axis(op, axis, x->ndim);
 }
 
-/* ---- index_select -------------------------------------------------------- */
-/* zeros(shape of like) with src added at idx along axis a: the backward of
- * index_select. Its own backward is index_select again. */
-static nb_status index_add_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  gin[0] = nb_retain(nb_index_select(g, (int)n->ip[0], n->inputs[1]));
-  return gin[0] ? NB_OK : nb_last_status();
+/* The accumulating ops (scatter_add, index_select_backward): the bytes of
+ * the inputs and the output, one addition per element of src. */
+static void accumulate_cost(const nb_op_call *c, const nb_meta *out, const nb_tensor *src,
+                            double *bytes, double *flops) {
+  double b = (double)nb_shape_numel(out->ndim, out->shape) * (double)nb_dtype_size(out->dtype);
+  for (int i = 0; i < c->n; i++) b += (double)nb_numel(c->in[i]) * (double)nb_dtype_size(c->in[i]->dtype);
+  *bytes = b;
+  *flops = (double)nb_numel(src);
 }
 
-static nb_tensor *index_add_zeros(const nb_tensor *like, int a, const nb_tensor *idx,
-                                  const nb_tensor *src) {
-  nb_device dev = nb_device_of(like);
-  const nb_backend *be = nb_backend_for(dev);
-  nb_tensor *out = nb_tensor_alloc(like->ndim, like->shape, src->dtype, dev);
-  if (!out) return NULL;
+/* ---- index_select -------------------------------------------------------- */
+/* index_select_backward: zeros of the input's shape with dy added at idx
+ * along axis (index_add). Inputs (dy, idx); its own backward is
+ * index_select again. */
+typedef struct {
+  int axis; /* normalised */
+  int ndim;
+  int64_t shape[NB_MAX_DIMS]; /* the forward input's shape */
+} index_add_params;
+
+static nb_status index_add_infer(const nb_op_call *c, nb_meta *out) {
+  const index_add_params *p = c->p;
+  const nb_tensor *dy = c->in[0];
+  out->ndim = p->ndim;
+  memcpy(out->shape, p->shape, sizeof out->shape);
+  out->dtype = dy->dtype;
+  out->device = nb_device_of(dy);
+  return NB_OK;
+}
+
+/* Runs even when out is empty, so that bad indices are reported. */
+static nb_status index_add_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  const index_add_params *p = c->p;
+  const nb_tensor *src = c->in[0], *idx = c->in[1];
+  const nb_backend *be = nb_backend_for(nb_device_of(out));
   nb_kview ko, ki, ks;
   nb_kview_of(out, &ko);
   nb_kview_of(idx, &ki);
   nb_kview_of(src, &ks);
-  if ((nb_numel(out) && be->fill(&ko, 0.0)) ||
-      (nb_numel(src) && be->index_add(&ko, a, &ki, &ks, nb_deterministic()))) {
-    nb_release(out);
-    return NULL;
-  }
-  nb_node *n = nb_record("index_select_backward", index_add_bw, 2, (const nb_tensor *const[]){src, idx}, out);
-  if (n) n->ip[0] = a;
-  return nb_autorelease(out);
+  if (nb_numel(out) && be->fill(&ko, 0.0)) return nb_last_status();
+  if (nb_numel(src) && be->index_add(&ko, p->axis, &ki, &ks, nb_deterministic())) return nb_last_status();
+  return NB_OK;
 }
 
-static nb_status index_select_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  gin[0] = nb_retain(index_add_zeros(n->inputs[0], (int)n->ip[0], n->inputs[1], g));
+static nb_status index_add_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const index_add_params *p = nb_node_params(n);
+  gin[0] = nb_retain(nb_index_select(g, p->axis, n->inputs[1]));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-nb_tensor *nb_index_select(const nb_tensor *x, int axis, const nb_tensor *indices) {
-  int a = index_args("index_select", x, axis, indices);
-  if (a < 0) return NULL;
-  if (indices->ndim > 1) {
+static void index_add_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  accumulate_cost(c, out, c->in[0], bytes, flops);
+}
+
+extern const nb_op nb_op_index_select_backward;
+
+static nb_status index_select_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const index_params *ip = nb_node_params(n);
+  const nb_tensor *x = n->inputs[0];
+  index_add_params p = {nb_norm_axis(n->name, ip->axis, x->ndim), x->ndim, {0}};
+  memcpy(p.shape, x->shape, sizeof p.shape);
+  gin[0] = nb_retain(nb_op_run(&nb_op_index_select_backward, 2,
+                               (const nb_tensor *const[]){g, n->inputs[1]}, &p));
+  return gin[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status index_select_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *x = c->in[0], *idx = c->in[1];
+  int a = index_args(c->op->name, x, ((const index_params *)c->p)->axis, idx);
+  if (a < 0) return nb_last_status();
+  if (idx->ndim > 1) {
     char b[200];
-    nb_error_set(NB_ERR_SHAPE, "index_select: indices %s (expected a 1-D or 0-d index tensor)",
-                 nb_describe(indices, b, sizeof b));
-    return NULL;
+    return nb_error_set(NB_ERR_SHAPE, "index_select: indices %s (expected a 1-D or 0-d index tensor)",
+                        nb_describe(idx, b, sizeof b));
   }
-  nb_scope_begin();
-  int64_t len = nb_numel(indices), shape[NB_MAX_DIMS];
-  nb_tensor *idx = nb_reshape(nb_cast(indices, NB_I64), 1, &len);
-  memcpy(shape, x->shape, sizeof shape);
-  shape[a] = len;
-  nb_tensor *out = idx ? nb_tensor_alloc(x->ndim, shape, x->dtype, nb_device_of(x)) : NULL;
-  if (out && len) { /* run even when out is empty elsewhere, so bad indices are reported */
-    nb_kview ko, kx, ki;
-    nb_kview_of(out, &ko);
-    nb_kview_of(x, &kx);
-    nb_kview_of(idx, &ki);
-    if (nb_backend_for(nb_device_of(x))->index_select(&ko, &kx, a, &ki)) {
-      nb_release(out);
-      out = NULL;
-    }
-  }
-  nb_node *n = out ? nb_record("index_select", index_select_bw, 2, (const nb_tensor *const[]){x, idx}, out) : NULL;
-  if (n) n->ip[0] = a;
-  nb_scope_end();
-  return nb_autorelease(out);
+  nb_meta_of(x, out);
+  out->shape[a] = nb_numel(idx);
+  return NB_OK;
+}
+
+/* The kernels take 1-D i64 indices. */
+static nb_status index_select_prepare(const nb_op_call *c, const nb_tensor **in) {
+  int64_t len = nb_numel(c->in[1]);
+  in[1] = nb_reshape(nb_cast(c->in[1], NB_I64), 1, &len);
+  return in[1] ? NB_OK : nb_last_status();
+}
+
+/* Runs even when out is empty elsewhere, so that bad indices are reported. */
+static nb_status index_select_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  const nb_tensor *x = c->in[0], *idx = c->in[1];
+  if (!nb_numel(idx)) return NB_OK;
+  nb_kview ko, kx, ki;
+  nb_kview_of(out, &ko);
+  nb_kview_of(x, &kx);
+  nb_kview_of(idx, &ki);
+  return nb_backend_for(nb_device_of(x))->index_select(&ko, &kx, index_axis(c, x->ndim), &ki);
+}
+
+const nb_op nb_op_index_select = {
+    .name = "index_select", .kind = NB_OPK_INDEX, .n_in = 2, .in_names = {"x", "indices"},
+    .psize = sizeof(index_params), .prec = NB_PREC_FOLLOW, .infer = index_select_infer,
+    .prepare = index_select_prepare, .forward = index_select_forward, .always_forward = 1,
+    .backward = index_select_bw};
+
+const nb_op nb_op_index_select_backward = {
+    .name = "index_select_backward", .kind = NB_OPK_INDEX, .n_in = 2, .in_names = {"dy", "indices"},
+    .psize = sizeof(index_add_params), .prec = NB_PREC_FOLLOW,
+    .determinism = "CUDA: atomic accumulation unless nb_set_deterministic(1) (then the CPU's order)",
+    .infer = index_add_infer, .forward = index_add_forward, .always_forward = 1,
+    .backward = index_add_bw, .cost = index_add_cost};
+
+nb_tensor *nb_index_select(const nb_tensor *x, int axis, const nb_tensor *indices) {
+  index_params p = {axis};
+  return nb_op_run(&nb_op_index_select, 2, (const nb_tensor *const[]){x, indices}, &p);
 }
 
 /* ---- gather / scatter_add ---------------------------------------------------- */
@@ -116,39 +176,54 @@ static int gather_shape_ok(const char *op, const nb_tensor *x, int a, const nb_t
 
 /* gather's backward adds g back at the gathered positions. */
 static nb_status gather_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const index_params *p = nb_node_params(n);
   const nb_tensor *x = n->inputs[0];
   nb_tensor *z = nb_zeros(x->ndim, x->shape, g->dtype, nb_device_of(x));
-  gin[0] = nb_retain(nb_scatter_add(z, (int)n->ip[0], n->inputs[1], g));
+  gin[0] = nb_retain(nb_scatter_add(z, p->axis, n->inputs[1], g));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+static nb_status gather_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *x = c->in[0], *idx = c->in[1];
+  int a = index_args("gather", x, ((const index_params *)c->p)->axis, idx);
+  if (a < 0 || !gather_shape_ok("gather", x, a, idx, "input")) return nb_last_status();
+  nb_meta_of(idx, out);
+  out->dtype = x->dtype;
+  return NB_OK;
+}
+
+/* The kernels take i64 indices. */
+static nb_status cast_indices_prepare(const nb_op_call *c, const nb_tensor **in) {
+  in[1] = nb_cast(c->in[1], NB_I64);
+  return in[1] ? NB_OK : nb_last_status();
+}
+
+static nb_status gather_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  const nb_tensor *x = c->in[0];
+  nb_kview ko, kx, ki;
+  nb_kview_of(out, &ko);
+  nb_kview_of(x, &kx);
+  nb_kview_of(c->in[1], &ki);
+  return nb_backend_for(nb_device_of(x))->gather(&ko, &kx, index_axis(c, x->ndim), &ki);
+}
+
+const nb_op nb_op_gather = {
+    .name = "gather", .kind = NB_OPK_INDEX, .n_in = 2, .in_names = {"x", "indices"},
+    .psize = sizeof(index_params), .prec = NB_PREC_FOLLOW, .infer = gather_infer,
+    .prepare = cast_indices_prepare, .forward = gather_forward, .backward = gather_bw};
+
 nb_tensor *nb_gather(const nb_tensor *x, int axis, const nb_tensor *indices) {
-  int a = index_args("gather", x, axis, indices);
-  if (a < 0 || !gather_shape_ok("gather", x, a, indices, "input")) return NULL;
-  nb_scope_begin();
-  nb_tensor *idx = nb_cast(indices, NB_I64);
-  nb_tensor *out = idx ? nb_tensor_alloc(idx->ndim, idx->shape, x->dtype, nb_device_of(x)) : NULL;
-  if (out && nb_numel(out)) {
-    nb_kview ko, kx, ki;
-    nb_kview_of(out, &ko);
-    nb_kview_of(x, &kx);
-    nb_kview_of(idx, &ki);
-    if (nb_backend_for(nb_device_of(x))->gather(&ko, &kx, a, &ki)) {
-      nb_release(out);
-      out = NULL;
-    }
-  }
-  nb_node *n = out ? nb_record("gather", gather_bw, 2, (const nb_tensor *const[]){x, idx}, out) : NULL;
-  if (n) n->ip[0] = a;
-  nb_scope_end();
-  return nb_autorelease(out);
+  index_params p = {axis};
+  return nb_op_run(&nb_op_gather, 2, (const nb_tensor *const[]){x, indices}, &p);
 }
 
 /* d/dx = g; d/dsrc = g gathered at the scattered positions. */
 static nb_status scatter_add_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const index_params *p = nb_node_params(n);
   if (nb_node_needs_grad(n, 0)) gin[0] = nb_retain(g);
   if (nb_node_needs_grad(n, 2)) {
-    gin[2] = nb_retain(nb_gather(g, (int)n->ip[0], n->inputs[1]));
+    gin[2] = nb_retain(nb_gather(g, p->axis, n->inputs[1]));
     if (!gin[2]) return nb_last_status();
   }
   return NB_OK;
@@ -169,33 +244,53 @@ static int scatter_args_ok(const nb_tensor *x, int a, const nb_tensor *idx, cons
   return gather_shape_ok("scatter_add", x, a, idx, "input");
 }
 
+static nb_status scatter_add_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *x = c->in[0], *idx = c->in[1];
+  int a = index_args("scatter_add", x, ((const index_params *)c->p)->axis, idx);
+  if (a < 0 || !scatter_args_ok(x, a, idx, c->in[2])) return nb_last_status();
+  nb_meta_of(x, out);
+  return NB_OK;
+}
+
+/* i64 indices, src in x's dtype. */
+static nb_status scatter_add_prepare(const nb_op_call *c, const nb_tensor **in) {
+  in[1] = nb_cast(c->in[1], NB_I64);
+  in[2] = nb_cast(c->in[2], c->in[0]->dtype);
+  return in[1] && in[2] ? NB_OK : nb_last_status();
+}
+
+/* out = x, then src added at idx. Runs even when out is empty, so that bad
+ * indices are reported. */
+static nb_status scatter_add_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  const nb_tensor *x = c->in[0], *idx = c->in[1];
+  nb_kview ko, kx, ki, ks;
+  nb_kview_of(out, &ko);
+  nb_kview_of(x, &kx);
+  nb_kview_of(idx, &ki);
+  nb_kview_of(c->in[2], &ks);
+  const nb_backend *be = nb_backend_for(nb_device_of(x));
+  if (nb_numel(out) && be->copy(&ko, &kx)) return nb_last_status();
+  if (nb_numel(idx) && be->scatter_add(&ko, index_axis(c, x->ndim), &ki, &ks, nb_deterministic()))
+    return nb_last_status();
+  return NB_OK;
+}
+
+static void scatter_add_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  accumulate_cost(c, out, c->in[2], bytes, flops);
+}
+
+const nb_op nb_op_scatter_add = {
+    .name = "scatter_add", .kind = NB_OPK_INDEX, .n_in = 3, .in_names = {"x", "indices", "src"},
+    .psize = sizeof(index_params), .prec = NB_PREC_FOLLOW,
+    .determinism = "CUDA: atomic accumulation unless nb_set_deterministic(1) (then the CPU's order)",
+    .infer = scatter_add_infer, .prepare = scatter_add_prepare, .forward = scatter_add_forward,
+    .always_forward = 1, .backward = scatter_add_bw, .cost = scatter_add_cost};
+
 nb_tensor *nb_scatter_add(const nb_tensor *x, int axis, const nb_tensor *indices,
                           const nb_tensor *src) {
-  int a = index_args("scatter_add", x, axis, indices);
-  if (a < 0) return NULL;
-  if (!src) { nb_error_null("scatter_add", "src"); return NULL; }
-  if (nb_op_same_device("scatter_add", 2, (const nb_tensor *const[]){x, src})) return NULL;
-  if (!scatter_args_ok(x, a, indices, src)) return NULL;
-  nb_scope_begin();
-  nb_tensor *idx = nb_cast(indices, NB_I64), *s = nb_cast(src, x->dtype);
-  nb_tensor *out = idx && s ? nb_tensor_alloc(x->ndim, x->shape, x->dtype, nb_device_of(x)) : NULL;
-  if (out) {
-    nb_kview ko, kx, ki, ks;
-    nb_kview_of(out, &ko);
-    nb_kview_of(x, &kx);
-    nb_kview_of(idx, &ki);
-    nb_kview_of(s, &ks);
-    const nb_backend *be = nb_backend_for(nb_device_of(x));
-    if ((nb_numel(out) && be->copy(&ko, &kx)) ||
-        (nb_numel(idx) && be->scatter_add(&ko, a, &ki, &ks, nb_deterministic()))) {
-      nb_release(out);
-      out = NULL;
-    }
-  }
-  nb_node *n = out ? nb_record("scatter_add", scatter_add_bw, 3, (const nb_tensor *const[]){x, idx, s}, out) : NULL;
-  if (n) n->ip[0] = a;
-  nb_scope_end();
-  return nb_autorelease(out);
+  index_params p = {axis};
+  return nb_op_run(&nb_op_scatter_add, 3, (const nb_tensor *const[]){x, indices, src}, &p);
 }
 
 /* ---- embedding: rows of weight, shaped like the indices plus (D) ----------- */

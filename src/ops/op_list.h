@@ -9,6 +9,10 @@
 #define NB_OP_LIST(X)                                                            \
   /* reductions (op_reduce.c) */                                                 \
   X(sum) X(max) X(min) X(argmax) X(argmin)                                      \
+  /* contractions (op_matmul.c) */                                               \
+  X(matmul)                                                                     \
+  /* indexing (op_index.c) */                                                   \
+  X(index_select) X(index_select_backward) X(gather) X(scatter_add)              \
   /* row ops */                                                                  \
   X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
   X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)
