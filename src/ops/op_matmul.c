@@ -1,4 +1,7 @@
 /* matmul with NumPy semantics: 1-D operands promoted, batch axes broadcast.
+ * The op-table entry is the product of operands of at least two axes,
+ * (..., M, K) @ (..., K, N); nb_matmul promotes 1-D operands around it with
+ * views (unsqueeze before, squeeze after), so those stay nodes of their own.
  * Operands go to the kernel with their own strides (a transposed view is
  * read in place, never copied). */
 #include <string.h>
@@ -14,37 +17,80 @@ static nb_status matmul_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return NB_OK;
 }
 
-/* Both operands at least 2-D and of one float dtype. */
-static nb_tensor *matmul_2d(const nb_tensor *a, const nb_tensor *b) {
+/* Float operands of at least two axes; the result has the promoted dtype
+ * and the broadcast batch axes. */
+static nb_status matmul_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *a = c->in[0], *b = c->in[1];
   char b1[200], b2[200];
+  if (a->ndim < 2 || b->ndim < 2)
+    return nb_error_set(NB_ERR_SHAPE, "matmul: operands %s and %s (expected at least two axes "
+                        "each; nb_matmul promotes 1-D operands)", nb_describe(a, b1, sizeof b1),
+                        nb_describe(b, b2, sizeof b2));
+  nb_dtype dt = nb_promote(a->dtype, b->dtype);
+  if (!nb_dtype_is_float(dt))
+    return nb_error_set(NB_ERR_DTYPE, "matmul: dtypes %s and %s (expected float tensors)",
+                        nb_dtype_name(a->dtype), nb_dtype_name(b->dtype));
   int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
   int64_t K2 = b->shape[b->ndim - 2], N = b->shape[b->ndim - 1];
-  int64_t batch[NB_MAX_DIMS];
-  int nbd = nb_broadcast_shapes(a->ndim - 2, a->shape, b->ndim - 2, b->shape, batch);
-  if (K != K2 || nbd < 0 || nbd + 2 > NB_MAX_DIMS) {
-    nb_error_set(NB_ERR_SHAPE, "matmul: shapes %s and %s do not match (expected (..., M, K) @ "
-                 "(..., K, N) with broadcastable batch axes)", nb_describe(a, b1, sizeof b1),
-                 nb_describe(b, b2, sizeof b2));
-    return NULL;
-  }
-  int64_t oshape[NB_MAX_DIMS], ashape[NB_MAX_DIMS], bshape[NB_MAX_DIMS];
-  memcpy(oshape, batch, (size_t)nbd * 8);
-  memcpy(ashape, batch, (size_t)nbd * 8);
-  memcpy(bshape, batch, (size_t)nbd * 8);
-  oshape[nbd] = M; oshape[nbd + 1] = N;
+  int nbd = nb_broadcast_shapes(a->ndim - 2, a->shape, b->ndim - 2, b->shape, out->shape);
+  if (K != K2 || nbd < 0 || nbd + 2 > NB_MAX_DIMS)
+    return nb_error_set(NB_ERR_SHAPE, "matmul: shapes %s and %s do not match (expected (..., M, K) @ "
+                        "(..., K, N) with broadcastable batch axes)", nb_describe(a, b1, sizeof b1),
+                        nb_describe(b, b2, sizeof b2));
+  out->ndim = nbd + 2;
+  out->shape[nbd] = M;
+  out->shape[nbd + 1] = N;
+  out->dtype = dt;
+  out->device = nb_device_of(a);
+  return NB_OK;
+}
+
+/* The kernel takes one dtype: both operands cast to the promoted one
+ * (recorded, so their gradients flow back through the casts). */
+static nb_status matmul_prepare(const nb_op_call *c, const nb_tensor **in) {
+  nb_dtype dt = nb_promote(c->in[0]->dtype, c->in[1]->dtype);
+  in[0] = nb_cast(c->in[0], dt);
+  in[1] = in[0] ? nb_cast(c->in[1], dt) : NULL;
+  return in[1] ? NB_OK : nb_last_status();
+}
+
+/* The operands broadcast to the output's batch axes; K = 0 gives zeros. */
+static nb_status matmul_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  const nb_tensor *a = c->in[0], *b = c->in[1];
+  int nbd = out->ndim - 2;
+  int64_t M = out->shape[nbd], N = out->shape[nbd + 1], K = a->shape[a->ndim - 1];
+  int64_t ashape[NB_MAX_DIMS], bshape[NB_MAX_DIMS];
+  memcpy(ashape, out->shape, (size_t)nbd * sizeof *ashape);
+  memcpy(bshape, out->shape, (size_t)nbd * sizeof *bshape);
   ashape[nbd] = M; ashape[nbd + 1] = K;
   bshape[nbd] = K; bshape[nbd + 1] = N;
-  nb_tensor *out = nb_tensor_alloc(nbd + 2, oshape, a->dtype, nb_device_of(a));
-  if (!out || !nb_numel(out)) return out;
   nb_kview ko, ka, kb;
   nb_kview_of(out, &ko);
   nb_kview_broadcast(a, nbd + 2, ashape, &ka);
   nb_kview_broadcast(b, nbd + 2, bshape, &kb);
-  const nb_backend *be = nb_backend_for(nb_device_of(a));
-  nb_status st = K ? be->matmul(&ko, &ka, &kb) : be->fill(&ko, 0.0);
-  if (st) { nb_release(out); return NULL; }
-  return out;
+  const nb_backend *be = nb_backend_for(nb_device_of(out));
+  return K ? be->matmul(&ko, &ka, &kb) : be->fill(&ko, 0.0);
 }
+
+/* 2·M·N·K flops per batch entry; a and b read, out written once. */
+static void matmul_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  const nb_tensor *a = c->in[0], *b = c->in[1];
+  double nout = (double)nb_shape_numel(out->ndim, out->shape);
+  *bytes = (double)nb_numel(a) * (double)nb_dtype_size(a->dtype) +
+           (double)nb_numel(b) * (double)nb_dtype_size(b->dtype) +
+           nout * (double)nb_dtype_size(out->dtype);
+  *flops = 2.0 * nout * (double)(a->ndim ? a->shape[a->ndim - 1] : 1);
+}
+
+const nb_op nb_op_matmul = {
+    .name = "matmul", .kind = NB_OPK_CONTRACT, .n_in = 2, .in_names = {"a", "b"},
+    .prec = NB_PREC_LOW,
+    .determinism = "CUDA: the GEMM (tile, split-K or stream-K) is chosen per shape and device, "
+                   "or by the autotuner (NABLA_AUTOTUNE=1); each sums in a fixed order, but "
+                   "different choices may round differently",
+    .infer = matmul_infer, .prepare = matmul_prepare, .forward = matmul_forward,
+    .backward = matmul_bw, .cost = matmul_cost};
 
 nb_tensor *nb_matmul(const nb_tensor *a, const nb_tensor *b) {
   if (!a) { nb_error_null("matmul", "a"); return NULL; }
@@ -55,20 +101,11 @@ nb_tensor *nb_matmul(const nb_tensor *a, const nb_tensor *b) {
                  nb_describe(a, b1, sizeof b1), nb_describe(b, b2, sizeof b2));
     return NULL;
   }
-  if (nb_op_same_device("matmul", 2, (const nb_tensor *const[]){a, b})) return NULL;
-  nb_dtype dt = nb_promote(a->dtype, b->dtype);
-  if (!nb_dtype_is_float(dt)) {
-    nb_error_set(NB_ERR_DTYPE, "matmul: dtypes %s and %s (expected float tensors)",
-                 nb_dtype_name(a->dtype), nb_dtype_name(b->dtype));
-    return NULL;
-  }
   nb_scope_begin();
-  const nb_tensor *ca = nb_cast(a, dt), *cb = nb_cast(b, dt);
-  if (ca && a->ndim == 1) ca = nb_unsqueeze(ca, 0);
-  if (cb && b->ndim == 1) cb = nb_unsqueeze(cb, 1);
-  nb_tensor *out = ca && cb ? matmul_2d(ca, cb) : NULL;
-  if (out) nb_record("matmul", matmul_bw, 2, (const nb_tensor *const[]){ca, cb}, out);
-  nb_autorelease(out);
+  const nb_tensor *ua = a->ndim == 1 ? nb_unsqueeze(a, 0) : a;
+  const nb_tensor *ub = b->ndim == 1 ? nb_unsqueeze(b, 1) : b;
+  nb_tensor *out = ua && ub ? nb_op_run(&nb_op_matmul, 2, (const nb_tensor *const[]){ua, ub}, NULL)
+                            : NULL;
   if (out && a->ndim == 1) out = nb_squeeze(out, -2);
   if (out && b->ndim == 1) out = nb_squeeze(out, -1);
   out = nb_keep(out);
