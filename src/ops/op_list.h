@@ -9,8 +9,6 @@
 #define NB_OP_LIST(X)                                                            \
   /* reductions (op_reduce.c) */                                                 \
   X(sum) X(max) X(min) X(argmax) X(argmin)                                      \
-  /* contractions (op_matmul.c) */                                               \
-  X(matmul)                                                                     \
   /* indexing (op_index.c) */                                                   \
   X(index_select) X(index_select_backward) X(gather) X(scatter_add)              \
   /* row ops */                                                                  \
