@@ -86,7 +86,6 @@ static nb_tensor *c_cat(nb_tensor *const *x) { return nb_cat(3, x, 1); }
 static nb_tensor *c_index_select(nb_tensor *const *x) { return nb_index_select(x[0], 0, x[1]); }
 static nb_tensor *c_gather(nb_tensor *const *x) { return nb_gather(x[0], 1, x[1]); }
 static nb_tensor *c_scatter_add(nb_tensor *const *x) { return nb_scatter_add(x[0], 1, x[1], x[2]); }
-static nb_tensor *c_embedding(nb_tensor *const *x) { return nb_embedding(x[0], x[1]); }
 /* convolution and pooling */
 static nb_tensor *c_conv2d(nb_tensor *const *x) {
   nb_conv2d_params p = nb_conv2d_defaults();
@@ -154,7 +153,6 @@ static const op_case CASES[] = {
   C("index_select", c_index_select, "r:7x5,i7:9", GRAD),
   C("gather", c_gather, "r:4x9,i9:4x6", GRAD),
   C("scatter_add", c_scatter_add, "r:4x9,i9:4x6,r:4x6", GRAD),
-  C("index_select", c_embedding, "r:11x6,i11:3x4", GRAD),
   /* convolution and pooling */
   CT("conv2d", c_conv2d, "r:2x3x7x6,r:4x3x3x2,r:4", GRAD, 4),
   C("max_pool2d", c_max_pool, "r:2x3x7x6", GRAD),

@@ -1,6 +1,7 @@
 /* The eager path of every primitive op: check, infer, prepare, allocate,
  * forward, record (graph/op.h). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "graph/op.h"
@@ -15,16 +16,16 @@ void nb_meta_of(const nb_tensor *t, nb_meta *m) {
 /* NULL inputs: required ones are an error naming the op and the position;
  * present ones must share one device. */
 static nb_status check_inputs(const nb_op *op, int n, const nb_tensor *const *in) {
-  if (n < op->n_in || (!op->variadic && n > op->n_in) || n > NB_OP_MAX_IN)
+  if (n < op->n_in || (!op->variadic && n > op->n_in))
     return nb_error_set(NB_ERR_VALUE, "%s: %d inputs (expected %s%d)", op->name, n,
                         op->variadic ? "at least " : "", op->n_in);
   const nb_tensor *first = NULL;
   for (int i = 0; i < n; i++) {
     if (!in[i]) {
       if (i >= op->n_in - op->n_opt && i < op->n_in) continue;
-      char what[16];
+      char what[24];
       snprintf(what, sizeof what, "input %d", i);
-      return nb_error_null(op->name, op->in_names[i] ? op->in_names[i] : what);
+      return nb_error_null(op->name, i < NB_OP_MAX_IN && op->in_names[i] ? op->in_names[i] : what);
     }
     if (!first) first = in[i];
     else if (!nb_same_device(nb_device_of(first), nb_device_of(in[i]))) {
@@ -61,9 +62,14 @@ nb_status nb_op_run_outs(const nb_op *op, int n, const nb_tensor *const *in, con
   nb_meta m;
   if ((st = op->infer(&c, &m))) return st;
   nb_scope_begin();
-  const nb_tensor *prep[NB_OP_MAX_IN];
-  memcpy(prep, in, (size_t)n * sizeof *in);
+  /* a variadic op (cat) may have more inputs than the array on the stack */
+  const nb_tensor *prep_fixed[NB_OP_MAX_IN], **prep = prep_fixed;
   nb_tensor *out = NULL, *aux[NB_OP_AUX] = {0};
+  if (n > NB_OP_MAX_IN && !(prep = malloc((size_t)n * sizeof *prep))) {
+    st = nb_error_set(NB_ERR_OOM, "%s: out of host memory for %d inputs", op->name, n);
+    goto done;
+  }
+  if (n) memcpy(prep, in, (size_t)n * sizeof *in);
   if (op->prepare && (st = op->prepare(&c, prep))) goto done;
   c.in = prep;
   if (op->view) {
@@ -84,6 +90,7 @@ nb_status nb_op_run_outs(const nb_op *op, int n, const nb_tensor *const *in, con
   for (int i = 0; i < n_out; i++) nb_op_record(&c, outs[i], aux + n_out - 1);
 done:
   for (int i = 0; i < NB_OP_AUX; i++) nb_release(aux[i]);
+  if (prep && prep != prep_fixed) free(prep);
   nb_scope_end();
   for (int i = 0; i < n_out; i++) outs[i] = nb_autorelease(outs[i]);
   return st;

@@ -100,7 +100,25 @@ struct nb_op {
    * and the benchmark's roofline); NULL: inputs + output bytes, one flop per
    * output element. */
   void (*cost)(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops);
+  /* The benchmark's call (nabla bench --ops): the inputs as an input spec
+   * (see nb_op_spec below) at the size training uses on a GPU, and the
+   * parameter struct. NULL: the op has no benchmark entry, and the bench
+   * lists it as such. */
+  const char *bench_in;
+  const void *bench_p;
 };
+
+/* An input spec: comma-separated inputs, each a kind, ':' and a shape
+ * ("16384x768"; empty for 0-d): r normal values, p positive (0.5 .. 2),
+ * s positive statistics (f32, or f64 for f64 reals: saved mean/rstd),
+ * i<k> int64 indices in [0, k), b bool, - an absent optional input.
+ * "r:16384x768,r:768,r:768" is layer_norm's. */
+typedef struct {
+  char kind;
+  int64_t bound;
+  int nd;
+  int64_t shape[NB_MAX_DIMS];
+} nb_op_spec;
 
 /* The eager path of every primitive: NULL inputs and devices checked, infer,
  * prepare, allocate (or view), forward, record. Returns the output
@@ -125,6 +143,14 @@ extern const nb_op *const nb_op_table[];
 extern const int nb_op_count;
 const nb_op *nb_op_find(const char *name);
 const char *nb_op_kind_name(nb_op_kind k);
+/* Parses an input spec into spec[0 .. max-1]; returns the count, or -1
+ * (error set) for a malformed spec. div > 1 divides every dimension and
+ * bound above 64 by div (the CPU's smaller benchmark shapes; equal sizes
+ * stay equal, so operands keep matching). */
+int nb_op_spec_parse(const char *s, nb_op_spec *spec, int max, int div);
+/* A new tensor for one input of a spec on dev, reals of dtype dt, values
+ * from rng; NULL for an absent input ("-"). The caller owns it. */
+nb_tensor *nb_op_spec_input(const nb_op_spec *spec, nb_rng *rng, nb_dtype dt, nb_device dev);
 const char *nb_prec_class_name(nb_prec_class p);
 
 #endif

@@ -182,13 +182,14 @@ static nb_status norm_forward(const nb_op_call *c, nb_tensor *y, nb_tensor **aux
                                        b ? &kb : NULL, p->eps, p->rms);
 }
 
-#define NORM_OPS(NAME, N_IN)                                                           \
+#define NORM_OPS(NAME, N_IN, RMS, IN, BWD_IN)                                           \
+  static const norm_params NAME##_bench = {1, RMS, 1e-5, 1, !RMS};                     \
   const nb_op nb_op_##NAME = {                                                         \
       .name = #NAME, .kind = NB_OPK_ROW, .n_in = N_IN, .n_opt = N_IN - 1,              \
       .in_names = {"x", "weight", "bias"},                                             \
       .psize = sizeof(norm_params), .prec = NB_PREC_F32, .infer = norm_infer,          \
       .prepare = norm_prepare, .forward = norm_forward, .always_forward = 1,           \
-      .backward = norm_bw};                                                            \
+      .backward = norm_bw, .bench_in = IN, .bench_p = &NAME##_bench};                  \
   const nb_op nb_op_##NAME##_backward = {                                              \
       .name = #NAME "_backward", .kind = NB_OPK_ROW, .n_in = 6, .n_opt = 3, .n_out = 3,\
       .in_names = {"dy", "x", "rstd", "mean", "weight", "bias"},                       \
@@ -196,10 +197,11 @@ static nb_status norm_forward(const nb_op_call *c, nb_tensor *y, nb_tensor **aux
       .determinism = "dw, db: fixed-order column sums",                                \
       .infer = norm_backward_infer, .prepare = norm_backward_prepare,                  \
       .forward = norm_backward_forward, .always_forward = 1,                           \
-      .backward = nb_no_double_backward};
+      .backward = nb_no_double_backward, .bench_in = BWD_IN, .bench_p = &NAME##_bench};
 
-NORM_OPS(layer_norm, 3)
-NORM_OPS(rms_norm, 2)
+NORM_OPS(layer_norm, 3, 0, "r:16384x768,r:768,r:768",
+         "r:16384x768,r:16384x768,s:16384,r:16384,r:768,r:768")
+NORM_OPS(rms_norm, 2, 1, "r:16384x768,r:768", "r:16384x768,r:16384x768,s:16384,-,r:768,-")
 
 nb_tensor *nb_layer_norm(const nb_tensor *x, int n_norm, const nb_tensor *weight,
                          const nb_tensor *bias, double eps) {

@@ -112,16 +112,19 @@ static void softmax_cost(const nb_op_call *c, const nb_meta *out, double *bytes,
 }
 
 #define SOFTMAX_OPS(NAME, LOG)                                                         \
+  static const softmax_params NAME##_bench = {-1, LOG};                                \
   const nb_op nb_op_##NAME = {                                                         \
       .name = #NAME, .kind = NB_OPK_ROW, .n_in = 1, .in_names = {"x"}, .psize = sizeof(softmax_params),   \
       .prec = NB_PREC_F32, .infer = softmax_infer, .forward = softmax_forward,         \
-      .backward = softmax_bw, .save_out = 1, .cost = softmax_cost};                    \
+      .backward = softmax_bw, .save_out = 1, .cost = softmax_cost,                     \
+      .bench_in = "r:16384x4096", .bench_p = &NAME##_bench};                           \
   const nb_op nb_op_##NAME##_backward = {                                              \
       .name = #NAME "_backward", .kind = NB_OPK_ROW, .n_in = 2, .in_names = {"dy", "y"}, \
       .psize = sizeof(softmax_params), .prec = NB_PREC_F32,                            \
       .infer = softmax_backward_infer, .prepare = softmax_backward_prepare,            \
       .forward = softmax_backward_forward, .backward = nb_no_double_backward,          \
-      .cost = softmax_cost};                                                           \
+      .cost = softmax_cost, .bench_in = "r:16384x4096,r:16384x4096",                   \
+      .bench_p = &NAME##_bench};                                                       \
   nb_tensor *nb_##NAME(const nb_tensor *x, int axis) {                                 \
     softmax_params p = {axis, LOG};                                                    \
     return nb_op_run(&nb_op_##NAME, 1, (const nb_tensor *const[]){x}, &p);             \
