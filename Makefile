@@ -1,6 +1,7 @@
 # Thin wrapper over CMake. `make` builds everything, `make test` runs the CPU
 # suite, `make run` trains the default model, `make test-cuda` runs the GPU
-# suite (on a machine with a GPU: test_cuda, test_cuda_accuracy, test_attention).
+# suite (on a machine with a GPU: test_cuda, test_cuda_accuracy, test_attention,
+# test_op_table).
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
@@ -20,6 +21,7 @@ test-cuda: all
 	$(BUILD)/tests/test_cuda
 	$(BUILD)/tests/test_cuda_accuracy
 	$(BUILD)/tests/test_attention
+	$(BUILD)/tests/test_op_table
 
 run: all
 	$(BUILD)/nabla train

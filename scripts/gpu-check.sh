@@ -80,6 +80,16 @@ if [ "$built" -eq 0 ]; then
     if want cuda && [ -x "$BUILD/tests/test_cuda_accuracy" ]; then
       step cuda-accuracy 1 "$BUILD/tests/test_cuda_accuracy"
     fi
+    # every op-table entry on the GPU against the CPU
+    if want cuda && [ -x "$BUILD/tests/test_op_table" ]; then
+      step op-table 1 "$BUILD/tests/test_op_table"
+    fi
+    # the same bits as another build (SAME_BITS_BEFORE: its nabla) after
+    # 50 training steps, on the CPU and the GPU
+    if want cuda && [ -n "${SAME_BITS_BEFORE:-}" ]; then
+      step same-bits 1 sh -c "scripts/same-bits.sh '$SAME_BITS_BEFORE' '$BUILD/nabla' cpu '$OUT/same-bits' &&
+        scripts/same-bits.sh '$SAME_BITS_BEFORE' '$BUILD/nabla' cuda '$OUT/same-bits'"
+    fi
     if ! want sanitize && ! want memcheck && ! want racecheck; then :
     elif command -v compute-sanitizer >/dev/null 2>&1; then
       # API errors are off: the suite provokes some on purpose (a 1 PB
@@ -158,8 +168,9 @@ for i in "${!names[@]}"; do
   n=${names[$i]} detail=""
   if [ -f "$OUT/$n.log" ]; then
     case "$n" in
-      test-cuda|cuda-accuracy|memcheck|racecheck|memcheck-attn|racecheck-attn|memcheck-acc) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
+      test-cuda|cuda-accuracy|op-table|memcheck|racecheck|memcheck-attn|racecheck-attn|memcheck-acc) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
+      same-bits) detail=$(grep -E '^same-bits' "$OUT/$n.log" | sed -E 's/, checkpoints/:/' | tr '\n' ' ') ;;
       train-compare) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \([^)]*\): //') ;;
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
       train-profile) detail=$(grep -E '^profile: ' "$OUT/$n.log") ;;
