@@ -11,6 +11,8 @@
   X(sum) X(max) X(min) X(argmax) X(argmin)                                      \
   /* indexing (op_index.c) */                                                   \
   X(index_select) X(index_select_backward) X(gather) X(scatter_add)              \
+  /* views and copies (op_view.c) */                                             \
+  X(reshape) X(permute) X(expand) X(slice) X(slice_backward) X(clone)            \
   /* row ops */                                                                  \
   X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
   X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)

@@ -3,9 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph/node.h"
-#include "backend/backend.h"
-#include "core/core.h"
+#include "ops/ops.h"
 
 #define CHECK_NULL(op, t) \
   if (!(t)) { nb_error_null(op, #t); return NULL; }
@@ -13,6 +11,13 @@
 static nb_tensor *make_view(const nb_tensor *t, int ndim, const int64_t *shape,
                             const int64_t *strides, int64_t offset) {
   return nb_tensor_view_of(t, ndim, shape, strides, offset);
+}
+
+/* A view moves no data and computes nothing. */
+static void view_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  (void)c, (void)out;
+  *bytes = 0;
+  *flops = 0;
 }
 
 /* ---- reshape -------------------------------------------------------------- */
@@ -46,14 +51,20 @@ static int view_strides(int ond, const int64_t *oshape, const int64_t *ostr, int
   return vd == -1 ? 0 : -1;
 }
 
+/* The requested rank and shape pointer, checked before the shape is read. */
+static int dims_ok(const char *op, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > NB_MAX_DIMS || (ndim && !shape)) {
+    nb_error_set(NB_ERR_SHAPE, "%s: %d dimensions requested (0..%d allowed)", op, ndim, NB_MAX_DIMS);
+    return 0;
+  }
+  return 1;
+}
+
 /* Resolves a -1 and checks the element count. */
 static int infer_shape(const char *op, const nb_tensor *t, int ndim, const int64_t *shape,
                        int64_t *out) {
   char b1[200], b2[200];
-  if (ndim < 0 || ndim > NB_MAX_DIMS || (ndim && !shape)) {
-    nb_error_set(NB_ERR_SHAPE, "%s: %d dimensions requested (0..%d allowed)", op, ndim, NB_MAX_DIMS);
-    return -1;
-  }
+  if (!dims_ok(op, ndim, shape)) return -1;
   int infer = -1;
   int64_t known = 1;
   for (int i = 0; i < ndim; i++) {
@@ -75,43 +86,84 @@ bad:
   return -1;
 }
 
+typedef struct {
+  int ndim;     /* as requested: one entry of shape may be -1 */
+  int may_copy; /* nb_reshape copies when no view exists, nb_view fails */
+  int64_t shape[NB_MAX_DIMS];
+} reshape_params;
+
+/* The public function a reshape call came from, for messages. */
+static const char *reshape_api(const reshape_params *p) {
+  return p->may_copy ? "nb_reshape" : "nb_view";
+}
+
+static nb_status reshape_infer(const nb_op_call *c, nb_meta *out) {
+  const reshape_params *p = c->p;
+  const nb_tensor *t = c->in[0];
+  const char *op = reshape_api(p);
+  int64_t st[NB_MAX_DIMS];
+  if (infer_shape(op, t, p->ndim, p->shape, out->shape)) return nb_last_status();
+  if (!p->may_copy && view_strides(t->ndim, t->shape, t->strides, p->ndim, out->shape, st)) {
+    char b[200];
+    return nb_error_set(NB_ERR_SHAPE, "%s: %s with strides %s cannot be viewed as %s without a "
+                        "copy (use nb_reshape, or nb_contiguous first)", op,
+                        nb_describe(t, b, sizeof b),
+                        nb_shape_str(t->ndim, t->strides, (char[200]){0}, 200),
+                        nb_shape_str(p->ndim, out->shape, (char[200]){0}, 200));
+  }
+  out->ndim = p->ndim;
+  out->dtype = t->dtype;
+  out->device = nb_device_of(t);
+  return NB_OK;
+}
+
+/* nb_reshape of strides no view can express: a contiguous copy first (the
+ * node is recorded on the copy, whose own node leads back to the input). */
+static nb_status reshape_prepare(const nb_op_call *c, const nb_tensor **in) {
+  const reshape_params *p = c->p;
+  const nb_tensor *t = c->in[0];
+  int64_t ns[NB_MAX_DIMS], st[NB_MAX_DIMS];
+  if (infer_shape(reshape_api(p), t, p->ndim, p->shape, ns)) return nb_last_status();
+  if (!view_strides(t->ndim, t->shape, t->strides, p->ndim, ns, st)) return NB_OK;
+  in[0] = nb_contiguous(t);
+  return in[0] ? NB_OK : nb_last_status();
+}
+
+static nb_tensor *reshape_view(const nb_op_call *c, const nb_meta *out) {
+  const nb_tensor *t = c->in[0];
+  int64_t st[NB_MAX_DIMS];
+  if (view_strides(t->ndim, t->shape, t->strides, out->ndim, out->shape, st)) {
+    nb_error_set(NB_ERR_SHAPE, "reshape: the prepared input has no view of the requested shape");
+    return NULL;
+  }
+  return make_view(t, out->ndim, out->shape, st, t->offset);
+}
+
 static nb_status reshape_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   const nb_tensor *x = n->inputs[0];
   gin[0] = nb_retain(nb_reshape(g, x->ndim, x->shape));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-static nb_tensor *reshape_impl(const char *op, const nb_tensor *t, int ndim, const int64_t *shape,
-                               int may_copy) {
-  CHECK_NULL(op, t);
-  int64_t ns[NB_MAX_DIMS], st[NB_MAX_DIMS];
-  if (infer_shape(op, t, ndim, shape, ns)) return NULL;
-  nb_tensor *out;
-  if (!view_strides(t->ndim, t->shape, t->strides, ndim, ns, st)) {
-    out = make_view(t, ndim, ns, st, t->offset);
-  } else {
-    char b[200];
-    if (!may_copy) {
-      nb_error_set(NB_ERR_SHAPE, "%s: %s with strides %s cannot be viewed as %s without a copy "
-                   "(use nb_reshape, or nb_contiguous first)", op, nb_describe(t, b, sizeof b),
-                   nb_shape_str(t->ndim, t->strides, (char[200]){0}, 200),
-                   nb_shape_str(ndim, ns, (char[200]){0}, 200));
-      return NULL;
-    }
-    nb_scope_begin();
-    nb_tensor *c = nb_contiguous(t);
-    out = c ? make_view(c, ndim, ns, (nb_contiguous_strides(ndim, ns, st), st), c->offset) : NULL;
-    nb_scope_end();
-  }
-  if (out) nb_record("reshape", reshape_bw, 1, (const nb_tensor *const[]){t}, out);
-  return nb_autorelease(out);
+const nb_op nb_op_reshape = {
+    .name = "reshape", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
+    .psize = sizeof(reshape_params), .prec = NB_PREC_FOLLOW, .infer = reshape_infer,
+    .prepare = reshape_prepare, .view = reshape_view, .backward = reshape_bw,
+    .cost = view_cost};
+
+static nb_tensor *reshape_impl(int may_copy, const nb_tensor *t, int ndim, const int64_t *shape) {
+  reshape_params p = {ndim, may_copy, {0}};
+  CHECK_NULL(reshape_api(&p), t);
+  if (!dims_ok(reshape_api(&p), ndim, shape)) return NULL;
+  if (ndim) memcpy(p.shape, shape, (size_t)ndim * sizeof *shape);
+  return nb_op_run(&nb_op_reshape, 1, (const nb_tensor *const[]){t}, &p);
 }
 
 nb_tensor *nb_reshape(const nb_tensor *t, int ndim, const int64_t *shape) {
-  return reshape_impl("nb_reshape", t, ndim, shape, 1);
+  return reshape_impl(1, t, ndim, shape);
 }
 nb_tensor *nb_view(const nb_tensor *t, int ndim, const int64_t *shape) {
-  return reshape_impl("nb_view", t, ndim, shape, 0);
+  return reshape_impl(0, t, ndim, shape);
 }
 
 nb_tensor *nb_flatten(const nb_tensor *t, int start, int end) {
@@ -134,33 +186,54 @@ nb_tensor *nb_flatten(const nb_tensor *t, int start, int end) {
 }
 
 /* ---- permute / transpose ------------------------------------------------------ */
+typedef struct {
+  int perm[NB_MAX_DIMS]; /* as given (entries may be negative) */
+} permute_params;
+
+static nb_status permute_infer(const nb_op_call *c, nb_meta *out) {
+  const permute_params *p = c->p;
+  const nb_tensor *t = c->in[0];
+  int seen[NB_MAX_DIMS] = {0};
+  for (int i = 0; i < t->ndim; i++) {
+    int a = p->perm[i] < 0 ? p->perm[i] + t->ndim : p->perm[i];
+    if (a < 0 || a >= t->ndim || seen[a]++)
+      return nb_error_set(NB_ERR_AXIS, "nb_permute: entry %d (%d) of the permutation is out of "
+                          "range or repeated for a tensor of %d dimensions", i, p->perm[i], t->ndim);
+    out->shape[i] = t->shape[a];
+  }
+  out->ndim = t->ndim;
+  out->dtype = t->dtype;
+  out->device = nb_device_of(t);
+  return NB_OK;
+}
+
+static nb_tensor *permute_view(const nb_op_call *c, const nb_meta *out) {
+  const permute_params *p = c->p;
+  const nb_tensor *t = c->in[0];
+  int64_t st[NB_MAX_DIMS];
+  for (int i = 0; i < t->ndim; i++) st[i] = t->strides[p->perm[i] < 0 ? p->perm[i] + t->ndim : p->perm[i]];
+  return make_view(t, out->ndim, out->shape, st, t->offset);
+}
+
 static nb_status permute_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  int inv[NB_MAX_DIMS];
-  for (int i = 0; i < n->out_ndim; i++) inv[n->ip[i]] = i;
+  const permute_params *p = nb_node_params(n);
+  int nd = n->inputs[0]->ndim, inv[NB_MAX_DIMS];
+  for (int i = 0; i < nd; i++) inv[p->perm[i] < 0 ? p->perm[i] + nd : p->perm[i]] = i;
   gin[0] = nb_retain(nb_permute(g, inv));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+const nb_op nb_op_permute = {
+    .name = "permute", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
+    .psize = sizeof(permute_params), .prec = NB_PREC_FOLLOW, .infer = permute_infer,
+    .view = permute_view, .backward = permute_bw, .cost = view_cost};
+
 nb_tensor *nb_permute(const nb_tensor *t, const int *perm) {
   CHECK_NULL("nb_permute", t);
   if (t->ndim && !perm) { nb_error_null("nb_permute", "perm"); return NULL; }
-  int seen[NB_MAX_DIMS] = {0};
-  int64_t shape[NB_MAX_DIMS], st[NB_MAX_DIMS];
-  for (int i = 0; i < t->ndim; i++) {
-    int p = perm[i] < 0 ? perm[i] + t->ndim : perm[i];
-    if (p < 0 || p >= t->ndim || seen[p]++) {
-      nb_error_set(NB_ERR_AXIS, "nb_permute: entry %d (%d) of the permutation is out of range or "
-                   "repeated for a tensor of %d dimensions", i, perm[i], t->ndim);
-      return NULL;
-    }
-    shape[i] = t->shape[p];
-    st[i] = t->strides[p];
-  }
-  nb_tensor *out = make_view(t, t->ndim, shape, st, t->offset);
-  nb_node *n = out ? nb_record("permute", permute_bw, 1, (const nb_tensor *const[]){t}, out) : NULL;
-  if (n)
-    for (int i = 0; i < t->ndim; i++) n->ip[i] = perm[i] < 0 ? perm[i] + t->ndim : perm[i];
-  return nb_autorelease(out);
+  permute_params p = {{0}};
+  if (t->ndim) memcpy(p.perm, perm, (size_t)t->ndim * sizeof *perm);
+  return nb_op_run(&nb_op_permute, 1, (const nb_tensor *const[]){t}, &p);
 }
 
 nb_tensor *nb_transpose(const nb_tensor *t, int a, int b) {
@@ -176,74 +249,138 @@ nb_tensor *nb_transpose(const nb_tensor *t, int a, int b) {
 }
 
 /* ---- slicing ---------------------------------------------------------------- */
+typedef struct {
+  int axis;                 /* as given (may be negative) */
+  int64_t start, end, step; /* as given: negative start, end count from the end; clamped */
+} slice_params;
+
+/* slice_backward: the slice's parameters and the shape of the sliced input. */
+typedef struct {
+  slice_params s;
+  int ndim;
+  int64_t shape[NB_MAX_DIMS];
+} slice_backward_params;
+
+/* The elements a slice takes from an axis of size n: the first (clamped)
+ * and how many. */
+static void slice_range(const slice_params *p, int64_t n, int64_t *start, int64_t *len) {
+  int64_t s = p->start, e = p->end;
+  if (s < 0) s += n;
+  if (e < 0) e += n;
+  s = s < 0 ? 0 : s > n ? n : s;
+  e = e < s ? s : e > n ? n : e;
+  *start = s;
+  *len = (e - s + p->step - 1) / p->step;
+}
+
+static nb_status slice_infer(const nb_op_call *c, nb_meta *out) {
+  const slice_params *p = c->p;
+  const nb_tensor *t = c->in[0];
+  int a = nb_norm_axis("nb_slice", p->axis, t->ndim);
+  if (a < 0) return nb_last_status();
+  if (t->ndim == 0) return nb_error_set(NB_ERR_AXIS, "nb_slice: cannot slice a 0-d tensor");
+  if (p->step <= 0)
+    return nb_error_set(NB_ERR_VALUE, "nb_slice: step %lld (expected a positive step)",
+                        (long long)p->step);
+  int64_t start;
+  nb_meta_of(t, out);
+  slice_range(p, t->shape[a], &start, &out->shape[a]);
+  return NB_OK;
+}
+
+static nb_tensor *slice_view(const nb_op_call *c, const nb_meta *out) {
+  const nb_tensor *t = c->in[0];
+  int a = nb_norm_axis("nb_slice", ((const slice_params *)c->p)->axis, t->ndim);
+  int64_t start, len, st[NB_MAX_DIMS];
+  slice_range(c->p, t->shape[a], &start, &len);
+  memcpy(st, t->strides, sizeof st);
+  st[a] = t->strides[a] * ((const slice_params *)c->p)->step;
+  return make_view(t, t->ndim, out->shape, st, t->offset + (len ? start * t->strides[a] : 0));
+}
+
+extern const nb_op nb_op_slice_backward;
+
 /* Gradient of a slice: zeros of the input's shape with g written into the
- * sliced region. Its own backward slices again, so it is differentiable. */
-static nb_status slice_scatter_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  gin[0] = nb_retain(nb_slice(g, (int)n->ip[0], n->ip[1], n->ip[2], n->ip[3]));
+ * sliced region (slice_backward). */
+static nb_status slice_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const nb_tensor *x = n->inputs[0];
+  slice_backward_params p = {*(const slice_params *)nb_node_params(n), x->ndim, {0}};
+  memcpy(p.shape, x->shape, sizeof p.shape);
+  gin[0] = nb_retain(nb_op_run(&nb_op_slice_backward, 1, (const nb_tensor *const[]){g}, &p));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-static nb_tensor *slice_scatter(const nb_tensor *g, const nb_node *fwd) {
-  nb_tensor *z = nb_tensor_alloc(fwd->ip[4], (const int64_t *)&fwd->ip[5], g->dtype, nb_device_of(g));
-  if (!z) return NULL;
+const nb_op nb_op_slice = {
+    .name = "slice", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
+    .psize = sizeof(slice_params), .prec = NB_PREC_FOLLOW, .infer = slice_infer,
+    .view = slice_view, .backward = slice_bw, .cost = view_cost};
+
+/* g must have the shape the slice of the recorded input shape has. */
+static nb_status slice_backward_infer(const nb_op_call *c, nb_meta *out) {
+  const slice_backward_params *p = c->p;
+  const nb_tensor *g = c->in[0];
+  int a = p->ndim > 0 && p->ndim <= NB_MAX_DIMS ? nb_norm_axis(c->op->name, p->s.axis, p->ndim) : -1;
+  int ok = a >= 0 && p->s.step > 0 && g->ndim == p->ndim;
+  int64_t start, len = 0;
+  if (ok) slice_range(&p->s, p->shape[a], &start, &len);
+  for (int i = 0; ok && i < p->ndim; i++) ok = g->shape[i] == (i == a ? len : p->shape[i]);
+  if (!ok) {
+    char b1[200], b2[200];
+    return nb_error_set(NB_ERR_SHAPE, "%s: gradient %s is not the slice (axis %d, %lld:%lld:%lld) "
+                        "of shape %s", c->op->name, nb_describe(g, b1, sizeof b1), p->s.axis,
+                        (long long)p->s.start, (long long)p->s.end, (long long)p->s.step,
+                        p->ndim >= 0 && p->ndim <= NB_MAX_DIMS
+                            ? nb_shape_str(p->ndim, p->shape, b2, sizeof b2) : "?");
+  }
+  out->ndim = p->ndim;
+  memcpy(out->shape, p->shape, sizeof out->shape);
+  out->dtype = g->dtype;
+  out->device = nb_device_of(g);
+  return NB_OK;
+}
+
+/* Zeros, then g copied into the sliced region of them. */
+static nb_status slice_backward_forward(const nb_op_call *c, nb_tensor *z, nb_tensor **aux) {
+  (void)aux;
+  const slice_backward_params *p = c->p;
+  const nb_tensor *g = c->in[0];
+  const nb_backend *be = nb_backend_for(nb_device_of(z));
+  int a = nb_norm_axis(c->op->name, p->s.axis, p->ndim);
+  int64_t start, len;
+  slice_range(&p->s, p->shape[a], &start, &len);
   nb_kview kz;
   nb_kview_of(z, &kz);
-  const nb_backend *be = nb_backend_for(nb_device_of(z));
-  nb_status st = nb_numel(z) ? be->fill(&kz, 0.0) : NB_OK;
-  int axis = (int)fwd->ip[0];
-  int64_t start = fwd->ip[1], step = fwd->ip[3];
-  if (!st) {
-    nb_tensor *region = nb_tensor_view_of(z, z->ndim, z->shape, z->strides, z->offset + start * z->strides[axis]);
-    region->shape[axis] = g->shape[axis];
-    region->strides[axis] *= step;
-    nb_kview kr, kg;
-    nb_kview_of(region, &kr);
-    nb_kview_of(g, &kg);
-    st = nb_numel(region) ? be->copy(&kr, &kg) : NB_OK;
-    nb_release(region);
-  }
-  if (st) { nb_release(z); return NULL; }
-  nb_node *n = nb_record("slice_backward", slice_scatter_bw, 1, (const nb_tensor *const[]){g}, z);
-  if (n) memcpy(n->ip, fwd->ip, 4 * sizeof n->ip[0]);
-  return nb_autorelease(z);
+  nb_status st = be->fill(&kz, 0.0);
+  if (st || !nb_numel(g)) return st;
+  nb_tensor *region = nb_tensor_view_of(z, z->ndim, z->shape, z->strides, z->offset + start * z->strides[a]);
+  if (!region) return nb_last_status();
+  region->shape[a] = len;
+  region->strides[a] *= p->s.step;
+  nb_kview kr, kg;
+  nb_kview_of(region, &kr);
+  nb_kview_of(g, &kg);
+  st = be->copy(&kr, &kg);
+  nb_release(region);
+  return st;
 }
 
-static nb_status slice_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  gin[0] = nb_retain(slice_scatter(g, n));
+/* Its gradient slices again, so it is differentiable. */
+static nb_status slice_backward_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const slice_params *p = &((const slice_backward_params *)nb_node_params(n))->s;
+  gin[0] = nb_retain(nb_slice(g, p->axis, p->start, p->end, p->step));
   return gin[0] ? NB_OK : nb_last_status();
 }
+
+const nb_op nb_op_slice_backward = {
+    .name = "slice_backward", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"g"},
+    .psize = sizeof(slice_backward_params), .prec = NB_PREC_FOLLOW,
+    .infer = slice_backward_infer, .forward = slice_backward_forward,
+    .backward = slice_backward_bw};
 
 nb_tensor *nb_slice(const nb_tensor *t, int axis, int64_t start, int64_t end, int64_t step) {
   CHECK_NULL("nb_slice", t);
-  int a = nb_norm_axis("nb_slice", axis, t->ndim);
-  if (a < 0) return NULL;
-  if (t->ndim == 0) {
-    nb_error_set(NB_ERR_AXIS, "nb_slice: cannot slice a 0-d tensor");
-    return NULL;
-  }
-  if (step <= 0) {
-    nb_error_set(NB_ERR_VALUE, "nb_slice: step %lld (expected a positive step)", (long long)step);
-    return NULL;
-  }
-  int64_t n = t->shape[a];
-  if (start < 0) start += n;
-  if (end < 0) end += n;
-  start = start < 0 ? 0 : start > n ? n : start;
-  end = end < start ? start : end > n ? n : end;
-  int64_t len = (end - start + step - 1) / step;
-  int64_t shape[NB_MAX_DIMS], st[NB_MAX_DIMS];
-  memcpy(shape, t->shape, sizeof shape);
-  memcpy(st, t->strides, sizeof st);
-  shape[a] = len;
-  st[a] = t->strides[a] * step;
-  nb_tensor *out = make_view(t, t->ndim, shape, st, t->offset + (len ? start * t->strides[a] : 0));
-  nb_node *nd = out ? nb_record("slice", slice_bw, 1, (const nb_tensor *const[]){t}, out) : NULL;
-  if (nd) {
-    nd->ip[0] = a; nd->ip[1] = start; nd->ip[2] = end; nd->ip[3] = step;
-    nd->ip[4] = t->ndim;
-    memcpy(&nd->ip[5], t->shape, (size_t)t->ndim * sizeof t->shape[0]);
-  }
-  return nb_autorelease(out);
+  slice_params p = {axis, start, end, step};
+  return nb_op_run(&nb_op_slice, 1, (const nb_tensor *const[]){t}, &p);
 }
 
 nb_tensor *nb_narrow(const nb_tensor *t, int axis, int64_t start, int64_t length) {
@@ -279,40 +416,74 @@ nb_tensor *nb_select(const nb_tensor *t, int axis, int64_t index) {
 }
 
 /* ---- expand / squeeze / unsqueeze ------------------------------------------------ */
-static nb_status expand_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  const nb_tensor *x = n->inputs[0];
-  gin[0] = nb_retain(nb_sum_to_shape(g, x->ndim, x->shape));
-  return gin[0] ? NB_OK : nb_last_status();
-}
+typedef struct {
+  int ndim;
+  int broadcast_to; /* called as nb_broadcast_to (for messages) */
+  int64_t shape[NB_MAX_DIMS]; /* as given: -1 keeps an axis of the input */
+} expand_params;
 
-/* expand under the public name `op`, so that errors name the call made. */
-static nb_tensor *expand_as(const char *op, const nb_tensor *t, int ndim, const int64_t *shape) {
-  CHECK_NULL(op, t);
-  if (ndim < t->ndim || ndim > NB_MAX_DIMS || (ndim && !shape)) goto bad;
-  int64_t sh[NB_MAX_DIMS];
-  for (int i = 0; i < ndim; i++) {
-    int j = i - (ndim - t->ndim);
-    sh[i] = shape[i] == -1 && j >= 0 ? t->shape[j] : shape[i];
-    if (sh[i] < 0) goto bad;
-  }
-  nb_kview kv;
-  if (nb_kview_broadcast(t, ndim, sh, &kv)) goto bad;
-  nb_tensor *out = make_view(t, ndim, sh, kv.strides, t->offset);
-  if (out) nb_record("expand", expand_bw, 1, (const nb_tensor *const[]){t}, out);
-  return nb_autorelease(out);
-bad:;
+static nb_tensor *expand_fail(const char *op, const nb_tensor *t, int ndim, const int64_t *shape) {
   char b1[200], b2[200];
   nb_error_set(NB_ERR_SHAPE, "%s: %s cannot be broadcast to %s", op, nb_describe(t, b1, sizeof b1),
                shape ? nb_shape_str(ndim, shape, b2, sizeof b2) : "NULL");
   return NULL;
 }
 
+static nb_status expand_infer(const nb_op_call *c, nb_meta *out) {
+  const expand_params *p = c->p;
+  const nb_tensor *t = c->in[0];
+  int ndim = p->ndim;
+  nb_kview kv;
+  if (ndim < t->ndim || ndim > NB_MAX_DIMS) goto bad;
+  for (int i = 0; i < ndim; i++) {
+    int j = i - (ndim - t->ndim);
+    out->shape[i] = p->shape[i] == -1 && j >= 0 ? t->shape[j] : p->shape[i];
+    if (out->shape[i] < 0) goto bad;
+  }
+  if (nb_kview_broadcast(t, ndim, out->shape, &kv)) goto bad;
+  out->ndim = ndim;
+  out->dtype = t->dtype;
+  out->device = nb_device_of(t);
+  return NB_OK;
+bad:
+  expand_fail(p->broadcast_to ? "nb_broadcast_to" : "nb_expand", t, ndim, p->shape);
+  return nb_last_status();
+}
+
+static nb_tensor *expand_view(const nb_op_call *c, const nb_meta *out) {
+  const nb_tensor *t = c->in[0];
+  nb_kview kv;
+  nb_kview_broadcast(t, out->ndim, out->shape, &kv);
+  return make_view(t, out->ndim, out->shape, kv.strides, t->offset);
+}
+
+static nb_status expand_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const nb_tensor *x = n->inputs[0];
+  gin[0] = nb_retain(nb_sum_to_shape(g, x->ndim, x->shape));
+  return gin[0] ? NB_OK : nb_last_status();
+}
+
+const nb_op nb_op_expand = {
+    .name = "expand", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
+    .psize = sizeof(expand_params), .prec = NB_PREC_FOLLOW, .infer = expand_infer,
+    .view = expand_view, .backward = expand_bw, .cost = view_cost};
+
+/* expand under the public name `op`, so that errors name the call made. */
+static nb_tensor *expand_as(int broadcast_to, const nb_tensor *t, int ndim, const int64_t *shape) {
+  const char *op = broadcast_to ? "nb_broadcast_to" : "nb_expand";
+  CHECK_NULL(op, t);
+  if (ndim < 0 || ndim > NB_MAX_DIMS || (ndim && !shape)) return expand_fail(op, t, ndim, shape);
+  expand_params p = {ndim, broadcast_to, {0}};
+  if (ndim) memcpy(p.shape, shape, (size_t)ndim * sizeof *shape);
+  return nb_op_run(&nb_op_expand, 1, (const nb_tensor *const[]){t}, &p);
+}
+
 nb_tensor *nb_expand(const nb_tensor *t, int ndim, const int64_t *shape) {
-  return expand_as("nb_expand", t, ndim, shape);
+  return expand_as(0, t, ndim, shape);
 }
 
 nb_tensor *nb_broadcast_to(const nb_tensor *t, int ndim, const int64_t *shape) {
-  return expand_as("nb_broadcast_to", t, ndim, shape);
+  return expand_as(1, t, ndim, shape);
 }
 
 nb_tensor *nb_squeeze(const nb_tensor *t, int axis) {
@@ -367,24 +538,33 @@ int nb_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int6
 }
 
 /* ---- copies ------------------------------------------------------------------- */
+static nb_status clone_infer(const nb_op_call *c, nb_meta *out) {
+  nb_meta_of(c->in[0], out);
+  return NB_OK;
+}
+
+static nb_status clone_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  nb_kview ko, ki;
+  nb_kview_of(out, &ko);
+  nb_kview_of(c->in[0], &ki);
+  return nb_backend_for(nb_device_of(out))->copy(&ko, &ki);
+}
+
 static nb_status identity_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  (void)n;
   gin[0] = nb_retain(g);
   return NB_OK;
 }
 
+const nb_op nb_op_clone = {
+    .name = "clone", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"t"},
+    .prec = NB_PREC_FOLLOW, .infer = clone_infer, .forward = clone_forward,
+    .backward = identity_bw};
+
 nb_tensor *nb_clone(const nb_tensor *t) {
   CHECK_NULL("nb_clone", t);
-  nb_tensor *out = nb_tensor_alloc(t->ndim, t->shape, t->dtype, nb_device_of(t));
-  if (!out) return NULL;
-  nb_kview ko, ki;
-  nb_kview_of(out, &ko);
-  nb_kview_of(t, &ki);
-  if (nb_numel(t) && nb_backend_for(nb_device_of(t))->copy(&ko, &ki)) {
-    nb_release(out);
-    return NULL;
-  }
-  nb_record("clone", identity_bw, 1, (const nb_tensor *const[]){t}, out);
-  return nb_autorelease(out);
+  return nb_op_run(&nb_op_clone, 1, (const nb_tensor *const[]){t}, NULL);
 }
 
 nb_tensor *nb_contiguous(const nb_tensor *t) {
