@@ -9,6 +9,10 @@
 #define NB_OP_LIST(X)                                                            \
   /* reductions (op_reduce.c) */                                                 \
   X(sum) X(max) X(min) X(argmax) X(argmin)                                      \
+  /* contractions (op_matmul.c) */                                               \
+  X(matmul)                                                                     \
+  /* losses (op_loss.c) */                                                       \
+  X(cross_entropy) X(cross_entropy_backward)                                    \
   /* indexing (op_index.c) */                                                   \
   X(index_select) X(index_select_backward) X(gather) X(scatter_add)              \
   /* views and copies (op_view.c) */                                             \

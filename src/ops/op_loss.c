@@ -67,37 +67,66 @@ static nb_tensor *reduce_rows(nb_tensor *rows, const nb_tensor *trow, const nb_t
 }
 
 /* ---- cross_entropy ------------------------------------------------------
- * One node from the logits rows to the reduced loss. With a gradient wanted
- * (grad mode on, logits requiring grad) the forward runs the fused kernel,
- * which also writes dlogits for an upstream gradient of exactly 1 (the row
- * gradient is then 1/N_valid for mean, 1 for sum and none) and saves it; the
- * backward returns it as is when the incoming gradient is the engine's
- * all-ones seed (known on the host, no device read), else scales it by the
- * incoming gradient (one elementwise pass). Without a gradient wanted the
- * forward-only kernel runs and nothing is saved. */
-enum { XENT_IP_RED };
+ * One op from logits and targets to the reduced loss; prepare makes them
+ * rows (M, C) and (M) i64 (recorded views), and the node is on the rows.
+ * With a gradient wanted (grad mode on, logits requiring grad) forward runs
+ * the fused kernel, which also writes dlogits for an upstream gradient of
+ * exactly 1 (the row gradient is then 1/N_valid for mean, 1 for sum and
+ * none); dlogits is the node's saved tensor. The backward returns it as is
+ * when the incoming gradient is the engine's all-ones seed (known on the
+ * host, no device read), else runs cross_entropy_backward, which scales it
+ * by the incoming gradient (one elementwise pass). Without a gradient
+ * wanted the forward-only kernel runs and nothing is saved. */
+typedef struct {
+  nb_reduction red;
+  int64_t ignore_index; /* rows with this target count for nothing */
+  double smoothing;     /* label smoothing in [0, 1] */
+} xent_params;
 
-static nb_status xent_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  nb_tensor *dx = n->saved[0];
-  const nb_storage *gs = g->storage;
-  /* the fast path hands out the saved buffer; under create_graph the result
-   * must be a fresh tensor carrying a node, so it scales instead */
-  if (gs->filled && gs->fill_value == 1.0 && !g->requires_grad && !nb_grad_enabled()) {
-    gin[0] = nb_retain(dx);
-    return NB_OK;
-  }
-  nb_scope_begin();
-  nb_tensor *gr = n->ip[XENT_IP_RED] == NB_REDUCE_NONE
-                      ? nb_reshape(g, 2, (int64_t[]){dx->shape[0], 1}) : g;
-  nb_no_grad_begin();
-  nb_tensor *out = nb_mul(dx, nb_cast(gr, dx->dtype));
-  nb_no_grad_end();
-  /* a second derivative would need d(dlogits)/dlogits: refuse it */
-  if (out) nb_record("cross_entropy_backward", nb_no_double_backward, 2,
-                     (const nb_tensor *const[]){g, n->inputs[0]}, out);
-  gin[0] = nb_keep(out);
-  nb_scope_end();
-  return gin[0] ? NB_OK : nb_last_status();
+static nb_status xent_infer(const nb_op_call *c, nb_meta *out) {
+  const xent_params *p = c->p;
+  const nb_tensor *x = c->in[0], *t = c->in[1];
+  if (!class_args_ok("cross_entropy", x, t, p->red)) return nb_last_status();
+  if (!(p->smoothing >= 0 && p->smoothing <= 1))
+    return nb_error_set(NB_ERR_VALUE, "cross_entropy: label_smoothing %g (expected a value in [0, 1])",
+                        p->smoothing);
+  out->ndim = p->red == NB_REDUCE_NONE ? t->ndim : 0;
+  memcpy(out->shape, t->shape, sizeof out->shape);
+  out->dtype = x->dtype;
+  out->device = nb_device_of(x);
+  return NB_OK;
+}
+
+static nb_status xent_prepare(const nb_op_call *c, const nb_tensor **in) {
+  nb_tensor *x, *t;
+  if (!class_rows(c->in[0], c->in[1], &x, &t)) return nb_last_status();
+  in[0] = x;
+  in[1] = t;
+  return NB_OK;
+}
+
+/* The view of a contiguous tensor as one axis. */
+static void kview_flat(const nb_tensor *t, nb_kview *v) {
+  nb_kview_of(t, v);
+  v->ndim = 1;
+  v->shape[0] = nb_numel(t);
+  v->strides[0] = 1;
+}
+
+/* Where the last step writes: out itself when it has the loss dtype sdt,
+ * else a temporary in sdt of out's shape that xent_finish casts into out
+ * (the losses are rounded once to the logits' dtype). */
+static nb_tensor *xent_dst(nb_tensor *out, nb_dtype sdt) {
+  if (out->dtype == sdt) return out;
+  return nb_autorelease(nb_tensor_alloc(out->ndim, out->shape, sdt, nb_device_of(out)));
+}
+
+static nb_status xent_finish(nb_tensor *out, const nb_tensor *dst) {
+  if (dst == out || !nb_numel(out)) return NB_OK;
+  nb_kview ko, kd;
+  nb_kview_of(out, &ko);
+  nb_kview_of(dst, &kd);
+  return nb_backend_for(nb_device_of(out))->copy(&ko, &kd);
 }
 
 /* N_valid as a loss-dtype scalar: the rows whose target is not ignored. */
@@ -107,88 +136,175 @@ static nb_tensor *xent_count(const nb_tensor *t, int64_t ignore, nb_dtype sdt) {
 }
 
 /* Forward only: per-row losses (f32; f64 for f64 logits) of x (M, C) and
- * targets t (M) i64, reduced in the loss dtype, then rounded once to the
- * logits' dtype. */
-static nb_tensor *xent_forward_only(const nb_tensor *x, const nb_tensor *t, const nb_tensor *targets,
-                                    nb_reduction red, int64_t ignore, double smooth) {
+ * targets t (M) i64, reduced in the loss dtype (by the sum and div kernels),
+ * then rounded once to the logits' dtype. */
+static nb_status xent_forward_only(const nb_op_call *c, nb_tensor *out) {
+  const xent_params *p = c->p;
+  const nb_tensor *x = c->in[0], *t = c->in[1];
   int64_t M = x->shape[0];
   nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_device dev = nb_device_of(x);
-  nb_tensor *loss = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
+  const nb_backend *be = nb_backend_for(dev);
+  nb_tensor *dst = xent_dst(out, sdt);
+  nb_tensor *loss = p->red == NB_REDUCE_NONE ? dst : nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
   nb_tensor *lse = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
-  if (!loss || !lse) return NULL;
+  if (!dst || !loss || !lse) return nb_last_status();
+  nb_kview kloss, klse, kx, kt, kdst;
+  kview_flat(loss, &kloss);
+  nb_kview_of(dst, &kdst);
   if (M) {
-    nb_kview kloss, klse, kx, kt;
-    nb_kview_of(loss, &kloss);
     nb_kview_of(lse, &klse);
     nb_kview_of(x, &kx);
     nb_kview_of(t, &kt);
-    if (nb_backend_for(dev)->xent_fwd(&kloss, &klse, &kx, &kt, ignore, smooth)) return NULL;
+    if (be->xent_fwd(&kloss, &klse, &kx, &kt, p->ignore_index, p->smoothing)) return nb_last_status();
   }
-  if (red == NB_REDUCE_NONE) return nb_cast(nb_reshape(loss, targets->ndim, targets->shape), x->dtype);
-  nb_tensor *out = nb_sum(loss, 0, NULL, 0);
-  if (red == NB_REDUCE_MEAN) out = nb_div(out, xent_count(t, ignore, sdt)); /* 0/0 = NaN */
-  return nb_cast(out, x->dtype);
+  nb_status st = NB_OK;
+  if (p->red == NB_REDUCE_SUM) {
+    st = M ? be->reduce(NB_ROP_SUM, &kdst, &kloss, 1) : be->fill(&kdst, 0.0);
+  } else if (p->red == NB_REDUCE_MEAN) { /* 0/0 = NaN */
+    nb_tensor *s = nb_sum(loss, 0, NULL, 0), *n = xent_count(t, p->ignore_index, sdt);
+    if (!s || !n) return nb_last_status();
+    nb_kview ks, kn;
+    nb_kview_of(s, &ks);
+    nb_kview_of(n, &kn);
+    st = be->binary(NB_BOP_DIV, &kdst, &ks, &kn);
+  }
+  return st ? st : xent_finish(out, dst);
 }
 
 /* Forward and dlogits (*dx) in one backend call: the row gradient is 1
  * (1/N_valid for a mean, counted by the kernel), and for mean and sum the
- * kernel also writes the reduced loss in the logits' dtype, so the whole
- * forward is one launch. */
-static nb_tensor *xent_forward_grad(const nb_tensor *x, const nb_tensor *t,
-                                    const nb_tensor *targets, nb_reduction red, int64_t ignore,
-                                    double smooth, nb_tensor **dx) {
+ * kernel also writes the reduced loss in the logits' dtype into out, so the
+ * whole forward is one launch. */
+static nb_status xent_forward_grad(const nb_op_call *c, nb_tensor *out, nb_tensor **dx) {
+  const xent_params *p = c->p;
+  const nb_tensor *x = c->in[0], *t = c->in[1];
   int64_t M = x->shape[0];
   nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_device dev = nb_device_of(x);
-  nb_tensor *loss = nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
-  nb_tensor *out = red == NB_REDUCE_NONE ? NULL : nb_autorelease(nb_tensor_alloc(0, NULL, x->dtype, dev));
-  *dx = nb_autorelease(nb_tensor_alloc(x->ndim, x->shape, x->dtype, dev));
-  if (!loss || (red != NB_REDUCE_NONE && !out) || !*dx) return NULL;
+  const nb_backend *be = nb_backend_for(dev);
+  int none = p->red == NB_REDUCE_NONE;
+  nb_tensor *loss = none ? xent_dst(out, sdt) : nb_autorelease(nb_tensor_alloc(1, &M, sdt, dev));
+  *dx = nb_tensor_alloc(x->ndim, x->shape, x->dtype, dev);
+  if (!loss || !*dx) return nb_last_status();
   nb_kview kloss, kout, kx, kt, kdx;
-  nb_kview_of(loss, &kloss);
+  kview_flat(loss, &kloss);
+  nb_kview_of(out, &kout);
   nb_kview_of(x, &kx);
   nb_kview_of(t, &kt);
   nb_kview_of(*dx, &kdx);
-  if (out) nb_kview_of(out, &kout);
   if (!M) { /* no rows: the sum of nothing, over N_valid = 0 for a mean */
-    if (out && nb_fill_(out, red == NB_REDUCE_MEAN ? NAN : 0.0)) return NULL;
-  } else if (nb_backend_for(dev)->xent_fused(&kloss, NULL, &kdx, NULL, out ? &kout : NULL,
-                                             red == NB_REDUCE_MEAN, &kx, &kt, ignore, smooth)) {
-    return NULL;
+    if (!none && be->fill(&kout, p->red == NB_REDUCE_MEAN ? NAN : 0.0)) return nb_last_status();
+  } else if (be->xent_fused(&kloss, NULL, &kdx, NULL, none ? NULL : &kout,
+                            p->red == NB_REDUCE_MEAN, &kx, &kt, p->ignore_index, p->smoothing)) {
+    return nb_last_status();
   }
-  return out ? out : nb_cast(nb_reshape(loss, targets->ndim, targets->shape), x->dtype);
+  return none ? xent_finish(out, loss) : NB_OK;
 }
+
+static nb_status xent_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  int want = nb_grad_enabled() && c->in[0]->requires_grad;
+  nb_no_grad_begin();
+  nb_status st = want ? xent_forward_grad(c, out, &aux[0]) : xent_forward_only(c, out);
+  nb_no_grad_end();
+  return st;
+}
+
+/* logits and targets read once, the loss written; about five flops per
+ * logit (max, exp, sum, the gradient's softmax minus one-hot) */
+static void xent_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  const nb_tensor *x = c->in[0], *t = c->in[1];
+  *bytes = (double)nb_numel(x) * (double)nb_dtype_size(x->dtype) +
+           (double)nb_numel(t) * (double)nb_dtype_size(t->dtype) +
+           (double)nb_shape_numel(out->ndim, out->shape) * (double)nb_dtype_size(out->dtype);
+  *flops = 5.0 * (double)nb_numel(x);
+}
+
+/* cross_entropy_backward: dlogits = dlogits_1 * dy, with inputs (dy, the
+ * saved dlogits_1 (M, C), the logits rows). dy is the loss's gradient: 0-d
+ * for mean and sum, one per row for none. The logits are not read; they
+ * are an input so that a second derivative through them is refused (the
+ * saved dlogits are detached). */
+enum { XB_DY, XB_DX, XB_LOGITS };
+
+static nb_status xent_backward_infer(const nb_op_call *c, nb_meta *out) {
+  const xent_params *p = c->p;
+  const nb_tensor *dy = c->in[XB_DY], *dx = c->in[XB_DX];
+  int64_t want = p->red == NB_REDUCE_NONE && dx->ndim == 2 ? dx->shape[0] : 1;
+  if (dx->ndim != 2 || !nb_dtype_is_float(dx->dtype) || !nb_dtype_is_float(dy->dtype) ||
+      nb_numel(dy) != want) {
+    char b1[200], b2[200];
+    return nb_error_set(NB_ERR_SHAPE, "cross_entropy_backward: dy %s and dlogits %s (expected "
+                        "float dlogits (M, C) and dy of %lld elements)", nb_describe(dy, b1, sizeof b1),
+                        nb_describe(dx, b2, sizeof b2), (long long)want);
+  }
+  nb_meta_of(dx, out);
+  return NB_OK;
+}
+
+/* dy as a column (M, 1) for none, in dlogits' dtype. */
+static nb_status xent_backward_prepare(const nb_op_call *c, const nb_tensor **in) {
+  const xent_params *p = c->p;
+  const nb_tensor *dy = c->in[XB_DY], *dx = c->in[XB_DX];
+  if (p->red == NB_REDUCE_NONE) dy = nb_reshape(dy, 2, (int64_t[]){dx->shape[0], 1});
+  in[XB_DY] = dy ? nb_cast(dy, dx->dtype) : NULL;
+  return in[XB_DY] ? NB_OK : nb_last_status();
+}
+
+static nb_status xent_backward_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  nb_kview ko, kdx, kdy;
+  nb_kview_of(out, &ko);
+  nb_kview_broadcast(c->in[XB_DX], out->ndim, out->shape, &kdx);
+  nb_kview_broadcast(c->in[XB_DY], out->ndim, out->shape, &kdy);
+  return nb_backend_for(nb_device_of(out))->binary(NB_BOP_MUL, &ko, &kdx, &kdy);
+}
+
+/* dlogits_1 and dy read, dlogits written; one multiply each */
+static void xent_backward_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  double n = (double)nb_shape_numel(out->ndim, out->shape);
+  *bytes = 2 * n * (double)nb_dtype_size(out->dtype) +
+           (double)nb_numel(c->in[XB_DY]) * (double)nb_dtype_size(c->in[XB_DY]->dtype);
+  *flops = n;
+}
+
+const nb_op nb_op_cross_entropy_backward = {
+    .name = "cross_entropy_backward", .kind = NB_OPK_ROW, .n_in = 3,
+    .in_names = {"dy", "dlogits", "logits"}, .psize = sizeof(xent_params), .prec = NB_PREC_F32,
+    .infer = xent_backward_infer, .prepare = xent_backward_prepare,
+    .forward = xent_backward_forward, .backward = nb_no_double_backward,
+    .cost = xent_backward_cost};
+
+static nb_status xent_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  nb_tensor *dx = n->saved[0];
+  if (!dx)
+    return nb_error_set(NB_ERR_UNSUPPORTED, "backward: '%s' saved no gradient (its logits did not "
+                        "require grad when it ran)", n->name);
+  const nb_storage *gs = g->storage;
+  /* the fast path hands out the saved buffer; under create_graph the result
+   * must be a fresh tensor carrying a node, so it scales instead */
+  if (gs->filled && gs->fill_value == 1.0 && !g->requires_grad && !nb_grad_enabled()) {
+    gin[0] = nb_retain(dx);
+    return NB_OK;
+  }
+  gin[0] = nb_retain(nb_op_run(&nb_op_cross_entropy_backward, 3,
+                               (const nb_tensor *const[]){g, dx, n->inputs[0]}, nb_node_params(n)));
+  return gin[0] ? NB_OK : nb_last_status();
+}
+
+const nb_op nb_op_cross_entropy = {
+    .name = "cross_entropy", .kind = NB_OPK_ROW, .n_in = 2, .in_names = {"logits", "targets"},
+    .psize = sizeof(xent_params), .prec = NB_PREC_F32,
+    .determinism = "the reduced loss comes from the fused kernel (f64, fixed order) when a "
+                   "gradient is wanted, else from the sum kernel (see sum) and a division: the "
+                   "two may differ in the last bit",
+    .infer = xent_infer, .prepare = xent_prepare, .forward = xent_forward, .always_forward = 1,
+    .backward = xent_bw, .cost = xent_cost};
 
 nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
                             nb_reduction red, int64_t ignore_index, double label_smoothing) {
-  if (!logits) { nb_error_null("cross_entropy", "logits"); return NULL; }
-  if (!targets) { nb_error_null("cross_entropy", "targets"); return NULL; }
-  if (!class_args_ok("cross_entropy", logits, targets, red)) return NULL;
-  if (!(label_smoothing >= 0 && label_smoothing <= 1)) {
-    nb_error_set(NB_ERR_VALUE, "cross_entropy: label_smoothing %g (expected a value in [0, 1])",
-                 label_smoothing);
-    return NULL;
-  }
-  nb_scope_begin();
-  nb_tensor *x, *t, *out = NULL, *dx = NULL;
-  if (class_rows(logits, targets, &x, &t)) {
-    int want = nb_grad_enabled() && x->requires_grad;
-    nb_no_grad_begin();
-    out = want ? xent_forward_grad(x, t, targets, red, ignore_index, label_smoothing, &dx)
-               : xent_forward_only(x, t, targets, red, ignore_index, label_smoothing);
-    nb_no_grad_end();
-  }
-  if (out && dx) {
-    nb_node *n = nb_record("cross_entropy", xent_bw, 2, (const nb_tensor *const[]){x, t}, out);
-    if (n) {
-      n->ip[XENT_IP_RED] = red;
-      nb_node_save(n, 0, dx);
-    }
-  }
-  out = nb_keep(out);
-  nb_scope_end();
-  return nb_autorelease(out);
+  xent_params p = {red, ignore_index, label_smoothing};
+  return nb_op_run(&nb_op_cross_entropy, 2, (const nb_tensor *const[]){logits, targets}, &p);
 }
 
 /* ---- nll_loss: -logp[target] per row ------------------------------------- */
