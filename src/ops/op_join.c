@@ -4,9 +4,14 @@
 
 #include "ops/ops.h"
 
+typedef struct {
+  int axis; /* as given (may be negative) */
+} cat_params;
+
 /* Each input's gradient is its slice of g along the joined axis. */
 static nb_status cat_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  int axis = (int)n->ip[0];
+  int axis = nb_norm_axis("cat", ((const cat_params *)nb_node_params(n))->axis, g->ndim);
+  if (axis < 0) return nb_last_status();
   int64_t off = 0;
   for (int i = 0; i < n->n_inputs; i++) {
     int64_t len = n->inputs[i]->shape[axis];
@@ -19,65 +24,83 @@ static nb_status cat_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return NB_OK;
 }
 
-static nb_status cat_check(int n, nb_tensor *const *ts, int axis, int *a, nb_dtype *dt) {
-  if (n <= 0 || !ts) return nb_error_set(NB_ERR_VALUE, "cat: %d tensors given (expected at least one)", n);
-  for (int i = 0; i < n; i++)
-    if (!ts[i]) return nb_error_null("cat", "ts[i]");
-  if (nb_op_same_device("cat", n, (const nb_tensor *const *)ts)) return NB_ERR_DEVICE;
-  const nb_tensor *t0 = ts[0];
+/* The dtype the inputs are joined in. */
+static nb_dtype cat_dtype(const nb_op_call *c) {
+  nb_dtype dt = c->in[0]->dtype;
+  for (int i = 1; i < c->n; i++) dt = nb_promote(dt, c->in[i]->dtype);
+  return dt;
+}
+
+static nb_status cat_infer(const nb_op_call *c, nb_meta *out) {
+  int axis = ((const cat_params *)c->p)->axis;
+  const nb_tensor *t0 = c->in[0];
   if (t0->ndim == 0) return nb_error_set(NB_ERR_SHAPE, "cat: cannot join 0-d tensors (use stack)");
-  *a = nb_norm_axis("cat", axis, t0->ndim);
-  if (*a < 0) return NB_ERR_AXIS;
-  *dt = t0->dtype;
-  for (int i = 1; i < n; i++) {
-    *dt = nb_promote(*dt, ts[i]->dtype);
-    int same = ts[i]->ndim == t0->ndim;
-    for (int d = 0; same && d < t0->ndim; d++) same = d == *a || ts[i]->shape[d] == t0->shape[d];
+  int a = nb_norm_axis("cat", axis, t0->ndim);
+  if (a < 0) return NB_ERR_AXIS;
+  nb_meta_of(t0, out);
+  for (int i = 1; i < c->n; i++) {
+    const nb_tensor *t = c->in[i];
+    int same = t->ndim == t0->ndim;
+    for (int d = 0; same && d < t0->ndim; d++) same = d == a || t->shape[d] == t0->shape[d];
     if (!same) {
       char b1[200], b2[200];
       return nb_error_set(NB_ERR_SHAPE, "cat: tensor %d %s does not match tensor 0 %s outside axis %d",
-                          i, nb_describe(ts[i], b1, sizeof b1), nb_describe(t0, b2, sizeof b2), axis);
+                          i, nb_describe(t, b1, sizeof b1), nb_describe(t0, b2, sizeof b2), axis);
     }
+    out->shape[a] += t->shape[a];
+  }
+  out->dtype = cat_dtype(c);
+  return NB_OK;
+}
+
+/* The inputs in the joined dtype (the node is recorded on these). */
+static nb_status cat_prepare(const nb_op_call *c, const nb_tensor **in) {
+  nb_dtype dt = cat_dtype(c);
+  for (int i = 0; i < c->n; i++)
+    if (!(in[i] = nb_cast(c->in[i], dt))) return nb_last_status();
+  return NB_OK;
+}
+
+/* Each input copied into its region of out along the axis. */
+static nb_status cat_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  int a = nb_norm_axis("cat", ((const cat_params *)c->p)->axis, out->ndim);
+  const nb_backend *be = nb_backend_for(nb_device_of(out));
+  int64_t off = 0;
+  for (int i = 0; i < c->n; i++) {
+    const nb_tensor *t = c->in[i];
+    if (nb_numel(t)) {
+      nb_tensor *dst = nb_tensor_view_of(out, out->ndim, t->shape, out->strides,
+                                         out->offset + off * out->strides[a]);
+      if (!dst) return nb_last_status();
+      nb_kview kd, ks;
+      nb_kview_of(dst, &kd);
+      nb_kview_of(t, &ks);
+      nb_status st = be->copy(&kd, &ks);
+      nb_release(dst);
+      if (st) return st;
+    }
+    off += t->shape[a];
   }
   return NB_OK;
 }
 
+const nb_op nb_op_cat = {
+    .name = "cat", .kind = NB_OPK_OPAQUE, .n_in = 1, .variadic = 1, .in_names = {"ts[i]"},
+    .psize = sizeof(cat_params), .prec = NB_PREC_FOLLOW, .infer = cat_infer,
+    .prepare = cat_prepare, .forward = cat_forward, .backward = cat_bw};
+
+/* The checks of the arguments that come before the op's own (count, NULL
+ * entries; devices are checked by nb_op_run with the same message). */
 nb_tensor *nb_cat(int n, nb_tensor *const *ts, int axis) {
-  int a = 0;
-  nb_dtype dt = NB_F32;
-  if (cat_check(n, ts, axis, &a, &dt)) return NULL;
-  int64_t shape[NB_MAX_DIMS];
-  memcpy(shape, ts[0]->shape, sizeof shape);
-  shape[a] = 0;
-  for (int i = 0; i < n; i++) shape[a] += ts[i]->shape[a];
-  nb_scope_begin();
-  nb_tensor *out = nb_tensor_alloc(ts[0]->ndim, shape, dt, nb_device_of(ts[0]));
-  const nb_tensor **cs = calloc((size_t)n, sizeof *cs);
-  if (!cs) {
-    nb_error_set(NB_ERR_OOM, "cat: out of host memory for %d inputs", n);
-    nb_scope_end();
+  if (n <= 0 || !ts) {
+    nb_error_set(NB_ERR_VALUE, "cat: %d tensors given (expected at least one)", n);
     return NULL;
   }
-  int64_t off = 0;
-  for (int i = 0; i < n && out; i++) {
-    cs[i] = nb_cast(ts[i], dt);
-    nb_tensor *dst = cs[i] ? nb_tensor_view_of(out, out->ndim, ts[i]->shape, out->strides,
-                                               out->offset + off * out->strides[a]) : NULL;
-    nb_kview kd, ks;
-    if (dst && nb_numel(dst)) {
-      nb_kview_of(dst, &kd);
-      nb_kview_of(cs[i], &ks);
-      if (nb_backend_for(nb_device_of(out))->copy(&kd, &ks)) { nb_release(dst); dst = NULL; }
-    }
-    if (!dst) { nb_release(out); out = NULL; }
-    nb_release(dst);
-    off += ts[i]->shape[a];
-  }
-  nb_node *nd = out ? nb_record("cat", cat_bw, n, cs, out) : NULL;
-  if (nd) nd->ip[0] = a;
-  free(cs);
-  nb_scope_end();
-  return nb_autorelease(out);
+  for (int i = 0; i < n; i++)
+    if (!ts[i]) { nb_error_null("cat", "ts[i]"); return NULL; }
+  cat_params p = {axis};
+  return nb_op_run(&nb_op_cat, n, (const nb_tensor *const *)ts, &p);
 }
 
 nb_tensor *nb_stack(int n, nb_tensor *const *ts, int axis) {

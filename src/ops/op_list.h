@@ -15,8 +15,8 @@
   X(cross_entropy) X(cross_entropy_backward)                                    \
   /* indexing (op_index.c) */                                                   \
   X(index_select) X(index_select_backward) X(gather) X(scatter_add)              \
-  /* views and copies (op_view.c) */                                             \
-  X(reshape) X(permute) X(expand) X(slice) X(slice_backward) X(clone)            \
+  /* views and copies (op_view.c, op_join.c) */                                  \
+  X(reshape) X(permute) X(expand) X(slice) X(slice_backward) X(clone) X(cat)     \
   /* row ops */                                                                  \
   X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
   X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)
