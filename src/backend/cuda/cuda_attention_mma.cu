@@ -1,0 +1,570 @@
+/* The tensor-core flash attention (FlashAttention-2's algorithm) for bf16 and
+ * f16 inputs with f32 accumulation: mma.sync.m16n8k16, ldmatrix and cp.async,
+ * so any GPU of compute capability 8.0 or later (the H100 included; its
+ * wgmma/TMA kernel is a later step). Head dimensions 64, 96, 128 (D == Dv);
+ * rows contiguous and 16-byte aligned (row and batch strides multiples of 8
+ * elements), else cuda_attention.cu's SIMT kernels run.
+ *
+ * Forward: a CTA of NW warps takes 16 NW query rows of one (batch, head),
+ * 16 per warp, and streams tiles of 64 keys and values through shared memory
+ * (two stages, cp.async: tile j + 1 loads while tile j is computed; Q is
+ * staged in stage 1's space and moved to registers before that stage is
+ * first needed). Per tile, in registers: S = Q K^T (A fragments of Q kept in
+ * registers, K read by ldmatrix), the mask (keys past Lk; causal, key j for
+ * query i when j <= i, aligned top-left, only on tiles that cross the
+ * diagonal), the row max through the quad's shuffles, p = exp2(s scale log2e
+ * - m scale log2e) with the max subtracted first, the row sums, and
+ * O += P V with P rounded to the input dtype as the A operand straight from
+ * the S accumulators and V read by ldmatrix.trans. Tiles wholly above the
+ * diagonal are never loaded. o = O / l in the input dtype, lse = m scale +
+ * log(l) in f32. Query blocks run heaviest first (causal balance).
+ *
+ * Backward, recomputing P from lse: delta = rowsum(dout * o) (one kernel);
+ * dK, dV: a CTA per 64 keys, each warp owning 16 keys, streaming the query
+ * blocks that see them (Q, dO, lse, delta double-buffered): S^T = K Q^T,
+ * P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q,
+ * all in registers; dQ: a CTA per 64 queries streaming the K/V blocks they
+ * see, recomputing S, P, dP and dS, dQ += dS K. Every output element is
+ * accumulated by one thread in a fixed order (no atomics): the same bits on
+ * every run. Shapes: q (.., Lq, D), k, v (.., Lk, D), o, dout (.., Lq, D),
+ * lse (.., Lq) f32; dq, dk, dv contiguous. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_attention_mma.cuh"
+#include "backend/cuda/cuda_mma.cuh"
+
+#define FA_MAXB (NB_MAX_DIMS - 2)
+#define FA_BN 64 /* keys per tile (forward, dQ); keys per CTA (dK, dV) */
+#define FA_BM 64 /* queries per CTA (dQ), per streamed tile (dK, dV) */
+#ifndef FA_KU
+#define FA_KU 2
+#endif
+#ifndef FA_KUQ
+#define FA_KUQ 8
+#endif
+#define FA_LOG2E 1.4426950408889634f
+
+namespace {
+
+/* A (.., L, D) view: data, row stride and batch strides in elements. */
+struct fa_view {
+  const uint16_t *p;
+  int64_t rs, bs[FA_MAXB];
+};
+
+struct fa_params {
+  fa_view q, k, v, o, g; /* g: dout; o is written by the forward */
+  float *lse, *delta;    /* (B, Lq) */
+  uint16_t *dq, *dk, *dv; /* contiguous (B, L, D) */
+  int nb;
+  int64_t bshape[FA_MAXB];
+  int B, Lq, Lk, nblk; /* nblk: row blocks per (batch, head) */
+  float scale, sl2;    /* sl2 = scale * log2(e) */
+  int causal;
+};
+
+/* Element offset of batch index b in view v. */
+__device__ __forceinline__ int64_t fa_off(const fa_params &p, const fa_view &v, int64_t b) {
+  int64_t off = 0;
+  for (int d = p.nb - 1; d >= 0; d--) {
+    off += (b % p.bshape[d]) * v.bs[d];
+    b /= p.bshape[d];
+  }
+  return off;
+}
+
+/* Rows [r0, r0 + ROWS) x D of a view (base at its batch) into a shared tile
+ * of pitch D + 8 elements (the 8 rows an ldmatrix phase reads fall in 8
+ * different bank groups); rows at or past L are zero-filled, never read. */
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void fa_load(uint16_t *s, const uint16_t *base, int64_t rs, int r0, int L) {
+  constexpr int CPR = D / 8, CH = ROWS * CPR;
+  static_assert(CH % THREADS == 0, "chunks per thread");
+#pragma unroll
+  for (int j = 0; j < CH / THREADS; j++) {
+    const int i = threadIdx.x + j * THREADS, r = i / CPR, c = (i % CPR) * 8;
+    const bool in = r0 + r < L;
+    const uint16_t *src = in ? base + (int64_t)(r0 + r) * rs + c : base;
+    nb_mma_cp16(nb_mma_smem(s + r * (D + 8) + c), src, in ? 16 : 0);
+  }
+}
+
+/* acc[16 x 64] += A (16 rows at sa, K-major) B^T where B is 64 rows at sb
+ * (K-major, k = D contiguous): S = Q K^T and its relatives. KU: k-steps
+ * unrolled (fewer keep fewer fragments in flight: register pressure). */
+template <typename T, int D, int KU>
+__device__ __forceinline__ void fa_mma_abt(float (&acc)[8][4], const uint16_t *sa,
+                                           const uint16_t *sb, int lane) {
+  constexpr int P = D + 8;
+  const uint32_t a0 = nb_mma_smem(sa + nb_mma_frag_a(lane, P));
+  const uint32_t b0 = nb_mma_smem(sb + nb_mma_frag_bn(lane, P));
+#pragma unroll KU
+  for (int kk = 0; kk < D / 16; kk++) {
+    uint32_t a[4];
+    nb_mma_ldsm(a, a0 + 2 * kk * 16);
+#pragma unroll
+    for (int nj = 0; nj < 4; nj++) {
+      uint32_t b[4];
+      nb_mma_ldsm(b, b0 + 2 * (nj * 16 * P + kk * 16));
+      nb_mma<T>::run(acc[2 * nj], a, b);
+      nb_mma<T>::run(acc[2 * nj + 1], a, b + 2);
+    }
+  }
+}
+
+/* acc[16 x D] += X (16 x 64, the f32 accumulators x, rounded to T) B where B
+ * is 64 rows x D at sb (row-major, read transposed): O += P V and its
+ * relatives. */
+template <typename T, int D>
+__device__ __forceinline__ void fa_mma_xb(float (&acc)[D / 8][4], const float (&x)[8][4],
+                                          const uint16_t *sb, int lane) {
+  constexpr int P = D + 8;
+  const uint32_t b0 = nb_mma_smem(sb + nb_mma_frag_bk(lane, P));
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    const uint32_t a[4] = {nb_mma<T>::pack(x[2 * kk][0], x[2 * kk][1]),
+                           nb_mma<T>::pack(x[2 * kk][2], x[2 * kk][3]),
+                           nb_mma<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]),
+                           nb_mma<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) {
+      uint32_t b[4];
+      nb_mma_ldsm_t(b, b0 + 2 * (kk * 16 * P + nd * 16));
+      nb_mma<T>::run(acc[2 * nd], a, b);
+      nb_mma<T>::run(acc[2 * nd + 1], a, b + 2);
+    }
+  }
+}
+
+/* Rows r and r + 8 of a warp's 16 x D accumulators, times mul[h], to a
+ * (.., L, D) destination of row stride rs; rows at or past L skipped. */
+template <typename T, int D>
+__device__ __forceinline__ void fa_store(T *dst, int64_t rs, int r, int L, const float (&acc)[D / 8][4],
+                                         const float *mul, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    if (r + 8 * h >= L) continue;
+    T *row = dst + (int64_t)(r + 8 * h) * rs + 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+      *(uint32_t *)(row + 8 * n) = nb_mma<T>::pack(acc[n][2 * h] * mul[h], acc[n][2 * h + 1] * mul[h]);
+  }
+}
+
+/* ---- forward ----------------------------------------------------------- */
+/* One tile's online softmax for a warp's rows g and g + 8 (h = 0, 1): s
+ * becomes p, o and l are rescaled by the change of the running max m. */
+template <int D>
+__device__ __forceinline__ void fa_softmax(float (&s)[8][4], float (&o)[D / 8][4], float *m, float *l,
+                                           float sl2) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float mx = m[h];
+#pragma unroll
+    for (int n = 0; n < 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float ms = mx == -INFINITY ? 0.0f : mx * sl2; /* a row with no key yet */
+    const float corr = nb_mma_exp2(m[h] * sl2 - ms);    /* 0 on the first tile */
+    m[h] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+      s[n][2 * h] = nb_mma_exp2(fmaf(s[n][2 * h], sl2, -ms));
+      s[n][2 * h + 1] = nb_mma_exp2(fmaf(s[n][2 * h + 1], sl2, -ms));
+      sum += s[n][2 * h] + s[n][2 * h + 1];
+    }
+    l[h] = l[h] * corr + sum; /* this thread's columns; the quad sums at the end */
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+  }
+}
+
+/* -inf where key col0 + column is past Lk or (causal) after the row. */
+__device__ __forceinline__ void fa_mask(float (&s)[8][4], int row, int col0, int Lk, int causal,
+                                        float fill, int lane) {
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1), r = row + 8 * (e >> 1);
+      if (c >= Lk || (causal && c > r)) s[n][e] = fill;
+    }
+}
+
+// q (B, Lq, D), k, v (B, Lk, D) -> o (B, Lq, D), lse (B, Lq)
+template <typename T, int D, int NW>
+__global__ void __launch_bounds__(NW * 32) fa_fwd_kernel(const fa_params p) {
+  constexpr int BM = 16 * NW, P = D + 8, TILE = FA_BN * P, THREADS = NW * 32;
+  static_assert(BM <= 2 * FA_BN, "Q fits stage 1");
+  extern __shared__ __align__(16) uint16_t fa_smem[];
+  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - blockIdx.x / p.B) * BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = i0 + warp * 16 + (lane >> 2);
+  const uint16_t *qb = p.q.p + fa_off(p, p.q, b), *kb = p.k.p + fa_off(p, p.k, b);
+  const uint16_t *vb = p.v.p + fa_off(p, p.v, b);
+  const int kend = p.causal ? min(p.Lk, min(i0 + BM, p.Lq)) : p.Lk;
+  const int ntiles = (kend + FA_BN - 1) / FA_BN;
+  uint16_t *sq = fa_smem + 2 * TILE; /* stage 1's K (and V) space */
+  fa_load<D, BM, THREADS>(sq, qb, p.q.rs, i0, p.Lq);
+  nb_mma_commit();
+  fa_load<D, FA_BN, THREADS>(fa_smem, kb, p.k.rs, 0, p.Lk);
+  fa_load<D, FA_BN, THREADS>(fa_smem + TILE, vb, p.v.rs, 0, p.Lk);
+  nb_mma_commit();
+  nb_mma_wait<1>();
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+  const uint32_t qa = nb_mma_smem(sq + warp * 16 * P + nb_mma_frag_a(lane, P));
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) nb_mma_ldsm(qf[kk], qa + 2 * kk * 16);
+  float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int j = 0; j < ntiles; j++) {
+    nb_mma_wait<0>();
+    __syncthreads(); /* tile j landed everywhere; tile j - 1 (and Q) no longer read */
+    if (j + 1 < ntiles) {
+      uint16_t *sk = fa_smem + ((j + 1) & 1) * 2 * TILE;
+      fa_load<D, FA_BN, THREADS>(sk, kb, p.k.rs, (j + 1) * FA_BN, p.Lk);
+      fa_load<D, FA_BN, THREADS>(sk + TILE, vb, p.v.rs, (j + 1) * FA_BN, p.Lk);
+    }
+    nb_mma_commit();
+    const uint16_t *sk = fa_smem + (j & 1) * 2 * TILE, *sv = sk + TILE;
+    float s[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const uint32_t kb0 = nb_mma_smem(sk + nb_mma_frag_bn(lane, P));
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+      for (int nj = 0; nj < 4; nj++) {
+        uint32_t bf[4];
+        nb_mma_ldsm(bf, kb0 + 2 * (nj * 16 * P + kk * 16));
+        nb_mma<T>::run(s[2 * nj], qf[kk], bf);
+        nb_mma<T>::run(s[2 * nj + 1], qf[kk], bf + 2);
+      }
+    const int j0 = j * FA_BN;
+    if (j0 + FA_BN > p.Lk || (p.causal && j0 + FA_BN - 1 > i0 + warp * 16)) /* warp-uniform */
+      fa_mask(s, row, j0, p.Lk, p.causal, -INFINITY, lane);
+    fa_softmax<D>(s, o, m, l, p.sl2);
+    fa_mma_xb<T, D>(o, s, sv, lane);
+  }
+  nb_mma_wait<0>();
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    if ((lane & 3) == 0 && row + 8 * h < p.Lq)
+      p.lse[(int64_t)b * p.Lq + row + 8 * h] = l[h] > 0.0f ? m[h] * p.scale + logf(l[h]) : -INFINITY;
+  }
+  fa_store<T, D>((T *)(p.o.p + fa_off(p, p.o, b)), p.o.rs, row, p.Lq, o, inv, lane);
+}
+
+/* ---- backward ---------------------------------------------------------- */
+/* delta[b, i] = dout[b, i, :] . o[b, i, :]: a warp per row. */
+template <typename T, int D>
+__global__ void fa_delta_kernel(const fa_params p) {
+  const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (r >= (int64_t)p.B * p.Lq) return;
+  const int64_t b = r / p.Lq, i = r % p.Lq;
+  const T *g = (const T *)(p.g.p + fa_off(p, p.g, b) + i * p.g.rs);
+  const T *o = (const T *)(p.o.p + fa_off(p, p.o, b) + i * p.o.rs);
+  float s = 0.0f;
+  for (int d = 2 * lane; d < D; d += 64)
+    s += nb_to_f(g[d]) * nb_to_f(o[d]) + nb_to_f(g[d + 1]) * nb_to_f(o[d + 1]);
+  s = nb_warp_sum(s);
+  if (lane == 0) p.delta[r] = s;
+}
+
+/* lse * log2(e) (+inf past Lq: p = 0) and delta of queries [i0, i0 + 64)
+ * into shared sl[64], sd[64]: threads 0..127. */
+__device__ __forceinline__ void fa_load_stats(float *sl, const fa_params &p, int64_t b, int i0) {
+  const int t = threadIdx.x & 63, i = i0 + t;
+  const float *src = threadIdx.x < 64 ? p.lse : p.delta;
+  const float v = i < p.Lq ? src[b * p.Lq + i] : 0.0f;
+  if (threadIdx.x < 64) sl[t] = i < p.Lq ? v * FA_LOG2E : INFINITY;
+  else if (threadIdx.x < 128) sl[64 + t] = v;
+}
+
+// dk, dv (B, Lk, D): a CTA per 64 keys, a warp per 16 of them
+template <typename T, int D>
+__global__ void __launch_bounds__(128) fa_bwd_kv_kernel(const fa_params p) {
+  constexpr int P = D + 8, TILE = FA_BM * P;
+  extern __shared__ __align__(16) uint16_t fa_smem[];
+  const int b = blockIdx.x % p.B, j0 = blockIdx.x / p.B * FA_BN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int key = j0 + warp * 16 + (lane >> 2);
+  const uint16_t *qb = p.q.p + fa_off(p, p.q, b), *gb = p.g.p + fa_off(p, p.g, b);
+  const uint16_t *sk = fa_smem, *sv = fa_smem + TILE;
+  float *stats = (float *)(fa_smem + 6 * TILE); /* per stage: lse * log2e [64], delta [64] */
+  const int ibeg = p.causal ? j0 / FA_BM * FA_BM : 0;
+  const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FA_BM - 1) / FA_BM : 0;
+  fa_load<D, FA_BN, 128>(fa_smem, p.k.p + fa_off(p, p.k, b), p.k.rs, j0, p.Lk);
+  fa_load<D, FA_BN, 128>(fa_smem + TILE, p.v.p + fa_off(p, p.v, b), p.v.rs, j0, p.Lk);
+  if (ntiles) {
+    fa_load<D, FA_BM, 128>(fa_smem + 2 * TILE, qb, p.q.rs, ibeg, p.Lq);
+    fa_load<D, FA_BM, 128>(fa_smem + 3 * TILE, gb, p.g.rs, ibeg, p.Lq);
+    fa_load_stats(stats, p, b, ibeg);
+  }
+  nb_mma_commit();
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+  for (int it = 0; it < ntiles; it++) {
+    const int i0 = ibeg + it * FA_BM;
+    nb_mma_wait<0>();
+    __syncthreads();
+    if (it + 1 < ntiles) {
+      const int s1 = (it + 1) & 1;
+      fa_load<D, FA_BM, 128>(fa_smem + (2 + 2 * s1) * TILE, qb, p.q.rs, i0 + FA_BM, p.Lq);
+      fa_load<D, FA_BM, 128>(fa_smem + (3 + 2 * s1) * TILE, gb, p.g.rs, i0 + FA_BM, p.Lq);
+      fa_load_stats(stats + 128 * s1, p, b, i0 + FA_BM);
+    }
+    nb_mma_commit();
+    const uint16_t *sq = fa_smem + (2 + 2 * (it & 1)) * TILE, *sg = sq + TILE;
+    const float *sl = stats + 128 * (it & 1), *sd = sl + 64;
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+    fa_mma_abt<T, D, FA_KU>(s, sk + warp * 16 * P, sq, lane); /* S^T = K Q^T (keys x queries) */
+    const bool diag = p.causal && i0 < j0 + FA_BN;      /* CTA-uniform */
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int c = 8 * n + 2 * (lane & 3) + (e & 1);
+        const float pv = nb_mma_exp2(fmaf(s[n][e], p.sl2, -sl[c]));
+        s[n][e] = diag && i0 + c < key + 8 * (e >> 1) ? 0.0f : pv;
+      }
+    fa_mma_xb<T, D>(dv, s, sg, lane);                  /* dV += P^T dO */
+    fa_mma_abt<T, D, FA_KU>(dp, sv + warp * 16 * P, sg, lane); /* dP^T = V dO^T */
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) dp[n][e] = s[n][e] * (dp[n][e] - sd[8 * n + 2 * (lane & 3) + (e & 1)]);
+    fa_mma_xb<T, D>(dk, dp, sq, lane); /* dK += dS^T Q */
+  }
+  nb_mma_wait<0>();
+  const float one[2] = {1.0f, 1.0f}, sc[2] = {p.scale, p.scale};
+  const int64_t off = (int64_t)b * p.Lk * D;
+  fa_store<T, D>((T *)p.dk + off, D, key, p.Lk, dk, sc, lane);
+  fa_store<T, D>((T *)p.dv + off, D, key, p.Lk, dv, one, lane);
+}
+
+// dq (B, Lq, D): a CTA per 64 queries, a warp per 16 of them
+template <typename T, int D>
+__global__ void __launch_bounds__(128) fa_bwd_q_kernel(const fa_params p) {
+  constexpr int P = D + 8, TILE = FA_BN * P;
+  extern __shared__ __align__(16) uint16_t fa_smem[];
+  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - blockIdx.x / p.B) * FA_BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = i0 + warp * 16 + (lane >> 2);
+  const uint16_t *kb = p.k.p + fa_off(p, p.k, b), *vb = p.v.p + fa_off(p, p.v, b);
+  const int kend = p.causal ? min(p.Lk, min(i0 + FA_BM, p.Lq)) : p.Lk;
+  const int ntiles = (kend + FA_BN - 1) / FA_BN;
+  fa_load<D, FA_BM, 128>(fa_smem, p.q.p + fa_off(p, p.q, b), p.q.rs, i0, p.Lq);
+  fa_load<D, FA_BM, 128>(fa_smem + TILE, p.g.p + fa_off(p, p.g, b), p.g.rs, i0, p.Lq);
+  if (ntiles) {
+    fa_load<D, FA_BN, 128>(fa_smem + 2 * TILE, kb, p.k.rs, 0, p.Lk);
+    fa_load<D, FA_BN, 128>(fa_smem + 3 * TILE, vb, p.v.rs, 0, p.Lk);
+  }
+  nb_mma_commit();
+  float lse[2], delta[2], dq[D / 8][4];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = row + 8 * h;
+    lse[h] = r < p.Lq ? p.lse[(int64_t)b * p.Lq + r] * FA_LOG2E : INFINITY;
+    delta[h] = r < p.Lq ? p.delta[(int64_t)b * p.Lq + r] : 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  const uint16_t *sq = fa_smem + warp * 16 * P, *sg = fa_smem + TILE + warp * 16 * P;
+  for (int j = 0; j < ntiles; j++) {
+    nb_mma_wait<0>();
+    __syncthreads();
+    if (j + 1 < ntiles) {
+      uint16_t *sk = fa_smem + (2 + 2 * ((j + 1) & 1)) * TILE;
+      fa_load<D, FA_BN, 128>(sk, kb, p.k.rs, (j + 1) * FA_BN, p.Lk);
+      fa_load<D, FA_BN, 128>(sk + TILE, vb, p.v.rs, (j + 1) * FA_BN, p.Lk);
+    }
+    nb_mma_commit();
+    const uint16_t *sk = fa_smem + (2 + 2 * (j & 1)) * TILE, *sv = sk + TILE;
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+    fa_mma_abt<T, D, FA_KUQ>(s, sq, sk, lane); /* S = Q K^T */
+    const int j0 = j * FA_BN;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = nb_mma_exp2(fmaf(s[n][e], p.sl2, -lse[e >> 1]));
+    if (j0 + FA_BN > p.Lk || (p.causal && j0 + FA_BN - 1 > i0 + warp * 16)) /* warp-uniform */
+      fa_mask(s, row, j0, p.Lk, p.causal, 0.0f, lane);
+    fa_mma_abt<T, D, FA_KUQ>(dp, sg, sv, lane); /* dP = dO V^T */
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) dp[n][e] = s[n][e] * (dp[n][e] - delta[e >> 1]);
+    fa_mma_xb<T, D>(dq, dp, sk, lane); /* dQ += dS K */
+  }
+  nb_mma_wait<0>();
+  const float sc[2] = {p.scale, p.scale};
+  fa_store<T, D>((T *)p.dq + (int64_t)b * p.Lq * D, D, row, p.Lq, dq, sc, lane);
+}
+
+/* ---- host side --------------------------------------------------------- */
+/* Compute capability major of dev (cached; 0 when unknown). */
+int fa_cc_major(int dev) {
+  static int cache[64];
+  if (dev < 0 || dev >= 64) return 0;
+  if (!cache[dev]) {
+    int ma = 0;
+    if (cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) ma = -1;
+    cudaGetLastError();
+    cache[dev] = ma;
+  }
+  return cache[dev];
+}
+
+/* NABLA_ATTN_MMA=0 sends every call to the SIMT kernels (comparisons). */
+int fa_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("NABLA_ATTN_MMA");
+    on = !(e && !strcmp(e, "0"));
+  }
+  return on;
+}
+
+/* A view the kernels read with 16-byte copies: unit last stride, row and
+ * batch strides multiples of 8 elements (size-1 axes aside), aligned data. */
+int fa_view_ok(const nb_kview *v, nb_dtype dt, int64_t D) {
+  int nd = v->ndim;
+  if (v->dtype != dt || v->shape[nd - 1] != D || v->strides[nd - 1] != 1) return 0;
+  for (int d = 0; d < nd - 1; d++)
+    if (v->shape[d] > 1 && v->strides[d] % 8) return 0;
+  return ((uintptr_t)v->data & 15) == 0;
+}
+
+fa_view fa_view_of(const nb_kview *v, int nb) {
+  fa_view a;
+  memset(&a, 0, sizeof a);
+  if (!v) return a;
+  a.p = (const uint16_t *)v->data;
+  a.rs = v->strides[nb];
+  for (int d = 0; d < nb; d++) a.bs[d] = v->strides[d];
+  return a;
+}
+
+/* Fills p from the views when the kernels take the call; 0 when not. */
+int fa_make(fa_params *p, const nb_cuda_ctx *ctx, const nb_kview *q, const nb_kview *k,
+            const nb_kview *v, const nb_kview *o, const nb_kview *g, double scale, int causal) {
+  const int nd = q->ndim;
+  const nb_dtype dt = q->dtype;
+  const int64_t D = q->shape[nd - 1];
+  if ((dt != NB_BF16 && dt != NB_F16) || (D != 64 && D != 96 && D != 128)) return 0;
+  if (!fa_enabled() || fa_cc_major(ctx->dev) < 8 || nd < 2 || nd - 2 > FA_MAXB) return 0;
+  if (!fa_view_ok(q, dt, D) || !fa_view_ok(k, dt, D) || !fa_view_ok(v, dt, D) ||
+      !fa_view_ok(o, dt, D) || (g && !fa_view_ok(g, dt, D)))
+    return 0;
+  int64_t B = 1, Lq = q->shape[nd - 2], Lk = k->shape[nd - 2];
+  for (int d = 0; d < nd - 2; d++) B *= q->shape[d];
+  int64_t blocks = ((Lq > Lk ? Lq : Lk) + 63) / 64;
+  if (Lq > INT32_MAX / 2 || Lk > INT32_MAX / 2 || B > INT32_MAX || B * blocks > INT32_MAX) return 0;
+  memset(p, 0, sizeof *p);
+  p->nb = nd - 2;
+  for (int d = 0; d < p->nb; d++) p->bshape[d] = q->shape[d];
+  p->q = fa_view_of(q, p->nb); p->k = fa_view_of(k, p->nb); p->v = fa_view_of(v, p->nb);
+  p->o = fa_view_of(o, p->nb); p->g = fa_view_of(g, p->nb);
+  p->B = (int)B;
+  p->Lq = (int)Lq;
+  p->Lk = (int)Lk;
+  p->scale = (float)scale;
+  p->sl2 = (float)(scale * 1.4426950408889634);
+  p->causal = causal;
+  return 1;
+}
+
+template <typename K>
+nb_status fa_launch(const nb_cuda_ctx *ctx, K kern, int64_t grid, int threads, size_t smem,
+                    const fa_params &p, const char *name) {
+  if (grid <= 0) return NB_OK;
+  if (smem > 48 * 1024)
+    NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                name);
+  kern<<<(unsigned)grid, threads, smem, ctx->stream>>>(p);
+  return nb_cuda_launch_check(name);
+}
+
+#define FA_D_SWITCH(d, D, ...)                        \
+  switch (d) {                                        \
+  case 64: { const int D = 64; __VA_ARGS__; } break;  \
+  case 96: { const int D = 96; __VA_ARGS__; } break;  \
+  default: { const int D = 128; __VA_ARGS__; } break; \
+  }
+
+#define FA_T_SWITCH(dt, T, ...)                                 \
+  if (dt == NB_BF16) { typedef __nv_bfloat16 T; __VA_ARGS__; } \
+  else { typedef __half T; __VA_ARGS__; }
+
+#define FA_FWD_WARPS 4
+
+} /* namespace */
+
+int nb_cuda_attn_mma_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse,
+                         const nb_kview *q, const nb_kview *k, const nb_kview *v, double scale,
+                         int causal, nb_status *st) {
+  fa_params p;
+  if (!fa_make(&p, ctx, q, k, v, o, NULL, scale, causal)) return 0;
+  p.lse = (float *)lse->data;
+  const int D = (int)q->shape[q->ndim - 1], NW = FA_FWD_WARPS;
+  p.nblk = (p.Lq + 16 * NW - 1) / (16 * NW);
+  size_t smem = (size_t)4 * FA_BN * (D + 8) * 2;
+  FA_T_SWITCH(q->dtype, T, FA_D_SWITCH(D, DD, *st = fa_launch(ctx, fa_fwd_kernel<T, DD, NW>,
+                                                             (int64_t)p.B * p.nblk, NW * 32, smem,
+                                                             p, "attention (mma)")));
+  return 1;
+}
+
+int nb_cuda_attn_mma_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk,
+                         const nb_kview *dv, const nb_kview *dout, const nb_kview *q,
+                         const nb_kview *k, const nb_kview *v, const nb_kview *o,
+                         const nb_kview *lse, double scale, int causal, nb_status *st) {
+  fa_params p;
+  if (!fa_make(&p, ctx, q, k, v, o, dout, scale, causal)) return 0;
+  if (((uintptr_t)dq->data | (uintptr_t)dk->data | (uintptr_t)dv->data) & 15) return 0;
+  p.lse = (float *)lse->data;
+  p.dq = (uint16_t *)dq->data; p.dk = (uint16_t *)dk->data; p.dv = (uint16_t *)dv->data;
+  const int D = (int)q->shape[q->ndim - 1];
+  const size_t dbytes = (size_t)p.B * p.Lq * sizeof(float);
+  p.delta = dbytes ? (float *)nb_cuda_scratch(ctx, dbytes) : NULL;
+  if (dbytes && !p.delta) {
+    *st = nb_last_status();
+    return 1;
+  }
+  const size_t tiles = (size_t)6 * 64 * (D + 8) * 2;
+  *st = NB_OK;
+  FA_T_SWITCH(q->dtype, T, FA_D_SWITCH(D, DD, {
+    const int64_t rows = (int64_t)p.B * p.Lq;
+    *st = fa_launch(ctx, fa_delta_kernel<T, DD>, (rows + 7) / 8, 256, 0, p, "attention_bwd (delta)");
+    p.nblk = (p.Lk + FA_BN - 1) / FA_BN;
+    if (!*st)
+      *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD>, (int64_t)p.B * p.nblk, 128,
+                      tiles + 2 * 128 * sizeof(float), p, "attention_bwd (dk, dv)");
+    p.nblk = (p.Lq + FA_BM - 1) / FA_BM;
+    if (!*st)
+      *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD>, (int64_t)p.B * p.nblk, 128, tiles, p,
+                      "attention_bwd (dq)");
+  }));
+  if (p.delta) nb_cuda_scratch_free(ctx, p.delta, dbytes);
+  return 1;
+}
