@@ -8,7 +8,10 @@
  * top-left, head dims 8..256 and Dv != D, q/k/v as (B, H, T, D) views of a
  * (B, T, 3, H, D) projection (no copy), every float dtype; deterministic
  * bits on CUDA; a head dim over the CUDA kernels' 256 falls back to the
- * composition. */
+ * composition. The tensor-core kernels (bf16, f16; D 64, 96, 128) get their
+ * own sweep: T in {1, 17, 64, 100, 257, 1000}, Lq != Lk both ways, causal
+ * and not, packed views, rows whose stride is not a multiple of 8 (the SIMT
+ * fallback), two runs with the same bits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +20,11 @@
 
 typedef struct {
   int64_t B, H, Lq, Lk, D, Dv;
-  int causal, packed; /* packed: q, k, v are views of one (B, T, 3, H, D) tensor */
+  int causal, packed; /* packed: q, k, v are views of one (B, T, 3, H, D) tensor;
+                        PAD_ROWS: each the first D columns of a (B, H, T, D + 1) tensor */
 } acase;
+
+#define PAD_ROWS 2
 
 static const nb_device CPU = {NB_CPU, 0};
 
@@ -30,7 +36,12 @@ typedef struct {
 
 static ainputs make_inputs(const acase *c, uint64_t seed) {
   ainputs in = {{NULL, NULL, NULL}, 0};
-  if (c->packed) {
+  if (c->packed == PAD_ROWS) {
+    in.leaf[0] = nbt_randn(seed, 4, (int64_t[]){c->B, c->H, c->Lq, c->D + 1}, NB_F64);
+    in.leaf[1] = nbt_randn(seed + 1, 4, (int64_t[]){c->B, c->H, c->Lk, c->D + 1}, NB_F64);
+    in.leaf[2] = nbt_randn(seed + 2, 4, (int64_t[]){c->B, c->H, c->Lk, c->Dv + 1}, NB_F64);
+    in.n = 3;
+  } else if (c->packed) {
     in.leaf[0] = nbt_randn(seed, 5, (int64_t[]){c->B, c->Lq, 3, c->H, c->D}, NB_F64);
     in.n = 1;
   } else {
@@ -62,7 +73,11 @@ static aresult run(const acase *c, const ainputs *in, nb_dtype dt, nb_device dev
     nb_set_requires_grad(leaf[i], 1);
   }
   nb_tensor *q, *k, *v;
-  if (c->packed) {
+  if (c->packed == PAD_ROWS) { /* row stride D + 1: not 16-byte aligned rows */
+    q = nb_narrow(leaf[0], 3, 0, c->D);
+    k = nb_narrow(leaf[1], 3, 0, c->D);
+    v = nb_narrow(leaf[2], 3, 0, c->Dv);
+  } else if (c->packed) {
     const int perm[4] = {0, 2, 1, 3}; /* (B, T, H, D) -> (B, H, T, D) */
     q = nb_permute(nb_select(leaf[0], 2, 0), perm);
     k = nb_permute(nb_select(leaf[0], 2, 1), perm);
@@ -96,7 +111,8 @@ static void free_result(aresult *r) {
 static const char *case_name(const acase *c, nb_dtype dt, const char *dev, char *buf, size_t n) {
   snprintf(buf, n, "%s %s B%lld H%lld Lq%lld Lk%lld D%lld Dv%lld%s%s", dev, nb_dtype_name(dt),
            (long long)c->B, (long long)c->H, (long long)c->Lq, (long long)c->Lk, (long long)c->D,
-           (long long)c->Dv, c->causal ? " causal" : "", c->packed ? " packed" : "");
+           (long long)c->Dv, c->causal ? " causal" : "",
+           c->packed == PAD_ROWS ? " padded rows" : c->packed ? " packed" : "");
   return buf;
 }
 
@@ -236,6 +252,59 @@ static void cuda_cases(void) {
     }
 }
 
+/* One CUDA case against the CPU's fused result in f64 from the same rounded
+ * inputs, in norm (tol per dtype), and two runs compared bit for bit. */
+static void cuda_check(const acase *c, nb_dtype dt, uint64_t seed, double tol) {
+  nb_device gpu = {NB_CUDA, 0};
+  ainputs in = make_inputs(c, seed);
+  ainputs rin = in;
+  nb_tensor *rounded[3];
+  nb_scope_begin();
+  for (int j = 0; j < in.n; j++) rin.leaf[j] = rounded[j] = nb_keep(nb_cast(in.leaf[j], dt));
+  nb_scope_end();
+  aresult ref = run(c, &rin, NB_F64, CPU, 0);
+  aresult got = run(c, &in, dt, gpu, 0), again = run(c, &in, dt, gpu, 0);
+  char name[160];
+  case_name(c, dt, "cuda mma", name, sizeof name);
+  compare_norm(name, &got, &ref, in.n, tol);
+  int same = got.y && again.y && !memcmp(got.y, again.y, (size_t)got.ny * sizeof(double));
+  for (int j = 0; j < in.n && same; j++)
+    same = !memcmp(got.g[j], again.g[j], (size_t)got.ng[j] * sizeof(double));
+  NBT_CHECK(same, "%s: two runs differ", name);
+  free_result(&ref);
+  free_result(&got);
+  free_result(&again);
+  for (int j = 0; j < in.n; j++) nb_release(rounded[j]), nb_release(in.leaf[j]);
+}
+
+/* The tensor-core kernels: bf16 and f16, head dims 64, 96, 128, tails of
+ * every kind (T not a multiple of the 64-row tiles, one row, Lq < Lk and
+ * Lq > Lk with causal aligned top-left), several (batch, head) pairs, the
+ * packed (B, T, 3, H, D) views (batch stride T 3 H D, head stride D, row
+ * stride 3 H D) and rows of stride D + 1 (the SIMT fallback). The error is
+ * in norm against f64: P and dS are rounded to the input dtype before their
+ * products, as in every flash attention. */
+static void cuda_mma_cases(void) {
+  const acase cases[] = {
+    {2, 3, 1, 1, 64, 64, 0, 0},        {2, 3, 17, 17, 96, 96, 0, 0},
+    {1, 2, 64, 64, 128, 128, 0, 0},    {2, 2, 100, 257, 64, 64, 0, 0},
+    {2, 2, 257, 100, 128, 128, 0, 0},  {1, 2, 1000, 1000, 96, 96, 0, 1},
+    {2, 2, 17, 1000, 128, 128, 0, 0},  {1, 3, 1000, 17, 64, 64, 0, 0},
+    {2, 2, 257, 257, 128, 128, 0, 1},  {2, 4, 64, 100, 96, 96, 0, 0},
+    {1, 2, 100, 100, 64, 64, 0, PAD_ROWS}, {1, 1, 1000, 1000, 128, 128, 0, 0},
+  };
+  const nb_dtype dts[] = {NB_BF16, NB_F16};
+  int quick = getenv("NABLA_TEST_QUICK") != NULL;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (int causal = 0; causal < 2; causal++)
+      for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
+        acase c = cases[i];
+        c.causal = causal;
+        if (quick && (c.Lq >= 1000 || c.Lk >= 1000)) continue; /* sanitizers: small cases */
+        cuda_check(&c, dts[t], 500 + 10 * i + causal, dts[t] == NB_F16 ? 2e-3 : 1.5e-2);
+      }
+}
+
 /* Bad input still names the op, whichever path the call would take. */
 static void errors(void) {
   nb_scope_begin();
@@ -258,6 +327,7 @@ int main(void) {
   if (nb_cuda_available() > 0) {
     if (!getenv("NABLA_TEST_QUICK")) cuda_memory();
     cuda_cases();
+    cuda_mma_cases();
   }
   else printf("test_attention: no CUDA device, CUDA cases skipped\n");
   return nbt_finish();

@@ -192,12 +192,14 @@ static int att_forced(void) {
 
 /* Whether the fused kernels take this call: no mask or dropout, one dtype,
  * the same batch axes on q, k and v (no broadcasting), a head dimension.
- * On CUDA, where the fused kernel is still the portable SIMT one, calls
- * whose (.., Lq, Lk) scores would take under 128 MiB compose instead: there
- * the tensor-core products of the composition are faster (train-compare's
- * model, H100: 274k tokens/s fused, 329k composed), and the scores are
- * small; above it the fused kernel keeps memory O(L) (GPT-2 small's shape
- * needs it). */
+ * On CUDA, bf16 and f16 with head dimension 64, 96 or 128 (D == Dv) always
+ * take it: the tensor-core kernel there is far faster than the composition.
+ * Other CUDA calls run the portable SIMT kernel, so those whose (.., Lq, Lk)
+ * scores would take under 128 MiB compose instead: there the tensor-core
+ * products of the composition are faster (train-compare's model in f32,
+ * H100: 274k tokens/s fused, 329k composed), and the scores are small;
+ * above it the fused kernel keeps memory O(L) (GPT-2 small's shape needs
+ * it). */
 static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
                         const nb_tensor *mask, double p) {
   int forced = att_forced();
@@ -209,6 +211,10 @@ static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor 
     return 0;
   if (q->shape[q->ndim - 1] <= 0 || k->shape[k->ndim - 2] <= 0) return 0;
   if (forced == 2 || nb_device_of(q).type != NB_CUDA) return 1;
+  int64_t D = q->shape[q->ndim - 1];
+  if ((q->dtype == NB_BF16 || q->dtype == NB_F16) && v->shape[v->ndim - 1] == D &&
+      (D == 64 || D == 96 || D == 128))
+    return 1;
   double scores = (double)nb_numel(q) / (double)q->shape[q->ndim - 1] * (double)k->shape[k->ndim - 2];
   return scores * (double)nb_dtype_size(q->dtype) >= (double)(128 << 20);
 }

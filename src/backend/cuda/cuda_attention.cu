@@ -17,11 +17,14 @@
  * top-left) skips the tiles a block cannot see. Statistics and sums in f32
  * (f64 for f64), standard expf/logf.
  *
- * The sm_90a kernel (TMA, wgmma, warp-specialised) is the fast path still
- * to come; this one is correct everywhere and stores nothing of size T^2. */
+ * bf16 and f16 calls with head dimension 64, 96 or 128 and 16-byte aligned
+ * rows take the tensor-core kernels of cuda_attention_mma.cu instead. The
+ * sm_90a kernel (TMA, wgmma, warp-specialised) is the fast path still to
+ * come; this one is correct everywhere and stores nothing of size T^2. */
 #include <math.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_attention_mma.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -332,6 +335,7 @@ extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, co
                         "take up to 256)", a.D, a.Dv);
   if (!a.B || !a.Lq) return NB_OK;
   NB_CUDA_ENTER(ctx, st, o->data, "attention");
+  if (nb_cuda_attn_mma_fwd(&ctx, o, lse, q, k, v, scale, causal, &st)) return st;
   int64_t nrb = (a.Lq + ATT_W - 1) / ATT_W;
   NB_CUDA_FLOAT_SWITCH(q->dtype, T, {
     typedef typename nb_acc<T>::type A;
@@ -355,6 +359,7 @@ extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq, const nb_kview *dk, co
                         "(the kernels take up to 256)", a.D, a.Dv);
   if (!a.B || (!a.Lq && !a.Lk)) return NB_OK;
   NB_CUDA_ENTER(ctx, st, dq->data, "attention_bwd");
+  if (nb_cuda_attn_mma_bwd(&ctx, dq, dk, dv, dout, q, k, v, o, lse, scale, causal, &st)) return st;
   size_t asz = q->dtype == NB_F64 ? 8 : 4, dbytes = (size_t)(a.B * a.Lq) * asz;
   a.delta = dbytes ? nb_cuda_scratch(&ctx, dbytes) : NULL;
   if (dbytes && !a.delta) return nb_last_status();
