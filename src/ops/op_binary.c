@@ -21,73 +21,47 @@ nb_tensor *nb_op_grad_to(const nb_tensor *g, const nb_tensor *x) {
   return nb_retain(s);
 }
 
-/* ---- backward rules (a, b inputs; y output) ------------------------------ */
-static nb_status add_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(g, n->inputs[0]);
-  if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(g, n->inputs[1]);
-  return NB_OK;
-}
-
-static nb_status sub_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(g, n->inputs[0]);
-  if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(nb_neg(g), n->inputs[1]);
-  return NB_OK;
-}
-
-static nb_status mul_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  const nb_tensor *a = n->inputs[0], *b = n->inputs[1];
-  if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(nb_mul(g, b), a);
-  if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(nb_mul(g, a), b);
-  return NB_OK;
-}
-
-static nb_status div_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  const nb_tensor *a = n->inputs[0], *b = n->inputs[1];
-  nb_tensor *ga = nb_div(g, b);
-  if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(ga, a);
-  if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(nb_neg(nb_mul(ga, nb_div(a, b))), b);
-  return NB_OK;
-}
+/* ---- backward rules, ew_list.h's last three columns (a, b inputs) ---- */
 
 /* d(a^b)/da = b a^(b-1), 0 where b == 0 (also at a == 0, where it would be
  * 0 * inf); d/db = a^b log a, 0 where a == 0 and b >= 0 (PyTorch's
  * conventions; at a == 0, b < 0 it is -inf, as there). The masked elements
  * compute with a replaced by 1 (b 1^(b-1) = 0 at b == 0, 1^b log 1 = 0), so
  * they never form inf or NaN, nor in the gradient's own gradient. */
-static nb_status pow_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  const nb_tensor *a = n->inputs[0], *b = n->inputs[1];
-  nb_tensor *zero = nb_op_scalar_for(a, 0.0), *one = nb_op_scalar_for(a, 1.0);
-  if (nb_node_needs_grad(n, 0)) {
-    nb_tensor *sa = nb_where(nb_eq(b, zero), one, a);
-    gin[0] = nb_op_grad_to(nb_mul(g, nb_mul(b, nb_pow(sa, nb_sub_scalar(b, 1.0)))), a);
-  }
-  if (nb_node_needs_grad(n, 1)) {
-    nb_tensor *sa = nb_where(nb_mul(nb_eq(a, zero), nb_ge(b, zero)), one, a);
-    gin[1] = nb_op_grad_to(nb_mul(g, nb_mul(nb_pow(sa, b), nb_log(sa))), b);
-  }
-  return NB_OK;
+static nb_tensor *pow_da(nb_tensor *g, const nb_tensor *a, const nb_tensor *b) {
+  nb_tensor *sa = nb_where(nb_eq(b, nb_op_scalar_for(a, 0.0)), nb_op_scalar_for(a, 1.0), a);
+  return nb_mul(g, nb_mul(b, nb_pow(sa, nb_sub_scalar(b, 1.0))));
+}
+static nb_tensor *pow_db(nb_tensor *g, const nb_tensor *a, const nb_tensor *b) {
+  nb_tensor *zero = nb_op_scalar_for(a, 0.0);
+  nb_tensor *sa = nb_where(nb_mul(nb_eq(a, zero), nb_ge(b, zero)), nb_op_scalar_for(a, 1.0), a);
+  return nb_mul(g, nb_mul(nb_pow(sa, b), nb_log(sa)));
 }
 
-/* maximum/minimum: the gradient goes to the chosen input, split evenly on ties. */
-static nb_status extreme_bw(nb_node *n, nb_tensor *g, nb_tensor **gin, nb_bop pick) {
-  const nb_tensor *a = n->inputs[0], *b = n->inputs[1];
+/* maximum/minimum: the weight of a's gradient, 1 where cmp(a, b) picks a,
+ * 0.5 on ties (split evenly) */
+static nb_tensor *pick_a(nb_tensor *g, const nb_tensor *a, const nb_tensor *b,
+                         nb_tensor *(*cmp)(const nb_tensor *, const nb_tensor *)) {
   nb_dtype dt = g->dtype;
   nb_tensor *tie = nb_mul_scalar(nb_cast(nb_eq(a, b), dt), 0.5);
-  nb_tensor *wa = nb_add(nb_cast(pick == NB_BOP_MAX ? nb_gt(a, b) : nb_lt(a, b), dt), tie);
-  if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(nb_mul(g, wa), a);
-  if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(nb_mul(g, nb_rsub_scalar(wa, 1.0)), b);
-  return NB_OK;
+  return nb_add(nb_cast(cmp(a, b), dt), tie);
 }
-static nb_status max_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) { return extreme_bw(n, g, gin, NB_BOP_MAX); }
-static nb_status min_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) { return extreme_bw(n, g, gin, NB_BOP_MIN); }
 
+#define RULE(ID, KNAME, NAME, INT, EXPR, IEXPR, W, DA, DB)                         \
+  static nb_status bw_##ID(nb_node *n, nb_tensor *g, nb_tensor **gin) {            \
+    const nb_tensor *a = n->inputs[0], *b = n->inputs[1];                         \
+    nb_tensor *w = W;                                                             \
+    (void)a; (void)b; (void)w;                                                    \
+    if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(DA, a);                   \
+    if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(DB, b);                   \
+    return NB_OK;                                                                 \
+  }
+NB_BOP_LIST(RULE)
+
+#define DEF(ID, KNAME, NAME, ...) [NB_BOP_##ID] = {NAME, bw_##ID},
+#define DEF_CMP(ID, NAME, EXPR) [NB_BOP_##ID] = {NAME, NULL},
 static const struct { const char *name; nb_backward_fn bw; } binary_defs[NB_BOP_COUNT] = {
-  [NB_BOP_ADD] = {"add", add_bw}, [NB_BOP_SUB] = {"sub", sub_bw}, [NB_BOP_MUL] = {"mul", mul_bw},
-  [NB_BOP_DIV] = {"div", div_bw}, [NB_BOP_POW] = {"pow", pow_bw}, [NB_BOP_MAX] = {"maximum", max_bw},
-  [NB_BOP_MIN] = {"minimum", min_bw}, [NB_BOP_EQ] = {"eq", NULL}, [NB_BOP_NE] = {"ne", NULL},
-  [NB_BOP_LT] = {"lt", NULL}, [NB_BOP_LE] = {"le", NULL}, [NB_BOP_GT] = {"gt", NULL},
-  [NB_BOP_GE] = {"ge", NULL},
-};
+  NB_BOP_LIST(DEF) NB_CMP_LIST(DEF_CMP)};
 
 static int is_compare(nb_bop op) { return op >= NB_BOP_EQ; }
 

@@ -20,83 +20,44 @@ nb_tensor *nb_op_unary_kernel(nb_uop op, const nb_tensor *x, nb_dtype dt) {
   return out;
 }
 
-/* ---- backward rules: g is the output's gradient, x the input, y the output */
-#define RULE(name, expr)                                                        \
-  static nb_status name##_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {       \
-    const nb_tensor *x = n->inputs[0], *y = n->saved[0];                        \
-    (void)x; (void)y;                                                           \
-    gin[0] = nb_retain(expr);                                                   \
-    return gin[0] ? NB_OK : nb_last_status();                                   \
-  }
-
-RULE(neg, nb_neg(g))
-RULE(abs, nb_mul(g, nb_sign(x)))
-RULE(exp, nb_mul(g, y))
-RULE(log, nb_div(g, x))
-RULE(log1p, nb_div(g, nb_add_scalar(x, 1.0)))
-RULE(expm1, nb_mul(g, nb_add_scalar(y, 1.0)))
-RULE(sqrt, nb_div(nb_mul_scalar(g, 0.5), y))
-RULE(rsqrt, nb_mul(nb_mul_scalar(g, -0.5), nb_mul(y, nb_square(y))))
-RULE(square, nb_mul(g, nb_mul_scalar(x, 2.0)))
-RULE(reciprocal, nb_neg(nb_mul(g, nb_square(y))))
-RULE(sin, nb_mul(g, nb_cos(x)))
-RULE(cos, nb_neg(nb_mul(g, nb_sin(x))))
-RULE(tanh, nb_mul(g, nb_rsub_scalar(nb_square(y), 1.0)))
-RULE(sigmoid, nb_mul(g, nb_mul(y, nb_rsub_scalar(y, 1.0))))
-RULE(relu, nb_mul(g, nb_cast(nb_gt(x, nb_scalar(0, x->dtype, nb_device_of(x))), x->dtype)))
-RULE(softplus, nb_mul(g, nb_sigmoid(x)))
-RULE(zero, nb_zeros_like(x))
-
-static nb_tensor *derivative(const char *name, nb_uop op, const nb_tensor *x) {
+/* A derivative kernel of ew_list.h (NB_UOP_DERIVATIVE_LIST) as a node that
+ * has no gradient of its own. */
+#define NB_EW_NODE_NAME(ID, KNAME, NODE, EXPR) [NB_UOP_##ID] = NODE,
+static const char *const derivative_names[NB_UOP_COUNT] = {
+    NB_UOP_DERIVATIVE_LIST(NB_EW_NODE_NAME)};
+static nb_tensor *derivative(nb_uop op, const nb_tensor *x) {
   nb_tensor *d = nb_op_unary_kernel(op, x, x->dtype);
-  if (d) nb_record(name, nb_no_double_backward, 1, (const nb_tensor *const[]){x}, d);
+  if (d) nb_record(derivative_names[op], nb_no_double_backward, 1, (const nb_tensor *const[]){x}, d);
   return nb_autorelease(d);
 }
+#define NB_EW_DERIVATIVE(ID, x) derivative(NB_UOP_##ID, x)
 
-RULE(gelu, nb_mul(g, derivative("gelu_derivative", NB_UOP_GELU_ERF_D, x)))
-RULE(gelu_tanh, nb_mul(g, derivative("gelu_tanh_derivative", NB_UOP_GELU_TANH_D, x)))
-RULE(silu, nb_mul(g, derivative("silu_derivative", NB_UOP_SILU_D, x)))
+/* ---- backward rules, ew_list.h's last column: g is the output's gradient,
+ * x the input, y the output */
+#define RULE(ID, KNAME, NAME, INT, SAVE, EXPR, IEXPR, BACKWARD)                    \
+  static nb_status bw_##ID(nb_node *n, nb_tensor *g, nb_tensor **gin) {            \
+    const nb_tensor *x = n->inputs[0], *y = n->saved[0];                          \
+    (void)x; (void)y;                                                             \
+    gin[0] = nb_retain(BACKWARD);                                                 \
+    return gin[0] ? NB_OK : nb_last_status();                                     \
+  }
+NB_UOP_LIST(RULE)
 
 typedef struct {
   const char *name;
   nb_backward_fn bw;
-  int int_ok;      /* integer inputs keep their dtype */
+  int int_ok;      /* ew_list.h's int column: 1 integer kernel, 2 identity, 0 none */
   int save_output; /* the rule reads y */
 } unary_def;
 
-static const unary_def unary_defs[NB_UOP_COUNT] = {
-  [NB_UOP_NEG] = {"neg", neg_bw, 1, 0},
-  [NB_UOP_ABS] = {"abs", abs_bw, 1, 0},
-  [NB_UOP_EXP] = {"exp", exp_bw, 0, 1},
-  [NB_UOP_LOG] = {"log", log_bw, 0, 0},
-  [NB_UOP_LOG1P] = {"log1p", log1p_bw, 0, 0},
-  [NB_UOP_EXPM1] = {"expm1", expm1_bw, 0, 1},
-  [NB_UOP_SQRT] = {"sqrt", sqrt_bw, 0, 1},
-  [NB_UOP_RSQRT] = {"rsqrt", rsqrt_bw, 0, 1},
-  [NB_UOP_SQUARE] = {"square", square_bw, 1, 0},
-  [NB_UOP_RECIPROCAL] = {"reciprocal", reciprocal_bw, 0, 1},
-  [NB_UOP_SIN] = {"sin", sin_bw, 0, 0},
-  [NB_UOP_COS] = {"cos", cos_bw, 0, 0},
-  [NB_UOP_TANH] = {"tanh", tanh_bw, 0, 1},
-  [NB_UOP_SIGMOID] = {"sigmoid", sigmoid_bw, 0, 1},
-  [NB_UOP_RELU] = {"relu", relu_bw, 0, 0},
-  [NB_UOP_GELU_ERF] = {"gelu", gelu_bw, 0, 0},
-  [NB_UOP_GELU_TANH] = {"gelu_tanh", gelu_tanh_bw, 0, 0},
-  [NB_UOP_SILU] = {"silu", silu_bw, 0, 0},
-  [NB_UOP_SOFTPLUS] = {"softplus", softplus_bw, 0, 0},
-  [NB_UOP_SIGN] = {"sign", zero_bw, 1, 0},
-  [NB_UOP_FLOOR] = {"floor", zero_bw, 1, 0},
-  [NB_UOP_CEIL] = {"ceil", zero_bw, 1, 0},
-  [NB_UOP_ROUND] = {"round", zero_bw, 1, 0},
-};
+#define DEF(ID, KNAME, NAME, INT, SAVE, ...) [NB_UOP_##ID] = {NAME, bw_##ID, INT, SAVE},
+static const unary_def unary_defs[NB_UOP_COUNT] = {NB_UOP_LIST(DEF)};
 
 static nb_tensor *unary(nb_uop op, const nb_tensor *x) {
   const unary_def *d = &unary_defs[op];
   if (!x) { nb_error_null(d->name, "x"); return NULL; }
   int is_int = !nb_dtype_is_float(x->dtype);
-  /* floor/ceil/round of an integer is the integer itself */
-  if (is_int && (op == NB_UOP_FLOOR || op == NB_UOP_CEIL || op == NB_UOP_ROUND))
-    return nb_clone(x);
+  if (is_int && d->int_ok == 2) return nb_clone(x); /* floor of an integer is itself */
   nb_scope_begin();
   const nb_tensor *in = x;
   if (is_int && (!d->int_ok || x->dtype == NB_BOOL)) in = nb_cast(x, is_int && d->int_ok ? NB_I64 : NB_F32);
