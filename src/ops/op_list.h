@@ -17,6 +17,8 @@
   X(index_select) X(index_select_backward) X(gather) X(scatter_add)              \
   /* views and copies (op_view.c, op_join.c) */                                  \
   X(reshape) X(permute) X(expand) X(slice) X(slice_backward) X(clone) X(cat)     \
+  /* creation and transfer (op_create.c) */                                      \
+  X(full) X(arange) X(rand) X(randn) X(randint) X(to_device)                     \
   /* row ops */                                                                  \
   X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
   X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)
