@@ -236,6 +236,18 @@ void nb_no_grad_end(void);
 int nb_grad_enabled(void);
 /* Name of the op that produced t ("leaf" for leaves). */
 const char *nb_grad_fn_name(const nb_tensor *t);
+/* Mixed precision. Between nb_autocast_begin(NB_BF16 or NB_F16) and
+ * nb_autocast_end() (per thread; regions nest with one dtype), each op runs
+ * in the dtype of its precision class (docs/ARCHITECTURE.md, "Mixed
+ * precision"): contractions (matmul, linear, conv2d, attention) in the low
+ * dtype with f32 accumulation; statistics (norms, softmax, log_softmax,
+ * cross-entropy, reductions) in f32, returning f32; the rest as their inputs
+ * come. f64 tensors are never cast. A parameter (a leaf requiring grad) is
+ * cast once per region. Gradients flow back through the casts to the f32
+ * tensors. */
+nb_status nb_autocast_begin(nb_dtype low);
+void nb_autocast_end(void);
+nb_dtype nb_autocast_dtype(void); /* the low dtype inside a region, else NB_F32 */
 
 /* ---- elementwise ------------------------------------------------------- */
 nb_tensor *nb_neg(const nb_tensor *x);

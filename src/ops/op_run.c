@@ -1,0 +1,156 @@
+/* The eager path of every primitive op (graph/op.h): check, autocast,
+ * infer, prepare, allocate, forward, record. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+
+/* NULL inputs: required ones are an error naming the op and the position;
+ * present ones must share one device. */
+static nb_status check_inputs(const nb_op *op, int n, const nb_tensor *const *in) {
+  if (n < op->n_in || (!op->variadic && n > op->n_in))
+    return nb_error_set(NB_ERR_VALUE, "%s: %d inputs (expected %s%d)", op->name, n,
+                        op->variadic ? "at least " : "", op->n_in);
+  const nb_tensor *first = NULL;
+  for (int i = 0; i < n; i++) {
+    if (!in[i]) {
+      if (i >= op->n_in - op->n_opt && i < op->n_in) continue;
+      char what[24];
+      snprintf(what, sizeof what, "input %d", i);
+      return nb_error_null(op->name, i < NB_OP_MAX_IN && op->in_names[i] ? op->in_names[i] : what);
+    }
+    if (!first) first = in[i];
+    else if (!nb_same_device(nb_device_of(first), nb_device_of(in[i]))) {
+      char b1[200], b2[200];
+      return nb_error_set(NB_ERR_DEVICE, "%s: inputs on different devices: %s and %s", op->name,
+                          nb_describe(first, b1, sizeof b1), nb_describe(in[i], b2, sizeof b2));
+    }
+  }
+  return NB_OK;
+}
+
+/* ---- autocast ----------------------------------------------------------------
+ * Inside nb_autocast_begin(low) .. nb_autocast_end() each call's float
+ * inputs (f64 excepted, as in PyTorch) are cast by the op's precision
+ * class before it is checked: NB_PREC_LOW to the low dtype, NB_PREC_F32 to
+ * f32; NB_PREC_FOLLOW ops take their inputs as they come. The casts are
+ * ordinary recorded ops, so gradients reach the f32 leaves. A leaf that
+ * requires grad (a parameter) is cast once per region: later uses share the
+ * first cast, as PyTorch's autocast cache does. */
+typedef struct {
+  const nb_tensor *src;
+  nb_tensor *cast;
+} ac_entry;
+
+static _Thread_local struct {
+  int depth;
+  nb_dtype low;
+  ac_entry *cache;
+  int n, cap;
+} ac;
+
+nb_status nb_autocast_begin(nb_dtype low) {
+  if (low != NB_BF16 && low != NB_F16)
+    return nb_error_set(NB_ERR_DTYPE, "nb_autocast_begin: dtype %s (expected bf16 or f16)",
+                        nb_dtype_name(low));
+  if (ac.depth && low != ac.low)
+    return nb_error_set(NB_ERR_VALUE, "nb_autocast_begin: %s inside an autocast region of %s",
+                        nb_dtype_name(low), nb_dtype_name(ac.low));
+  ac.depth++;
+  ac.low = low;
+  return NB_OK;
+}
+
+void nb_autocast_end(void) {
+  if (!ac.depth || --ac.depth) return;
+  for (int i = 0; i < ac.n; i++) nb_release(ac.cache[i].cast);
+  free(ac.cache);
+  ac.cache = NULL;
+  ac.n = ac.cap = 0;
+}
+
+nb_dtype nb_autocast_dtype(void) { return ac.depth ? ac.low : NB_F32; }
+
+/* x in dtype dt: cached for leaves that require grad. */
+static const nb_tensor *ac_cast(const nb_tensor *x, nb_dtype dt) {
+  /* a leaf requiring grad, with grad mode on: the cast's node keeps x alive,
+   * so the cache's pointer cannot be reused by another tensor */
+  int leaf = x->requires_grad && !x->grad_fn && nb_grad_enabled();
+  for (int i = 0; leaf && i < ac.n; i++)
+    if (ac.cache[i].src == x && ac.cache[i].cast->dtype == dt) return ac.cache[i].cast;
+  nb_tensor *y = nb_cast(x, dt);
+  if (!y || !leaf) return y;
+  if (ac.n == ac.cap) {
+    int cap = ac.cap ? 2 * ac.cap : 64;
+    ac_entry *e = realloc(ac.cache, (size_t)cap * sizeof *e);
+    if (!e) return y; /* no cache: still correct */
+    ac.cache = e;
+    ac.cap = cap;
+  }
+  ac.cache[ac.n].src = x;
+  ac.cache[ac.n++].cast = nb_retain(y);
+  return y;
+}
+
+static nb_status autocast_inputs(const nb_op *op, int n, const nb_tensor **in) {
+  if (!ac.depth || op->prec == NB_PREC_FOLLOW) return NB_OK;
+  nb_dtype want = op->prec == NB_PREC_LOW ? ac.low : NB_F32;
+  for (int i = 0; i < n; i++) {
+    const nb_tensor *x = in[i];
+    if (!x || !nb_dtype_is_float(x->dtype) || x->dtype == NB_F64 || x->dtype == want) continue;
+    if (!(in[i] = ac_cast(x, want))) return nb_last_status();
+  }
+  return NB_OK;
+}
+
+/* ---- the eager path ------------------------------------------------------------ */
+#define NB_OP_AUX (NB_OP_MAX_OUT - 1 + NB_NODE_SAVED)
+
+nb_status nb_op_run_outs(const nb_op *op, int n, const nb_tensor *const *in, const void *params,
+                         nb_tensor **outs) {
+  int n_out = op->n_out ? op->n_out : 1;
+  for (int i = 0; i < n_out; i++) outs[i] = NULL;
+  nb_status st = check_inputs(op, n, in);
+  if (st) return st;
+  nb_scope_begin();
+  /* a variadic op (cat) may have more inputs than the array on the stack */
+  const nb_tensor *prep_fixed[NB_OP_MAX_IN], **prep = prep_fixed;
+  nb_tensor *out = NULL, *aux[NB_OP_AUX] = {0};
+  if (n > NB_OP_MAX_IN && !(prep = malloc((size_t)n * sizeof *prep))) {
+    st = nb_error_set(NB_ERR_OOM, "%s: out of host memory for %d inputs", op->name, n);
+    goto done;
+  }
+  if (n) memcpy(prep, in, (size_t)n * sizeof *in);
+  nb_op_call c = {op, n, prep, params};
+  nb_meta m;
+  if ((st = autocast_inputs(op, n, prep)) || (st = op->infer(&c, &m))) goto done;
+  if (op->prepare && (st = op->prepare(&c, prep))) goto done;
+  if (op->view) {
+    out = op->view(&c, &m);
+  } else {
+    out = nb_tensor_alloc(m.ndim, m.shape, m.dtype, m.device);
+    if (out && (nb_numel(out) || op->always_forward) && op->forward(&c, out, aux)) {
+      nb_release(out);
+      out = NULL;
+    }
+  }
+  if (!out) {
+    st = nb_last_status();
+    goto done;
+  }
+  outs[0] = out;
+  for (int i = 1; i < n_out; i++) outs[i] = aux[i - 1], aux[i - 1] = NULL;
+  for (int i = 0; i < n_out; i++) nb_op_record(&c, outs[i], aux + n_out - 1);
+done:
+  for (int i = 0; i < NB_OP_AUX; i++) nb_release(aux[i]);
+  if (prep != prep_fixed) free(prep);
+  nb_scope_end();
+  for (int i = 0; i < n_out; i++) outs[i] = nb_autorelease(outs[i]);
+  return st;
+}
+
+nb_tensor *nb_op_run(const nb_op *op, int n, const nb_tensor *const *in, const void *params) {
+  nb_tensor *outs[NB_OP_MAX_OUT];
+  return nb_op_run_outs(op, n, in, params, outs) ? NULL : outs[0];
+}
