@@ -83,6 +83,9 @@ typedef struct {
   double smoothing;     /* label smoothing in [0, 1] */
 } xent_params;
 
+/* The benchmark's call: GPT-2 small's logits (16384 rows, vocabulary 50304). */
+static const xent_params xent_bench = {NB_REDUCE_MEAN, -100, 0.0};
+
 static nb_status xent_infer(const nb_op_call *c, nb_meta *out) {
   const xent_params *p = c->p;
   const nb_tensor *x = c->in[0], *t = c->in[1];
@@ -273,7 +276,8 @@ const nb_op nb_op_cross_entropy_backward = {
     .in_names = {"dy", "dlogits", "logits"}, .psize = sizeof(xent_params), .prec = NB_PREC_F32,
     .infer = xent_backward_infer, .prepare = xent_backward_prepare,
     .forward = xent_backward_forward, .backward = nb_no_double_backward,
-    .cost = xent_backward_cost};
+    .cost = xent_backward_cost, .bench_in = "r:,r:16384x50304,r:16384x50304",
+    .bench_p = &xent_bench};
 
 static nb_status xent_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   nb_tensor *dx = n->saved[0];
@@ -299,7 +303,8 @@ const nb_op nb_op_cross_entropy = {
                    "gradient is wanted, else from the sum kernel (see sum) and a division: the "
                    "two may differ in the last bit",
     .infer = xent_infer, .prepare = xent_prepare, .forward = xent_forward, .always_forward = 1,
-    .backward = xent_bw, .cost = xent_cost};
+    .backward = xent_bw, .cost = xent_cost, .bench_in = "r:16384x50304,i50304:16384",
+    .bench_p = &xent_bench};
 
 nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
                             nb_reduction red, int64_t ignore_index, double label_smoothing) {

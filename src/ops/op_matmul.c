@@ -90,7 +90,8 @@ const nb_op nb_op_matmul = {
                    "or by the autotuner (NABLA_AUTOTUNE=1); each sums in a fixed order, but "
                    "different choices may round differently",
     .infer = matmul_infer, .prepare = matmul_prepare, .forward = matmul_forward,
-    .backward = matmul_bw, .cost = matmul_cost};
+    .backward = matmul_bw, .cost = matmul_cost,
+    .bench_in = "r:16384x768,r:768x3072"}; /* GPT-2 small's MLP up-projection */
 
 nb_tensor *nb_matmul(const nb_tensor *a, const nb_tensor *b) {
   if (!a) { nb_error_null("matmul", "a"); return NULL; }

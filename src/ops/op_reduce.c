@@ -142,7 +142,13 @@ static nb_status extreme_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-#define REDUCE_OP(NAME, ROP, PREPARE, BACKWARD, SAVE_OUT, PREC, DETERMINISM)                 \
+/* The benchmark's calls (at GPT-2 small's training sizes): sum over the
+ * batch axis (a bias gradient), max/min over rows (logsumexp), arg* over
+ * the vocabulary (accuracy). */
+static const reduce_params bench_axis0 = {.mask = {1}}, bench_rows_keep = {.mask = {0, 1}, .keep = 1},
+                           bench_rows = {.mask = {0, 1}};
+
+#define REDUCE_OP(NAME, ROP, PREPARE, BACKWARD, SAVE_OUT, PREC, DETERMINISM, BENCH_IN, BENCH_P) \
   static nb_status NAME##_infer(const nb_op_call *c, nb_meta *out) {                         \
     return reduce_infer(ROP, c, out);                                                        \
   }                                                                                          \
@@ -154,15 +160,17 @@ static nb_status extreme_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
       .name = #NAME, .kind = NB_OPK_REDUCE, .n_in = 1, .in_names = {"x"},                    \
       .psize = sizeof(reduce_params), .prec = PREC, .determinism = DETERMINISM,              \
       .infer = NAME##_infer, .prepare = PREPARE, .forward = NAME##_forward,                  \
-      .backward = BACKWARD, .save_out = SAVE_OUT, .cost = reduce_cost};
+      .backward = BACKWARD, .save_out = SAVE_OUT, .cost = reduce_cost,                       \
+      .bench_in = BENCH_IN, .bench_p = BENCH_P};
 
 REDUCE_OP(sum, NB_ROP_SUM, sum_prepare, sum_bw, 0, NB_PREC_F32,
           "CUDA f32/f64 sums of few outputs add partial sums with atomics under "
-          "nb_set_deterministic(0); fixed order otherwise")
-REDUCE_OP(max, NB_ROP_MAX, NULL, extreme_bw, 1, NB_PREC_FOLLOW, NULL)
-REDUCE_OP(min, NB_ROP_MIN, NULL, extreme_bw, 1, NB_PREC_FOLLOW, NULL)
-REDUCE_OP(argmax, NB_ROP_ARGMAX, NULL, NULL, 0, NB_PREC_FOLLOW, NULL)
-REDUCE_OP(argmin, NB_ROP_ARGMIN, NULL, NULL, 0, NB_PREC_FOLLOW, NULL)
+          "nb_set_deterministic(0); fixed order otherwise",
+          "r:16384x768", &bench_axis0)
+REDUCE_OP(max, NB_ROP_MAX, NULL, extreme_bw, 1, NB_PREC_FOLLOW, NULL, "r:16384x768", &bench_rows_keep)
+REDUCE_OP(min, NB_ROP_MIN, NULL, extreme_bw, 1, NB_PREC_FOLLOW, NULL, "r:16384x768", &bench_rows_keep)
+REDUCE_OP(argmax, NB_ROP_ARGMAX, NULL, NULL, 0, NB_PREC_FOLLOW, NULL, "r:16384x50304", &bench_rows)
+REDUCE_OP(argmin, NB_ROP_ARGMIN, NULL, NULL, 0, NB_PREC_FOLLOW, NULL, "r:16384x50304", &bench_rows)
 
 /* The public reductions: the axes given, checked and made a mask. */
 static nb_tensor *reduce_run(const nb_op *op, const nb_tensor *x, int n_axes, const int *axes,
