@@ -249,6 +249,16 @@ nb_status nb_autocast_begin(nb_dtype low);
 void nb_autocast_end(void);
 nb_dtype nb_autocast_dtype(void); /* the low dtype inside a region, else NB_F32 */
 
+/* The op table, read-only: every primitive op (src/ops/op_list.h) with its
+ * kind, precision class under autocast ("low", "f32", "follow") and
+ * determinism note (NULL: the same bits every run). Strings are static. */
+typedef struct {
+  const char *name, *kind, *precision, *determinism;
+  int n_inputs, n_outputs, differentiable, has_benchmark;
+} nb_op_info;
+int nb_op_table_size(void);
+nb_status nb_op_table_info(int i, nb_op_info *out); /* NB_ERR_VALUE out of range */
+
 /* ---- elementwise ------------------------------------------------------- */
 nb_tensor *nb_neg(const nb_tensor *x);
 nb_tensor *nb_abs(const nb_tensor *x);

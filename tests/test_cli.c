@@ -279,6 +279,12 @@ static void test_programs(void) {
   NBT_CHECK(st == 2 && strstr(out, "nabla bench: cannot write --json"), "bench checks --json first:\n%s", out);
   st = run(wrap, "--seconds=abc");
   NBT_CHECK(st == 2 && strstr(out, "nabla bench: --seconds expects a number"), "bench --seconds=abc:\n%s", out);
+  /* the op table as markdown: one row per entry with its autocast class */
+  snprintf(wrap, sizeof wrap, "%s/nabla-info.sh", dir);
+  st = run(wrap, "--ops");
+  NBT_CHECK(st == 0 && strstr(out, "| op | kind | autocast |") && strstr(out, "| softmax | row | f32 |") &&
+                strstr(out, "| matmul | contract | low |"),
+            "nabla info --ops lists the table:\n%s", out);
 }
 
 int main(void) {

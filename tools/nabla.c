@@ -50,14 +50,35 @@ static void tool_usage(FILE *f) {
           "  help    print this message (nabla help train: the trainer's options)\n");
 }
 
+/* The op table as a markdown table: name, kind, precision class, inputs,
+ * outputs, gradient, benchmark entry, determinism. */
+static void tool_info_ops(void) {
+  printf("| op | kind | autocast | in | out | gradient | bench | determinism |\n");
+  printf("|---|---|---|--:|--:|---|---|---|\n");
+  for (int i = 0; i < nb_op_table_size(); i++) {
+    nb_op_info o;
+    if (nb_op_table_info(i, &o)) continue;
+    printf("| %s | %s | %s | %d | %d | %s | %s | %s |\n", o.name, o.kind, o.precision, o.n_inputs,
+           o.n_outputs, o.differentiable ? "yes" : "-", o.has_benchmark ? "yes" : "-",
+           o.determinism ? o.determinism : "same bits");
+  }
+}
+
 int nb_tool_info(int argc, char **argv) {
-  int help = 0;
-  const cli_opt rows[] = {CLI_OPT_FLAG("help", 'h', &help)};
-  cli_spec spec = {.prog = "nabla info", .opts = rows, .n_opts = 1};
+  int help = 0, ops = 0;
+  const cli_opt rows[] = {CLI_OPT_FLAG("ops", 0, &ops), CLI_OPT_FLAG("help", 'h', &help)};
+  cli_spec spec = {.prog = "nabla info", .opts = rows, .n_opts = 2};
   int rc = cli_parse(&spec, argc, argv);
   if (rc || help) {
-    if (help) printf("usage: nabla info\n\nPrints the version, devices and build configuration.\n");
+    if (help)
+      printf("usage: nabla info [--ops]\n\nPrints the version, devices and build configuration;\n"
+             "--ops: the op table instead (kind, autocast class, gradient, benchmark entry,\n"
+             "determinism of every primitive op), as markdown.\n");
     return rc;
+  }
+  if (ops) {
+    tool_info_ops();
+    return 0;
   }
   printf("nabla %s\n", NB_TOOL_VERSION);
 #ifdef _OPENMP

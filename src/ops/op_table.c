@@ -18,6 +18,24 @@ const nb_op *nb_op_find(const char *name) {
   return NULL;
 }
 
+int nb_op_table_size(void) { return nb_op_count; }
+
+nb_status nb_op_table_info(int i, nb_op_info *out) {
+  if (!out) return nb_error_null("nb_op_table_info", "out");
+  if (i < 0 || i >= nb_op_count)
+    return nb_error_set(NB_ERR_VALUE, "nb_op_table_info: index %d (expected 0..%d)", i, nb_op_count - 1);
+  const nb_op *op = nb_op_table[i];
+  out->name = op->name;
+  out->kind = nb_op_kind_name(op->kind);
+  out->precision = nb_prec_class_name(op->prec);
+  out->determinism = op->determinism;
+  out->n_inputs = op->n_in;
+  out->n_outputs = op->n_out ? op->n_out : 1;
+  out->differentiable = op->backward != NULL && op->backward != nb_no_double_backward;
+  out->has_benchmark = op->bench_in != NULL;
+  return NB_OK;
+}
+
 /* ---- input specs (graph/op.h): the benchmark's and the tests' inputs ------ */
 static int64_t spec_div(int64_t v, int div) { return div > 1 && v > 64 ? (v + div - 1) / div : v; }
 
