@@ -15,6 +15,9 @@
   X(cross_entropy) X(cross_entropy_backward)                                    \
   /* indexing (op_index.c) */                                                   \
   X(index_select) X(index_select_backward) X(gather) X(scatter_add)              \
+  /* convolution and pooling (op_conv.c) */                                     \
+  X(conv2d) X(im2col) X(col2im) X(max_pool2d) X(max_pool2d_backward)             \
+  X(avg_pool2d) X(avg_pool2d_backward)                                          \
   /* views and copies (op_view.c, op_join.c) */                                  \
   X(reshape) X(permute) X(expand) X(slice) X(slice_backward) X(clone) X(cat)     \
   /* creation and transfer (op_create.c) */                                      \
