@@ -364,6 +364,9 @@ static void conv_cost(const nb_op_call *c, const nb_meta *out, double *bytes, do
   *flops = 2.0 * nout * kg;
 }
 
+/* a 3x3 convolution of a ResNet stage */
+static const conv_params conv_bench = {{1, 1}, {1, 1}, {1, 1}, 1, 0};
+
 const nb_op nb_op_conv2d = {
     .name = "conv2d", .kind = NB_OPK_CONTRACT, .n_in = 2, .in_names = {"x", "weight"},
     .psize = sizeof(conv_params), .prec = NB_PREC_LOW,
@@ -371,7 +374,7 @@ const nb_op nb_op_conv2d = {
                    "chosen per shape and device or by the autotuner); im2col and col2im are "
                    "deterministic",
     .infer = conv_infer, .prepare = conv_prepare, .forward = conv_forward, .backward = conv_bw,
-    .cost = conv_cost};
+    .cost = conv_cost, .bench_in = "r:32x128x28x28,r:128x128x3x3", .bench_p = &conv_bench};
 
 nb_tensor *nb_conv2d(const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias,
                      nb_conv2d_params cp) {
@@ -567,17 +570,21 @@ static void pool_backward_cost(const nb_op_call *c, const nb_meta *out, double *
   *flops = (double)nb_numel(c->in[0]) * (c->op == &nb_op_avg_pool2d_backward ? q->pool.kh * q->pool.kw : 1);
 }
 
+/* ResNet's stem max pool (3x3, stride 2, padding 1); a 2x2 average */
+static const pool_params maxpool_bench = {3, 3, 2, 2, 1, 1}, avgpool_bench = {2, 2, 2, 2, 0, 0};
+
 const nb_op nb_op_max_pool2d = {
     .name = "max_pool2d", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"x"},
     .psize = sizeof(pool_params), .prec = NB_PREC_FOLLOW, .infer = pool_infer,
     .prepare = contiguous_prepare, .forward = pool_forward, .always_forward = 1,
-    .backward = maxpool_bw, .cost = pool_cost};
+    .backward = maxpool_bw, .cost = pool_cost, .bench_in = "r:32x128x112x112",
+    .bench_p = &maxpool_bench};
 
 const nb_op nb_op_avg_pool2d = {
     .name = "avg_pool2d", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"x"},
     .psize = sizeof(pool_params), .prec = NB_PREC_FOLLOW, .infer = pool_infer,
     .prepare = contiguous_prepare, .forward = pool_forward, .backward = avgpool_bw,
-    .cost = pool_cost};
+    .cost = pool_cost, .bench_in = "r:32x128x112x112", .bench_p = &avgpool_bench};
 
 const nb_op nb_op_max_pool2d_backward = {
     .name = "max_pool2d_backward", .kind = NB_OPK_OPAQUE, .n_in = 2, .in_names = {"dy", "argmax"},

@@ -141,11 +141,13 @@ static nb_status index_select_forward(const nb_op_call *c, nb_tensor *out, nb_te
   return nb_backend_for(nb_device_of(x))->index_select(&ko, &kx, index_axis(c, x->ndim), &ki);
 }
 
+static const index_params index_bench = {0}, index_bench1 = {1};
+
 const nb_op nb_op_index_select = {
     .name = "index_select", .kind = NB_OPK_INDEX, .n_in = 2, .in_names = {"x", "indices"},
     .psize = sizeof(index_params), .prec = NB_PREC_FOLLOW, .infer = index_select_infer,
     .prepare = index_select_prepare, .forward = index_select_forward, .always_forward = 1,
-    .backward = index_select_bw};
+    .backward = index_select_bw, .bench_in = "r:50304x768,i50304:16384", .bench_p = &index_bench};
 
 const nb_op nb_op_index_select_backward = {
     .name = "index_select_backward", .kind = NB_OPK_INDEX, .n_in = 2, .in_names = {"dy", "indices"},
@@ -211,7 +213,8 @@ static nb_status gather_forward(const nb_op_call *c, nb_tensor *out, nb_tensor *
 const nb_op nb_op_gather = {
     .name = "gather", .kind = NB_OPK_INDEX, .n_in = 2, .in_names = {"x", "indices"},
     .psize = sizeof(index_params), .prec = NB_PREC_FOLLOW, .infer = gather_infer,
-    .prepare = cast_indices_prepare, .forward = gather_forward, .backward = gather_bw};
+    .prepare = cast_indices_prepare, .forward = gather_forward, .backward = gather_bw,
+    .bench_in = "r:16384x4096,i4096:16384x64", .bench_p = &index_bench1};
 
 nb_tensor *nb_gather(const nb_tensor *x, int axis, const nb_tensor *indices) {
   index_params p = {axis};
@@ -285,7 +288,8 @@ const nb_op nb_op_scatter_add = {
     .psize = sizeof(index_params), .prec = NB_PREC_FOLLOW,
     .determinism = "CUDA: atomic accumulation unless nb_set_deterministic(1) (then the CPU's order)",
     .infer = scatter_add_infer, .prepare = scatter_add_prepare, .forward = scatter_add_forward,
-    .always_forward = 1, .backward = scatter_add_bw, .cost = scatter_add_cost};
+    .always_forward = 1, .backward = scatter_add_bw, .cost = scatter_add_cost,
+    .bench_in = "r:16384x4096,i4096:16384x64,r:16384x64", .bench_p = &index_bench1};
 
 nb_tensor *nb_scatter_add(const nb_tensor *x, int axis, const nb_tensor *indices,
                           const nb_tensor *src) {
