@@ -8,7 +8,8 @@
  *   - on every other available backend (CUDA), each dtype's forward and the
  *     f32 gradients against the CPU's.
  * An entry with no case fails: a new op is one line of the CASES table below
- * (fused backward entries are covered by their forward op's gradient case).
+ * (fused backward and derivative entries, X_backward and X_derivative, are
+ * covered by X's gradient case).
  * NABLA_TEST_ONLY=name runs the cases of one op. */
 #include <math.h>
 #include <stdlib.h>
@@ -82,6 +83,19 @@ static nb_tensor *c_expand(nb_tensor *const *x) {
 static nb_tensor *c_slice(nb_tensor *const *x) { return nb_slice(x[0], 1, 1, 12, 3); }
 static nb_tensor *c_clone(nb_tensor *const *x) { return nb_clone(x[0]); }
 static nb_tensor *c_cat(nb_tensor *const *x) { return nb_cat(3, x, 1); }
+/* creation: the input only carries the dtype and device */
+static nb_tensor *c_full(nb_tensor *const *x) {
+  return nb_full(2, (const int64_t[]){4, 7}, -1.5, nb_dtype_of(x[0]), nb_device_of(x[0]));
+}
+static nb_tensor *c_arange(nb_tensor *const *x) {
+  return nb_arange(-2, 3, 0.25, nb_dtype_of(x[0]), nb_device_of(x[0]));
+}
+static nb_tensor *c_rand(nb_tensor *const *x) {
+  return nb_rand(&(nb_rng){7, 3}, 2, (const int64_t[]){5, 9}, -1, 2, nb_dtype_of(x[0]), nb_device_of(x[0]));
+}
+static nb_tensor *c_randint(nb_tensor *const *x) {
+  return nb_randint(&(nb_rng){7, 3}, 2, (const int64_t[]){5, 9}, -4, 1000, NB_I64, nb_device_of(x[0]));
+}
 /* indexing */
 static nb_tensor *c_index_select(nb_tensor *const *x) { return nb_index_select(x[0], 0, x[1]); }
 static nb_tensor *c_gather(nb_tensor *const *x) { return nb_gather(x[0], 1, x[1]); }
@@ -149,12 +163,15 @@ static const op_case CASES[] = {
   C("reshape", c_reshape, "r:6x10", GRAD), C("permute", c_permute, "r:3x4x5", GRAD),
   C("expand", c_expand, "r:1x6x5", GRAD), C("slice", c_slice, "r:4x13", GRAD),
   C("clone", c_clone, "r:4x13", GRAD), C("cat", c_cat, "r:3x4,r:3x1,r:3x7", GRAD),
+  /* creation */
+  C("full", c_full, "r:1", 0), C("arange", c_arange, "r:1", 0), C("rand", c_rand, "r:1", 0),
+  C("randint", c_randint, "i3:1", 0),
   /* indexing */
   C("index_select", c_index_select, "r:7x5,i7:9", GRAD),
   C("gather", c_gather, "r:4x9,i9:4x6", GRAD),
   C("scatter_add", c_scatter_add, "r:4x9,i9:4x6,r:4x6", GRAD),
   /* convolution and pooling */
-  CT("conv2d", c_conv2d, "r:2x3x7x6,r:4x3x3x2,r:4", GRAD, 4),
+  CT("conv2d", c_conv2d, "r:2x3x7x6,r:4x3x3x2,-", GRAD, 4), /* a bias is a following add */
   C("max_pool2d", c_max_pool, "r:2x3x7x6", GRAD),
   C("avg_pool2d", c_avg_pool, "r:2x3x7x6", GRAD),
   /* attention */
@@ -165,6 +182,10 @@ static const op_case CASES[] = {
 /* Entries tested by other programs, with where. */
 static const char *const ELSEWHERE[][2] = {
   {"dropout", "random: test_nn_ops (mask statistics, reproducibility)"},
+  {"randn", "random: test_core (moments, reproducibility); f64 draws use other words than f32"},
+  {"to_device", "needs a second device: test_cuda (runtime), test_errors"},
+  {"im2col", "conv2d's forward and weight gradient: test_nn_conv"},
+  {"col2im", "conv2d's input gradient and double backward: test_nn_conv"},
 };
 
 /* ---- inputs --------------------------------------------------------------- */
@@ -191,46 +212,37 @@ static int parse_inputs(const char *s, in_spec *in) {
  * owns it. */
 static nb_tensor *make_input(const in_spec *p, uint64_t seed, nb_dtype dt, int view, nb_device dev) {
   if (p->kind == '-') return NULL;
+  nb_scope_begin(); /* every intermediate is autoreleased; the result is kept */
   nb_tensor *t;
   if (p->kind == 'i' || p->kind == 'b') {
     nb_tensor *u = nbt_randn(seed, p->nd, p->shape, NB_F64);
     double *v = nb_data_ptr(u);
     int64_t n = nb_numel(u);
-    nb_tensor *r = nb_empty(p->nd, p->shape, p->kind == 'b' ? NB_BOOL : NB_I64, NB_DEVICE_CPU);
+    t = nb_empty(p->nd, p->shape, p->kind == 'b' ? NB_BOOL : NB_I64, NB_DEVICE_CPU);
     for (int64_t j = 0; j < n; j++) {
       double f = 0.5 + 0.5 * erf(v[j] / sqrt(2.0)); /* uniform in (0, 1) */
-      if (p->kind == 'b') ((uint8_t *)nb_data_ptr(r))[j] = f < 0.5;
-      else ((int64_t *)nb_data_ptr(r))[j] = (int64_t)(f * (double)p->bound) % p->bound;
+      if (p->kind == 'b') ((uint8_t *)nb_data_ptr(t))[j] = f < 0.5;
+      else ((int64_t *)nb_data_ptr(t))[j] = (int64_t)(f * (double)p->bound) % p->bound;
     }
-    nb_release(u);
-    if (dev.type != NB_CPU) {
-      nb_tensor *m = nb_keep(nb_to_device(r, dev));
-      nb_release(r);
-      r = m;
+    t = nb_to_device(t, dev);
+  } else {
+    t = nbt_randn(seed, p->nd, p->shape, NB_F64);
+    if (p->kind == 'p') {
+      double *v = nb_data_ptr(t);
+      for (int64_t j = 0; j < nb_numel(t); j++) v[j] = 0.5 + 1.5 / (1 + exp(-v[j]));
     }
-    return r;
+    t = nb_to_device(nb_cast(t, dt), dev);
+    if (view && p->nd > 0) { /* the same values at stride 2 along the last axis */
+      int64_t wide[NB_MAX_DIMS];
+      memcpy(wide, p->shape, sizeof wide);
+      wide[p->nd - 1] *= 2;
+      nb_tensor *s = nb_slice(nb_zeros(p->nd, wide, dt, dev), p->nd - 1, 0, wide[p->nd - 1], 2);
+      nb_copy_(s, t);
+      t = s;
+    }
   }
-  nb_tensor *x = nbt_randn(seed, p->nd, p->shape, NB_F64);
-  if (p->kind == 'p') {
-    double *v = nb_data_ptr(x);
-    for (int64_t j = 0; j < nb_numel(x); j++) v[j] = 0.5 + 1.5 / (1 + exp(-v[j]));
-  }
-  if (dt != NB_F64 || dev.type != NB_CPU) {
-    nb_tensor *c = nb_keep(nb_to_device(nb_cast(x, dt), dev));
-    nb_release(x);
-    x = c;
-  }
-  if (!view || p->nd == 0) return x;
-  /* the same values at stride 2 along the last axis */
-  int64_t wide[NB_MAX_DIMS];
-  memcpy(wide, p->shape, sizeof wide);
-  wide[p->nd - 1] *= 2;
-  nb_tensor *w = nb_zeros(p->nd, wide, dt, dev);
-  nb_tensor *s = nb_slice(w, p->nd - 1, 0, wide[p->nd - 1], 2);
-  nb_copy_(s, x);
-  t = nb_keep(s);
-  nb_release(w);
-  nb_release(x);
+  t = nb_keep(t);
+  nb_scope_end();
   return t;
 }
 
@@ -373,7 +385,6 @@ static void check_device(const char *name, nb_device d) {
         if (nb_grad(din[i])) nbt_check_close(what, nb_grad(din[i]), r, 1e-4, 1e-4);
         free(r);
       }
-      nb_release(w);
     }
     nb_scope_end();
     free_inputs(in);
@@ -415,7 +426,8 @@ static void check_coverage(void) {
     for (int c = 0; c < N_CASES && !found; c++) {
       size_t l = strlen(CASES[c].op);
       found = !strcmp(CASES[c].op, nm) ||
-              ((CASES[c].flags & GRAD) && !strncmp(CASES[c].op, nm, l) && !strcmp(nm + l, "_backward"));
+              ((CASES[c].flags & GRAD) && !strncmp(CASES[c].op, nm, l) &&
+               (!strcmp(nm + l, "_backward") || !strcmp(nm + l, "_derivative")));
     }
     for (size_t e = 0; e < sizeof ELSEWHERE / sizeof ELSEWHERE[0] && !found; e++)
       found = !strcmp(ELSEWHERE[e][0], nm);
