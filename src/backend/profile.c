@@ -49,10 +49,12 @@ static nb_backend nbp_proxy[2];
 static const nb_backend *nbp_real[2];
 
 #define NB_EW_NAME(ID, KNAME, ...) KNAME,
+#define NB_EW_NAME_C(ID, NAME, EXPR) #NAME,
 const char *const nb_uop_names[NB_UOP_COUNT] = {
     NB_UOP_LIST(NB_EW_NAME) NB_UOP_DERIVATIVE_LIST(NB_EW_NAME)};
-const char *const nb_bop_names[NB_BOP_COUNT] = {NB_BOP_LIST(NB_EW_NAME) NB_CMP_LIST(NB_EW_NAME)};
+const char *const nb_bop_names[NB_BOP_COUNT] = {NB_BOP_LIST(NB_EW_NAME) NB_CMP_LIST(NB_EW_NAME_C)};
 #undef NB_EW_NAME
+#undef NB_EW_NAME_C
 #define NB_EW_TEXT_U(ID, KNAME, NAME, INT, SAVE, EXPR, ...) #EXPR,
 #define NB_EW_TEXT_D(ID, KNAME, NODE, EXPR) #EXPR,
 #define NB_EW_TEXT_B(ID, KNAME, NAME, INT, EXPR, ...) #EXPR,

@@ -47,79 +47,106 @@ static nb_tensor *pick_a(nb_tensor *g, const nb_tensor *a, const nb_tensor *b,
   return nb_add(nb_cast(cmp(a, b), dt), tie);
 }
 
-#define RULE(ID, KNAME, NAME, INT, EXPR, IEXPR, W, DA, DB)                         \
-  static nb_status bw_##ID(nb_node *n, nb_tensor *g, nb_tensor **gin) {            \
-    const nb_tensor *a = n->inputs[0], *b = n->inputs[1];                         \
-    nb_tensor *w = W;                                                             \
-    (void)a; (void)b; (void)w;                                                    \
-    if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(DA, a);                   \
-    if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(DB, b);                   \
-    return NB_OK;                                                                 \
-  }
-NB_BOP_LIST(RULE)
-
-#define DEF(ID, KNAME, NAME, ...) [NB_BOP_##ID] = {NAME, bw_##ID},
-#define DEF_CMP(ID, NAME, EXPR) [NB_BOP_##ID] = {NAME, NULL},
-static const struct { const char *name; nb_backward_fn bw; } binary_defs[NB_BOP_COUNT] = {
-  NB_BOP_LIST(DEF) NB_CMP_LIST(DEF_CMP)};
-
-static int is_compare(nb_bop op) { return op >= NB_BOP_EQ; }
-
+/* ---- the shared pieces of every binary entry ---------------------------------- */
 /* The dtype both operands are converted to before the kernel runs. */
 static nb_dtype compute_dtype(nb_bop op, nb_dtype a, nb_dtype b) {
+  int compare = op >= NB_BOP_EQ;
   nb_dtype dt = nb_promote(a, b);
   if (op == NB_BOP_DIV && !nb_dtype_is_float(dt)) return NB_F32; /* true division */
-  if (dt == NB_BOOL && !is_compare(op) && op != NB_BOP_MUL && op != NB_BOP_MAX && op != NB_BOP_MIN)
+  if (dt == NB_BOOL && !compare && op != NB_BOP_MUL && op != NB_BOP_MAX && op != NB_BOP_MIN)
     return NB_I64; /* bool + bool counts */
   return dt;
 }
 
-static nb_tensor *binary(nb_bop op, const nb_tensor *a, const nb_tensor *b) {
-  const char *name = binary_defs[op].name;
-  if (!a) { nb_error_null(name, "a"); return NULL; }
-  if (!b) { nb_error_null(name, "b"); return NULL; }
-  if (nb_op_same_device(name, 2, (const nb_tensor *const[]){a, b})) return NULL;
-  int64_t shape[NB_MAX_DIMS];
-  int nd = nb_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, shape);
+static nb_status binary_infer(const nb_op_call *c, nb_meta *out, nb_bop op) {
+  const nb_tensor *a = c->in[0], *b = c->in[1];
+  int nd = nb_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, out->shape);
   if (nd < 0) {
     char b1[200], b2[200];
-    nb_error_set(NB_ERR_SHAPE, "%s: shapes %s and %s do not broadcast", name,
-                 nb_describe(a, b1, sizeof b1), nb_describe(b, b2, sizeof b2));
-    return NULL;
+    return nb_error_set(NB_ERR_SHAPE, "%s: shapes %s and %s do not broadcast", c->op->name,
+                        nb_describe(a, b1, sizeof b1), nb_describe(b, b2, sizeof b2));
   }
-  nb_dtype dt = compute_dtype(op, a->dtype, b->dtype);
-  nb_scope_begin();
-  const nb_tensor *ca = nb_cast(a, dt), *cb = nb_cast(b, dt);
-  nb_tensor *out = ca && cb ? nb_tensor_alloc(nd, shape, is_compare(op) ? NB_BOOL : dt, nb_device_of(a)) : NULL;
-  if (out && nb_numel(out)) {
-    nb_kview ko, ka, kb;
-    nb_kview_of(out, &ko);
-    nb_kview_broadcast(ca, nd, shape, &ka);
-    nb_kview_broadcast(cb, nd, shape, &kb);
-    if (nb_backend_for(nb_device_of(a))->binary(op, &ko, &ka, &kb)) {
-      nb_release(out);
-      out = NULL;
-    }
-  }
-  if (out && binary_defs[op].bw)
-    nb_record(name, binary_defs[op].bw, 2, (const nb_tensor *const[]){ca, cb}, out);
-  nb_scope_end();
-  return nb_autorelease(out);
+  out->ndim = nd;
+  out->dtype = op >= NB_BOP_EQ ? NB_BOOL : compute_dtype(op, a->dtype, b->dtype);
+  out->device = nb_device_of(a);
+  return NB_OK;
 }
 
-nb_tensor *nb_add(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_ADD, a, b); }
-nb_tensor *nb_sub(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_SUB, a, b); }
-nb_tensor *nb_mul(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_MUL, a, b); }
-nb_tensor *nb_div(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_DIV, a, b); }
-nb_tensor *nb_pow(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_POW, a, b); }
-nb_tensor *nb_maximum(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_MAX, a, b); }
-nb_tensor *nb_minimum(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_MIN, a, b); }
-nb_tensor *nb_eq(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_EQ, a, b); }
-nb_tensor *nb_ne(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_NE, a, b); }
-nb_tensor *nb_lt(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_LT, a, b); }
-nb_tensor *nb_le(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_LE, a, b); }
-nb_tensor *nb_gt(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_GT, a, b); }
-nb_tensor *nb_ge(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BOP_GE, a, b); }
+/* Both operands cast to the compute dtype (recorded; the node is on the casts). */
+static nb_status binary_prepare(const nb_op_call *c, const nb_tensor **in, nb_bop op) {
+  nb_dtype dt = compute_dtype(op, c->in[0]->dtype, c->in[1]->dtype);
+  for (int i = 0; i < 2; i++)
+    if (!(in[i] = nb_cast(c->in[i], dt))) return nb_last_status();
+  return NB_OK;
+}
+
+/* The kernel on the operands broadcast to the output's shape. */
+static nb_status binary_into(nb_bop op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
+  nb_kview ko, ka, kb;
+  nb_kview_of(out, &ko);
+  nb_kview_broadcast(a, out->ndim, out->shape, &ka);
+  nb_kview_broadcast(b, out->ndim, out->shape, &kb);
+  return nb_backend_for(nb_device_of(out))->binary(op, &ko, &ka, &kb);
+}
+
+/* The inputs read and the output written once (nb_op_cost's default, one
+ * flop per output element), times flops_per (ew_list.h's flops column). */
+static void ew_cost(const nb_op_call *c, const nb_meta *out, double flops_per, double *bytes,
+                    double *flops) {
+  static const nb_op plain = {.name = "elementwise"};
+  nb_op_cost(&(nb_op_call){&plain, c->n, c->in, c->p}, out, bytes, flops);
+  *flops *= flops_per;
+}
+
+#define BINARY_FNS(ID, FLOPS)                                                                   \
+  static nb_status infer_##ID(const nb_op_call *c, nb_meta *out) {                              \
+    return binary_infer(c, out, NB_BOP_##ID);                                                   \
+  }                                                                                             \
+  static nb_status prepare_##ID(const nb_op_call *c, const nb_tensor **in) {                    \
+    return binary_prepare(c, in, NB_BOP_##ID);                                                  \
+  }                                                                                             \
+  static nb_status forward_##ID(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {         \
+    (void)aux;                                                                                  \
+    return binary_into(NB_BOP_##ID, out, c->in[0], c->in[1]);                                   \
+  }                                                                                             \
+  static void cost_##ID(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) { \
+    ew_cost(c, out, FLOPS, bytes, flops);                                                       \
+  }
+
+/* ---- the binary ops (ew_list.h's NB_BOP_LIST): w computed once from g, then
+ * each operand's gradient (da, db) summed to its shape; its flops column the
+ * cost */
+#define BINARY_ENTRY(ID, KNAME, NAME, INT, EXPR, IEXPR, W, DA, DB, FLOPS)                       \
+  BINARY_FNS(ID, FLOPS)                                                                         \
+  static nb_status bw_##ID(nb_node *n, nb_tensor *g, nb_tensor **gin) {                         \
+    const nb_tensor *a = n->inputs[0], *b = n->inputs[1];                                       \
+    nb_tensor *w = W;                                                                           \
+    (void)a; (void)b; (void)w;                                                                  \
+    if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(DA, a);                                 \
+    if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(DB, b);                                 \
+    return NB_OK;                                                                               \
+  }                                                                                             \
+  const nb_op nb_op_##NAME = {                                                                  \
+      .name = #NAME, .kind = NB_OPK_BINARY, .n_in = 2, .in_names = {"a", "b"},                  \
+      .prec = NB_PREC_FOLLOW, .infer = infer_##ID, .prepare = prepare_##ID,                     \
+      .forward = forward_##ID, .backward = bw_##ID, .cost = cost_##ID,                          \
+      .bench_in = "r:4096x4096,r:4096x4096"};                                                   \
+  nb_tensor *nb_##NAME(const nb_tensor *a, const nb_tensor *b) {                                \
+    return nb_op_run(&nb_op_##NAME, 2, (const nb_tensor *const[]){a, b}, NULL);                 \
+  }
+NB_BOP_LIST(BINARY_ENTRY)
+
+/* ---- comparisons (ew_list.h's NB_CMP_LIST): bool results, no gradient ------- */
+#define COMPARE_ENTRY(ID, NAME, EXPR)                                                           \
+  BINARY_FNS(ID, 1)                                                                             \
+  const nb_op nb_op_##NAME = {                                                                  \
+      .name = #NAME, .kind = NB_OPK_BINARY, .n_in = 2, .in_names = {"a", "b"},                  \
+      .prec = NB_PREC_FOLLOW, .infer = infer_##ID, .prepare = prepare_##ID,                     \
+      .forward = forward_##ID, .cost = cost_##ID, .bench_in = "r:4096x4096,r:4096x4096"};       \
+  nb_tensor *nb_##NAME(const nb_tensor *a, const nb_tensor *b) {                                \
+    return nb_op_run(&nb_op_##NAME, 2, (const nb_tensor *const[]){a, b}, NULL);                 \
+  }
+NB_CMP_LIST(COMPARE_ENTRY)
 
 /* A Python-style scalar: it takes the tensor's dtype unless a float scalar
  * meets an integer tensor (then f32). */
@@ -130,25 +157,69 @@ nb_tensor *nb_op_scalar_for(const nb_tensor *t, double s) {
   return nb_scalar(s, dt, nb_device_of(t));
 }
 
-static nb_tensor *binary_scalar(nb_bop op, const nb_tensor *a, double s, int reversed) {
-  if (!a) { nb_error_null(binary_defs[op].name, "a"); return NULL; }
+/* The scalar variants: the binary entry with a 0-d operand. */
+static nb_tensor *binary_scalar(const nb_op *op, const nb_tensor *a, double s, int reversed) {
+  if (!a) { nb_error_null(op->name, "a"); return NULL; }
   nb_scope_begin();
   nb_tensor *c = nb_op_scalar_for(a, s);
-  nb_tensor *out = c ? nb_keep(reversed ? binary(op, c, a) : binary(op, a, c)) : NULL;
+  const nb_tensor *in[2] = {reversed ? c : a, reversed ? a : c};
+  nb_tensor *out = c ? nb_keep(nb_op_run(op, 2, in, NULL)) : NULL;
   nb_scope_end();
   return nb_autorelease(out);
 }
 
-nb_tensor *nb_add_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_ADD, a, s, 0); }
-nb_tensor *nb_sub_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_SUB, a, s, 0); }
-nb_tensor *nb_rsub_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_SUB, a, s, 1); }
-nb_tensor *nb_mul_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_MUL, a, s, 0); }
-nb_tensor *nb_div_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_DIV, a, s, 0); }
-nb_tensor *nb_pow_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_POW, a, s, 0); }
-nb_tensor *nb_maximum_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_MAX, a, s, 0); }
-nb_tensor *nb_minimum_scalar(const nb_tensor *a, double s) { return binary_scalar(NB_BOP_MIN, a, s, 0); }
+nb_tensor *nb_add_scalar(const nb_tensor *a, double s) { return binary_scalar(&nb_op_add, a, s, 0); }
+nb_tensor *nb_sub_scalar(const nb_tensor *a, double s) { return binary_scalar(&nb_op_sub, a, s, 0); }
+nb_tensor *nb_rsub_scalar(const nb_tensor *a, double s) { return binary_scalar(&nb_op_sub, a, s, 1); }
+nb_tensor *nb_mul_scalar(const nb_tensor *a, double s) { return binary_scalar(&nb_op_mul, a, s, 0); }
+nb_tensor *nb_div_scalar(const nb_tensor *a, double s) { return binary_scalar(&nb_op_div, a, s, 0); }
+nb_tensor *nb_pow_scalar(const nb_tensor *a, double s) { return binary_scalar(&nb_op_pow, a, s, 0); }
+nb_tensor *nb_maximum_scalar(const nb_tensor *a, double s) {
+  return binary_scalar(&nb_op_maximum, a, s, 0);
+}
+nb_tensor *nb_minimum_scalar(const nb_tensor *a, double s) {
+  return binary_scalar(&nb_op_minimum, a, s, 0);
+}
 
-/* ---- where ------------------------------------------------------------------ */
+/* ---- where --------------------------------------------------------------------- */
+static nb_status where_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *cond = c->in[0], *a = c->in[1], *b = c->in[2];
+  char b1[200], b2[200], b3[200];
+  int64_t s1[NB_MAX_DIMS];
+  int n1 = nb_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, s1);
+  int nd = n1 < 0 ? -1 : nb_broadcast_shapes(cond->ndim, cond->shape, n1, s1, out->shape);
+  if (nd < 0)
+    return nb_error_set(NB_ERR_SHAPE, "where: shapes of cond %s, a %s and b %s do not broadcast",
+                        nb_describe(cond, b1, sizeof b1), nb_describe(a, b2, sizeof b2),
+                        nb_describe(b, b3, sizeof b3));
+  out->ndim = nd;
+  out->dtype = nb_promote(a->dtype, b->dtype);
+  out->device = nb_device_of(a);
+  return NB_OK;
+}
+
+/* cond as bool, a and b in their promoted dtype (recorded casts) */
+static nb_status where_prepare(const nb_op_call *c, const nb_tensor **in) {
+  nb_dtype dt = nb_promote(c->in[1]->dtype, c->in[2]->dtype);
+  for (int i = 0; i < 3; i++)
+    if (!(in[i] = nb_cast(c->in[i], i ? dt : NB_BOOL))) return nb_last_status();
+  return NB_OK;
+}
+
+static nb_status where_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  nb_kview ko, kc, ka, kb;
+  nb_kview_of(out, &ko);
+  nb_kview_broadcast(c->in[0], out->ndim, out->shape, &kc);
+  nb_kview_broadcast(c->in[1], out->ndim, out->shape, &ka);
+  nb_kview_broadcast(c->in[2], out->ndim, out->shape, &kb);
+  return nb_backend_for(nb_device_of(out))->where(&ko, &kc, &ka, &kb);
+}
+
+static void where_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  ew_cost(c, out, 1, bytes, flops);
+}
+
 static nb_status where_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   const nb_tensor *c = n->inputs[0], *a = n->inputs[1], *b = n->inputs[2];
   nb_tensor *zero = nb_scalar(0.0, g->dtype, nb_device_of(g));
@@ -157,60 +228,81 @@ static nb_status where_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return NB_OK;
 }
 
+const nb_op nb_op_where = {
+    .name = "where", .kind = NB_OPK_BINARY, .n_in = 3, .in_names = {"cond", "a", "b"},
+    .prec = NB_PREC_FOLLOW, .infer = where_infer, .prepare = where_prepare,
+    .forward = where_forward, .backward = where_bw, .cost = where_cost,
+    .bench_in = "b:4096x4096,r:4096x4096,r:4096x4096"};
+
 nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b) {
-  if (!cond) { nb_error_null("where", "cond"); return NULL; }
-  if (!a) { nb_error_null("where", "a"); return NULL; }
-  if (!b) { nb_error_null("where", "b"); return NULL; }
-  if (nb_op_same_device("where", 3, (const nb_tensor *const[]){cond, a, b})) return NULL;
-  char b1[200], b2[200], b3[200];
-  int64_t s1[NB_MAX_DIMS], shape[NB_MAX_DIMS];
-  int n1 = nb_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, s1);
-  int nd = n1 < 0 ? -1 : nb_broadcast_shapes(cond->ndim, cond->shape, n1, s1, shape);
-  if (nd < 0) {
-    nb_error_set(NB_ERR_SHAPE, "where: shapes of cond %s, a %s and b %s do not broadcast",
-                 nb_describe(cond, b1, sizeof b1), nb_describe(a, b2, sizeof b2), nb_describe(b, b3, sizeof b3));
-    return NULL;
-  }
-  nb_dtype dt = nb_promote(a->dtype, b->dtype);
-  nb_scope_begin();
-  const nb_tensor *cc = nb_cast(cond, NB_BOOL), *ca = nb_cast(a, dt), *cb = nb_cast(b, dt);
-  nb_tensor *out = cc && ca && cb ? nb_tensor_alloc(nd, shape, dt, nb_device_of(a)) : NULL;
-  if (out && nb_numel(out)) {
-    nb_kview ko, kc, ka, kb;
-    nb_kview_of(out, &ko);
-    nb_kview_broadcast(cc, nd, shape, &kc);
-    nb_kview_broadcast(ca, nd, shape, &ka);
-    nb_kview_broadcast(cb, nd, shape, &kb);
-    if (nb_backend_for(nb_device_of(a))->where(&ko, &kc, &ka, &kb)) {
-      nb_release(out);
-      out = NULL;
-    }
-  }
-  if (out) nb_record("where", where_bw, 3, (const nb_tensor *const[]){cc, ca, cb}, out);
-  nb_scope_end();
-  return nb_autorelease(out);
+  return nb_op_run(&nb_op_where, 3, (const nb_tensor *const[]){cond, a, b}, NULL);
 }
 
-/* ---- clamp: the gradient passes where lo <= x <= hi ------------------------------ */
+/* ---- clamp: maximum with lo, then minimum with hi; the gradient passes where
+ * lo <= x <= hi ---------------------------------------------------------------- */
+typedef struct {
+  double lo, hi;
+} clamp_params;
+
+/* nb_op_scalar_for's dtype for a scalar s meeting a tensor of dtype dt */
+static nb_dtype scalar_dtype(nb_dtype dt, double s) {
+  if (!nb_dtype_is_float(dt) && (s != floor(s) || !isfinite(s))) return NB_F32;
+  return dt == NB_BOOL ? NB_I64 : dt;
+}
+
+/* the dtype of maximum(x, lo), then of minimum(that, hi) */
+static nb_dtype clamp_dtype(nb_dtype x, const clamp_params *p) {
+  nb_dtype t = compute_dtype(NB_BOP_MAX, x, scalar_dtype(x, p->lo));
+  return compute_dtype(NB_BOP_MIN, t, scalar_dtype(t, p->hi));
+}
+
+static nb_status clamp_infer(const nb_op_call *c, nb_meta *out) {
+  const clamp_params *p = c->p;
+  if (p->lo > p->hi || p->lo != p->lo || p->hi != p->hi)
+    return nb_error_set(NB_ERR_VALUE, "clamp: bounds lo %g > hi %g (expected lo <= hi)", p->lo,
+                        p->hi);
+  nb_meta_of(c->in[0], out);
+  out->dtype = clamp_dtype(out->dtype, p);
+  return NB_OK;
+}
+
+/* The kernels of nb_minimum_scalar(nb_maximum_scalar(x, lo), hi), the last
+ * one into out; not recorded (the node is clamp's). */
+static nb_status clamp_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  const clamp_params *p = c->p;
+  nb_no_grad_begin();
+  nb_scope_begin();
+  const nb_tensor *t = nb_maximum_scalar(c->in[0], p->lo);
+  const nb_tensor *hi = t ? nb_op_scalar_for(t, p->hi) : NULL;
+  if (hi) t = nb_cast(t, out->dtype), hi = nb_cast(hi, out->dtype);
+  nb_status st = t && hi ? binary_into(NB_BOP_MIN, out, t, hi) : nb_last_status();
+  nb_scope_end();
+  nb_no_grad_end();
+  return st;
+}
+
+static void clamp_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  ew_cost(c, out, 2, bytes, flops);
+}
+
 static nb_status clamp_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const clamp_params *p = nb_node_params(n);
   const nb_tensor *x = n->inputs[0];
-  nb_tensor *in = nb_mul(nb_ge(x, nb_op_scalar_for(x, n->dp[0])), nb_le(x, nb_op_scalar_for(x, n->dp[1])));
+  nb_tensor *in =
+      nb_mul(nb_ge(x, nb_op_scalar_for(x, p->lo)), nb_le(x, nb_op_scalar_for(x, p->hi)));
   gin[0] = nb_retain(nb_mul(g, nb_cast(in, g->dtype)));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+static const clamp_params clamp_bench = {-0.5, 0.5};
+const nb_op nb_op_clamp = {
+    .name = "clamp", .kind = NB_OPK_POINTWISE, .n_in = 1, .in_names = {"x"},
+    .psize = sizeof(clamp_params), .prec = NB_PREC_FOLLOW, .infer = clamp_infer,
+    .forward = clamp_forward, .backward = clamp_bw, .cost = clamp_cost,
+    .bench_in = "r:16777216", .bench_p = &clamp_bench};
+
 nb_tensor *nb_clamp(const nb_tensor *x, double lo, double hi) {
-  if (!x) { nb_error_null("clamp", "x"); return NULL; }
-  if (lo > hi || lo != lo || hi != hi) {
-    nb_error_set(NB_ERR_VALUE, "clamp: bounds lo %g > hi %g (expected lo <= hi)", lo, hi);
-    return NULL;
-  }
-  nb_no_grad_begin();
-  nb_scope_begin();
-  nb_tensor *out = nb_keep(nb_minimum_scalar(nb_maximum_scalar(x, lo), hi));
-  nb_scope_end();
-  nb_no_grad_end();
-  nb_node *n = out ? nb_record("clamp", clamp_bw, 1, (const nb_tensor *const[]){x}, out) : NULL;
-  if (n) { n->dp[0] = lo; n->dp[1] = hi; }
-  return nb_autorelease(out);
+  clamp_params p = {lo, hi};
+  return nb_op_run(&nb_op_clamp, 1, (const nb_tensor *const[]){x}, &p);
 }

@@ -1,4 +1,7 @@
-/* Unary elementwise ops: definition, dtype rule, backward rule. */
+/* Unary elementwise ops and cast: one op-table entry per row of
+ * ew_list.h's unary list (nb_op_neg, nb_op_exp, ...) and of its derivative
+ * list (nb_op_gelu_derivative, ...), each with its dtype rule, kernel and
+ * backward rule. */
 #include <math.h>
 
 #include "graph/node.h"
@@ -6,114 +9,167 @@
 #include "core/core.h"
 #include "ops/ops.h"
 
-/* Runs one unary kernel into a new tensor of x's shape and dtype dt. */
-nb_tensor *nb_op_unary_kernel(nb_uop op, const nb_tensor *x, nb_dtype dt) {
-  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, dt, nb_device_of(x));
-  if (!out) return NULL;
+/* Runs one unary kernel from x into out (of x's shape). */
+static nb_status unary_into(nb_uop op, nb_tensor *out, const nb_tensor *x) {
   nb_kview ko, ki;
   nb_kview_of(out, &ko);
   nb_kview_of(x, &ki);
-  if (nb_numel(x) && nb_backend_for(nb_device_of(x))->unary(op, &ko, &ki)) {
+  return nb_numel(x) ? nb_backend_for(nb_device_of(x))->unary(op, &ko, &ki) : NB_OK;
+}
+
+nb_tensor *nb_op_unary_kernel(nb_uop op, const nb_tensor *x, nb_dtype dt) {
+  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, dt, nb_device_of(x));
+  if (out && unary_into(op, out, x)) {
     nb_release(out);
     return NULL;
   }
   return out;
 }
 
-/* A derivative kernel of ew_list.h (NB_UOP_DERIVATIVE_LIST) as a node that
- * has no gradient of its own. */
-#define NB_EW_NODE_NAME(ID, KNAME, NODE, EXPR) [NB_UOP_##ID] = NODE,
-static const char *const derivative_names[NB_UOP_COUNT] = {
-    NB_UOP_DERIVATIVE_LIST(NB_EW_NODE_NAME)};
-static nb_tensor *derivative(nb_uop op, const nb_tensor *x) {
-  nb_tensor *d = nb_op_unary_kernel(op, x, x->dtype);
-  if (d) nb_record(derivative_names[op], nb_no_double_backward, 1, (const nb_tensor *const[]){x}, d);
-  return nb_autorelease(d);
+/* ---- the shared pieces of every unary entry ----------------------------------
+ * The kernel's dtype for input dtype dt and ew_list.h's int column: floats
+ * as they are; integers kept by an integer kernel (bool counted in i64) and
+ * by the identity (2, bool too), else computed in f32. */
+static nb_dtype unary_dtype(nb_dtype dt, int int_ok) {
+  if (nb_dtype_is_float(dt) || int_ok == 2) return dt;
+  return int_ok && dt != NB_BOOL ? dt : int_ok ? NB_I64 : NB_F32;
 }
-#define NB_EW_DERIVATIVE(ID, x) derivative(NB_UOP_##ID, x)
 
-/* ---- backward rules, ew_list.h's last column: g is the output's gradient,
- * x the input, y the output */
-#define RULE(ID, KNAME, NAME, INT, SAVE, EXPR, IEXPR, BACKWARD)                    \
-  static nb_status bw_##ID(nb_node *n, nb_tensor *g, nb_tensor **gin) {            \
-    const nb_tensor *x = n->inputs[0], *y = n->saved[0];                          \
-    (void)x; (void)y;                                                             \
-    gin[0] = nb_retain(BACKWARD);                                                 \
-    return gin[0] ? NB_OK : nb_last_status();                                     \
+static nb_status unary_infer(const nb_op_call *c, nb_meta *out, int int_ok) {
+  nb_meta_of(c->in[0], out);
+  out->dtype = unary_dtype(out->dtype, int_ok);
+  return NB_OK;
+}
+
+/* The cast to the kernel's dtype is recorded, and the node is on it. */
+static nb_status unary_prepare(const nb_op_call *c, const nb_tensor **in, int int_ok) {
+  nb_dtype dt = unary_dtype(c->in[0]->dtype, int_ok);
+  if (dt != c->in[0]->dtype && !(in[0] = nb_cast(c->in[0], dt))) return nb_last_status();
+  return NB_OK;
+}
+
+/* floor, ceil and round of an integer: a copy */
+static nb_status unary_forward(const nb_op_call *c, nb_tensor *out, nb_uop op, int int_ok) {
+  const nb_tensor *x = c->in[0];
+  if (int_ok == 2 && !nb_dtype_is_float(x->dtype)) {
+    nb_kview ko, ki;
+    nb_kview_of(out, &ko);
+    nb_kview_of(x, &ki);
+    return nb_backend_for(nb_device_of(x))->copy(&ko, &ki);
   }
-NB_UOP_LIST(RULE)
-
-typedef struct {
-  const char *name;
-  nb_backward_fn bw;
-  int int_ok;      /* ew_list.h's int column: 1 integer kernel, 2 identity, 0 none */
-  int save_output; /* the rule reads y */
-} unary_def;
-
-#define DEF(ID, KNAME, NAME, INT, SAVE, ...) [NB_UOP_##ID] = {NAME, bw_##ID, INT, SAVE},
-static const unary_def unary_defs[NB_UOP_COUNT] = {NB_UOP_LIST(DEF)};
-
-static nb_tensor *unary(nb_uop op, const nb_tensor *x) {
-  const unary_def *d = &unary_defs[op];
-  if (!x) { nb_error_null(d->name, "x"); return NULL; }
-  int is_int = !nb_dtype_is_float(x->dtype);
-  if (is_int && d->int_ok == 2) return nb_clone(x); /* floor of an integer is itself */
-  nb_scope_begin();
-  const nb_tensor *in = x;
-  if (is_int && (!d->int_ok || x->dtype == NB_BOOL)) in = nb_cast(x, is_int && d->int_ok ? NB_I64 : NB_F32);
-  nb_tensor *out = in ? nb_op_unary_kernel(op, in, in->dtype) : NULL;
-  nb_node *n = out ? nb_record(d->name, d->bw, 1, (const nb_tensor *const[]){in}, out) : NULL;
-  if (n && d->save_output) nb_node_save(n, 0, out);
-  nb_scope_end();
-  return nb_autorelease(out);
+  return unary_into(op, out, x);
 }
 
-nb_tensor *nb_neg(const nb_tensor *x) { return unary(NB_UOP_NEG, x); }
-nb_tensor *nb_abs(const nb_tensor *x) { return unary(NB_UOP_ABS, x); }
-nb_tensor *nb_exp(const nb_tensor *x) { return unary(NB_UOP_EXP, x); }
-nb_tensor *nb_log(const nb_tensor *x) { return unary(NB_UOP_LOG, x); }
-nb_tensor *nb_log1p(const nb_tensor *x) { return unary(NB_UOP_LOG1P, x); }
-nb_tensor *nb_expm1(const nb_tensor *x) { return unary(NB_UOP_EXPM1, x); }
-nb_tensor *nb_sqrt(const nb_tensor *x) { return unary(NB_UOP_SQRT, x); }
-nb_tensor *nb_rsqrt(const nb_tensor *x) { return unary(NB_UOP_RSQRT, x); }
-nb_tensor *nb_square(const nb_tensor *x) { return unary(NB_UOP_SQUARE, x); }
-nb_tensor *nb_reciprocal(const nb_tensor *x) { return unary(NB_UOP_RECIPROCAL, x); }
-nb_tensor *nb_sin(const nb_tensor *x) { return unary(NB_UOP_SIN, x); }
-nb_tensor *nb_cos(const nb_tensor *x) { return unary(NB_UOP_COS, x); }
-nb_tensor *nb_tanh(const nb_tensor *x) { return unary(NB_UOP_TANH, x); }
-nb_tensor *nb_sigmoid(const nb_tensor *x) { return unary(NB_UOP_SIGMOID, x); }
-nb_tensor *nb_relu(const nb_tensor *x) { return unary(NB_UOP_RELU, x); }
-nb_tensor *nb_gelu(const nb_tensor *x) { return unary(NB_UOP_GELU_ERF, x); }
-nb_tensor *nb_gelu_tanh(const nb_tensor *x) { return unary(NB_UOP_GELU_TANH, x); }
-nb_tensor *nb_silu(const nb_tensor *x) { return unary(NB_UOP_SILU, x); }
-nb_tensor *nb_softplus(const nb_tensor *x) { return unary(NB_UOP_SOFTPLUS, x); }
-nb_tensor *nb_sign(const nb_tensor *x) { return unary(NB_UOP_SIGN, x); }
-nb_tensor *nb_floor(const nb_tensor *x) { return unary(NB_UOP_FLOOR, x); }
-nb_tensor *nb_ceil(const nb_tensor *x) { return unary(NB_UOP_CEIL, x); }
-nb_tensor *nb_round(const nb_tensor *x) { return unary(NB_UOP_ROUND, x); }
+/* The inputs read and the output written once (nb_op_cost's default, one
+ * flop per output element), times flops_per (ew_list.h's flops column). */
+static void ew_cost(const nb_op_call *c, const nb_meta *out, double flops_per, double *bytes,
+                    double *flops) {
+  static const nb_op plain = {.name = "elementwise"};
+  nb_op_cost(&(nb_op_call){&plain, c->n, c->in, c->p}, out, bytes, flops);
+  *flops *= flops_per;
+}
 
-/* ---- cast ---------------------------------------------------------------- */
+/* The functions of unary entry ID: ew_list.h's int column INT is its dtype
+ * rule, FLOPS its flops per element; and the entry NAME with backward BW. */
+#define UNARY_FNS(ID, INT, FLOPS)                                                    \
+  static nb_status infer_##ID(const nb_op_call *c, nb_meta *out) {                   \
+    return unary_infer(c, out, INT);                                                 \
+  }                                                                                  \
+  static nb_status prepare_##ID(const nb_op_call *c, const nb_tensor **in) {         \
+    return unary_prepare(c, in, INT);                                                \
+  }                                                                                  \
+  static nb_status forward_##ID(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) { \
+    (void)aux;                                                                       \
+    return unary_forward(c, out, NB_UOP_##ID, INT);                                  \
+  }                                                                                  \
+  static void cost_##ID(const nb_op_call *c, const nb_meta *out, double *bytes,      \
+                        double *flops) {                                             \
+    ew_cost(c, out, FLOPS, bytes, flops);                                            \
+  }
+#define UNARY_OP(ID, NAME, SAVE, BW)                                                 \
+  const nb_op nb_op_##NAME = {                                                       \
+      .name = #NAME, .kind = NB_OPK_POINTWISE, .n_in = 1, .in_names = {"x"},         \
+      .prec = NB_PREC_FOLLOW, .infer = infer_##ID, .prepare = prepare_##ID,          \
+      .forward = forward_##ID, .backward = BW, .save_out = SAVE, .cost = cost_##ID,  \
+      .bench_in = "r:16777216"};
+
+/* ---- the derivative kernels (ew_list.h's NB_UOP_DERIVATIVE_LIST): entries
+ * that backward rules run (NB_EW_DERIVATIVE), with no gradient of their own;
+ * float inputs (an integer would be computed in f32) */
+static const double derivative_flops[NB_UOP_COUNT] = {
+    [NB_UOP_GELU_ERF_D] = 8, [NB_UOP_GELU_TANH_D] = 14, [NB_UOP_SILU_D] = 7};
+
+#define DERIVATIVE_ENTRY(ID, KNAME, NAME, EXPR)                                      \
+  UNARY_FNS(ID, 0, derivative_flops[NB_UOP_##ID])                                    \
+  UNARY_OP(ID, NAME, 0, nb_no_double_backward)
+NB_UOP_DERIVATIVE_LIST(DERIVATIVE_ENTRY)
+
+#define DERIVATIVE_OP(ID, KNAME, NAME, EXPR) [NB_UOP_##ID] = &nb_op_##NAME,
+static const nb_op *const derivative_ops[NB_UOP_COUNT] = {NB_UOP_DERIVATIVE_LIST(DERIVATIVE_OP)};
+#define NB_EW_DERIVATIVE(ID, x)                                                      \
+  nb_op_run(derivative_ops[NB_UOP_##ID], 1, (const nb_tensor *const[]){x}, NULL)
+
+/* ---- the unary ops (ew_list.h's NB_UOP_LIST): its backward column is the
+ * rule (g the output's gradient, x the input, y the output, saved when
+ * save_y); the public function runs the entry */
+#define UNARY_ENTRY(ID, KNAME, NAME, INT, SAVE, EXPR, IEXPR, BACKWARD, FLOPS)        \
+  UNARY_FNS(ID, INT, FLOPS)                                                          \
+  static nb_status bw_##ID(nb_node *n, nb_tensor *g, nb_tensor **gin) {              \
+    const nb_tensor *x = n->inputs[0], *y = n->saved[0];                             \
+    (void)x; (void)y;                                                                \
+    gin[0] = nb_retain(BACKWARD);                                                    \
+    return gin[0] ? NB_OK : nb_last_status();                                        \
+  }                                                                                  \
+  UNARY_OP(ID, NAME, SAVE, bw_##ID)                                                  \
+  nb_tensor *nb_##NAME(const nb_tensor *x) {                                         \
+    return nb_op_run(&nb_op_##NAME, 1, (const nb_tensor *const[]){x}, NULL);         \
+  }
+NB_UOP_LIST(UNARY_ENTRY)
+
+/* ---- cast ------------------------------------------------------------------- */
+typedef struct {
+  nb_dtype dtype;
+} cast_params;
+
+static nb_status cast_infer(const nb_op_call *c, nb_meta *out) {
+  const cast_params *p = c->p;
+  if ((unsigned)p->dtype >= NB_DTYPE_COUNT)
+    return nb_error_set(NB_ERR_DTYPE, "nb_cast: invalid dtype %d", (int)p->dtype);
+  nb_meta_of(c->in[0], out);
+  out->dtype = p->dtype;
+  return NB_OK;
+}
+
+static nb_status cast_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  nb_kview ko, ki;
+  nb_kview_of(out, &ko);
+  nb_kview_of(c->in[0], &ki);
+  return nb_backend_for(nb_device_of(out))->copy(&ko, &ki);
+}
+
+/* a conversion: no arithmetic */
+static void cast_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  ew_cost(c, out, 0, bytes, flops);
+}
+
+/* an integer input has no gradient (nothing integer requires grad), so
+ * only casts of floats are recorded */
 static nb_status cast_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   gin[0] = nb_retain(nb_cast(g, n->inputs[0]->dtype));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+static const cast_params cast_bench = {NB_BF16}; /* autocast's f32 -> bf16 */
+const nb_op nb_op_cast = {
+    .name = "cast", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"x"},
+    .psize = sizeof(cast_params), .prec = NB_PREC_FOLLOW, .infer = cast_infer,
+    .forward = cast_forward, .backward = cast_bw, .cost = cast_cost,
+    .bench_in = "r:16777216", .bench_p = &cast_bench};
+
 nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dt) {
   if (!x) { nb_error_null("nb_cast", "x"); return NULL; }
-  if ((unsigned)dt >= NB_DTYPE_COUNT) {
-    nb_error_set(NB_ERR_DTYPE, "nb_cast: invalid dtype %d", (int)dt);
-    return NULL;
-  }
   if (x->dtype == dt) return nb_autorelease(nb_retain((nb_tensor *)x));
-  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, dt, nb_device_of(x));
-  if (!out) return NULL;
-  nb_kview ko, ki;
-  nb_kview_of(out, &ko);
-  nb_kview_of(x, &ki);
-  if (nb_numel(x) && nb_backend_for(nb_device_of(x))->copy(&ko, &ki)) {
-    nb_release(out);
-    return NULL;
-  }
-  if (nb_dtype_is_float(x->dtype)) nb_record("cast", cast_bw, 1, (const nb_tensor *const[]){x}, out);
-  return nb_autorelease(out);
+  cast_params p = {dt};
+  return nb_op_run(&nb_op_cast, 1, (const nb_tensor *const[]){x}, &p);
 }
