@@ -1,12 +1,26 @@
 /* Every primitive op, once: X(name) names the description nb_op_<name>
  * defined in its src/ops/op_*.c file. The order is the table's (the test
  * and benchmark walk it); a new op is one line here plus its description.
- * The elementwise ops come from the elementwise list (NB_UNARY_OP_LIST and
- * NB_BINARY_OP_LIST in op_table.c). */
+ * The elementwise ops come from the elementwise list (backend/ew_list.h). */
 #ifndef NB_OPS_OP_LIST_H
 #define NB_OPS_OP_LIST_H
 
+#include "backend/ew_list.h"
+
+/* X(name) for every op name of the elementwise list: its unary ops, their
+ * derivative kernels, its binary ops and its comparisons, in its order
+ * (op_unary.c and op_binary.c define them). Each row becomes "X (name)",
+ * which the outer expansion turns into a call of X (a macro's name). */
+#define NB_EW_OP_NAME(ID, KNAME, NAME, ...) (NAME)
+#define NB_EW_OP_NAME_C(ID, NAME, EXPR) (NAME)
+#define NB_EW_OP_EXPAND(...) __VA_ARGS__
+#define NB_EW_OP_LIST(X)                                                         \
+  NB_EW_OP_EXPAND(NB_UOP_LIST(X NB_EW_OP_NAME) NB_UOP_DERIVATIVE_LIST(X NB_EW_OP_NAME) \
+                  NB_BOP_LIST(X NB_EW_OP_NAME) NB_CMP_LIST(X NB_EW_OP_NAME_C))
+
 #define NB_OP_LIST(X)                                                            \
+  /* elementwise (op_unary.c, op_binary.c) */                                    \
+  NB_EW_OP_LIST(X) X(where) X(clamp) X(cast)                                    \
   /* reductions (op_reduce.c) */                                                 \
   X(sum) X(max) X(min) X(argmax) X(argmin)                                      \
   /* contractions (op_matmul.c) */                                               \
