@@ -2,7 +2,6 @@
  * ew_list.h's unary list (nb_op_neg, nb_op_exp, ...) and of its derivative
  * list (nb_op_gelu_derivative, ...), each with its dtype rule, kernel and
  * backward rule. */
-#include <math.h>
 
 #include "graph/node.h"
 #include "backend/backend.h"
@@ -15,15 +14,6 @@ static nb_status unary_into(nb_uop op, nb_tensor *out, const nb_tensor *x) {
   nb_kview_of(out, &ko);
   nb_kview_of(x, &ki);
   return nb_numel(x) ? nb_backend_for(nb_device_of(x))->unary(op, &ko, &ki) : NB_OK;
-}
-
-nb_tensor *nb_op_unary_kernel(nb_uop op, const nb_tensor *x, nb_dtype dt) {
-  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, dt, nb_device_of(x));
-  if (out && unary_into(op, out, x)) {
-    nb_release(out);
-    return NULL;
-  }
-  return out;
 }
 
 /* ---- the shared pieces of every unary entry ----------------------------------

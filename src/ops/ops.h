@@ -7,8 +7,6 @@
 #include "backend/backend.h"
 #include "core/core.h"
 
-/* A new tensor (not autoreleased) holding uop(x), of dtype dt. */
-nb_tensor *nb_op_unary_kernel(nb_uop op, const nb_tensor *x, nb_dtype dt);
 /* Gradient g of a broadcast result, summed back to input x's shape and cast
  * to x's dtype (a new reference). */
 nb_tensor *nb_op_grad_to(const nb_tensor *g, const nb_tensor *x);
