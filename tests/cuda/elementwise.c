@@ -48,6 +48,8 @@ static const struct { const char *name; bin_fn f; int positive_a; } BINARY[] = {
   {"gt", nb_gt, 0}, {"ge", nb_ge, 0},
 };
 
+static void test_binary_broadcast(void);
+
 void test_binary(void) {
   int64_t R = quick ? 5 : 33, C = quick ? 11 : 71;
   for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++)
@@ -80,6 +82,91 @@ void test_binary(void) {
   cmp("where", NB_F32, nb_where(c, x, y), nb_where(gpu(c), gpu(x), gpu(y)), 1.0);
   cmp("clamp", NB_F32, nb_clamp(x, -0.5, 0.7), nb_clamp(gpu(x), -0.5, 0.7), 1.0);
   nb_scope_end();
+  test_binary_broadcast();
+}
+
+/* ---- row and column broadcasts ---------------------------------------------
+ * out (m, n) = a (m, n) op r and r op a, r a row (n) or a column (m, 1): the
+ * broadcast vector kernel when n is a multiple of the 16-byte pack width w
+ * and the operands are 16-byte aligned (a row r too), the strided kernel
+ * otherwise (n not a multiple of w, a view one element off, comparisons),
+ * the contiguous kernel for m = 1. Views are built the same way on both
+ * devices, so an offset view stays misaligned on the GPU. */
+typedef struct { nb_tensor *c, *g; } bc_pair;
+
+/* shape's elements from a flat tensor's element shift on; kind 0 normal
+ * values, 1 positive (pow's base), 2 small integers (comparisons meet equal
+ * values); stride > 1 takes column 0 of an (m, stride) tensor as (m, 1). */
+static bc_pair bc_operand(uint64_t seed, int nd, const int64_t *shape, nb_dtype dt, int64_t shift,
+                          int kind, int64_t stride) {
+  int64_t n = 1;
+  for (int d = 0; d < nd; d++) n *= shape[d];
+  int64_t len = (stride > 1 ? n * stride : n) + shift;
+  nb_tensor *f = nbt_randn(seed, 1, (int64_t[]){len}, NB_F64);
+  if (kind == 1) f = nb_add_scalar(nb_abs(f), 0.25);
+  if (kind == 2) f = nb_round(nb_mul_scalar(f, 2.0));
+  f = nb_cast(f, dt);
+  bc_pair p = {f, gpu(f)};
+  nb_tensor **v[2] = {&p.c, &p.g};
+  for (int k = 0; k < 2; k++) {
+    nb_tensor *t = nb_slice(*v[k], 0, shift, len, 1);
+    if (stride > 1) t = nb_slice(nb_view(t, 2, (int64_t[]){n, stride}), 1, 0, 1, 1);
+    else t = nb_view(t, nd, shape);
+    *v[k] = t;
+  }
+  return p;
+}
+
+/* kind: 0 row (n), 1 column (m, 1), 2 (3, m, n) op (n), 3 (3, m, n) op (m, n) */
+typedef struct { int64_t m, n; int kind, shift_a, shift_r, stride_r; const char *what; } bc_case;
+
+static void bc_run(nb_dtype dt, const bc_case *c, uint64_t seed) {
+  int64_t full[3], rs[3];
+  int nf = c->kind >= 2 ? 3 : 2, nr;
+  if (nf == 3) full[0] = 3, full[1] = c->m, full[2] = c->n;
+  else full[0] = c->m, full[1] = c->n;
+  if (c->kind == 1) nr = 2, rs[0] = c->m, rs[1] = 1;
+  else if (c->kind == 3) nr = 2, rs[0] = c->m, rs[1] = c->n;
+  else nr = 1, rs[0] = c->n;
+  for (size_t o = 0; o < sizeof BINARY / sizeof *BINARY; o++)
+    for (int swap = 0; swap < 2; swap++) {
+      nb_scope_begin();
+      int cmpop = o >= 7, pw = !strcmp(BINARY[o].name, "pow");
+      int ka = cmpop ? 2 : pw && !swap ? 1 : 0, kr = cmpop ? 2 : pw && swap ? 1 : 0;
+      bc_pair a = bc_operand(seed + o, nf, full, dt, c->shift_a, ka, 1);
+      bc_pair r = bc_operand(seed + 50 + o, nr, rs, dt, c->shift_r, kr, c->stride_r);
+      nb_tensor *x = swap ? r.c : a.c, *z = swap ? a.c : r.c;
+      nb_tensor *xg = swap ? r.g : a.g, *zg = swap ? a.g : r.g;
+      char name[128];
+      snprintf(name, sizeof name, "%s %s (%lldx%lld, %s)", BINARY[o].name,
+               swap ? "r op a" : "a op r", (long long)c->m, (long long)c->n, c->what);
+      cmp(name, dt, BINARY[o].f(x, z), BINARY[o].f(xg, zg), 1.0);
+      nb_scope_end();
+    }
+}
+
+static void test_binary_broadcast(void) {
+  const nb_dtype dts[] = {NB_F64, NB_F32, NB_F16, NB_BF16};
+  int64_t big = quick ? 9 : 67;
+  for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+    int64_t w = 16 / (int64_t)nb_dtype_size(dts[d]);
+    const bc_case cases[] = {
+      {big, 24 * w, 0, 0, 0, 1, "row, several blocks"},
+      {33, w, 0, 0, 0, 1, "row of one pack"},
+      {9, 3 * w + 1, 0, 0, 0, 1, "row, n not a multiple of the pack"},
+      {1, 8 * w, 0, 0, 0, 1, "one row"},
+      {17, 4 * w, 0, 1, 0, 1, "row, a misaligned"},
+      {17, 4 * w, 0, 0, 1, 1, "row, r misaligned"},
+      {big, 8 * w, 1, 0, 0, 1, "column"},
+      {13, 2 * w + 1, 1, 0, 0, 1, "column, n not a multiple of the pack"},
+      {17, 4 * w, 1, 0, 1, 1, "column, r misaligned"},
+      {19, 2 * w, 1, 0, 0, 3, "column of stride 3"},
+      {17, 4 * w, 1, 1, 0, 1, "column, a misaligned"},
+      {7, 4 * w, 2, 0, 0, 1, "(3, m, n) op (n)"},
+      {7, 4 * w, 3, 0, 0, 1, "(3, m, n) op (m, n)"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) bc_run(dts[d], &cases[k], 400 + 20 * k);
+  }
 }
 
 void test_copy_cast(void) {

@@ -7,8 +7,10 @@
  * elements of a thread's unrolled iteration are computed as straight-line
  * code that interleaves and keeps its loads in flight; a runtime switch per
  * element (a jump table for each) serialised them, 9% slower than the copy
- * rate on an f32 GELU. The integer and strided kernels keep a runtime switch
- * on the op (uniform across the grid), which keeps their instantiations few. */
+ * rate on an f32 GELU. A binary op with a row (bias) or column broadcast
+ * operand has a kernel of the same shape (nb_binary_bcast_kernel) instead of
+ * the strided one. The integer and strided kernels keep a runtime switch on
+ * the op (uniform across the grid), which keeps their instantiations few. */
 #include <math.h>
 #include <string.h>
 
@@ -166,9 +168,9 @@ extern "C" nb_status nb_cuda_copy(const nb_kview *out, const nb_kview *in) {
 /* Blocks for n elements of size es in 16-byte packs: one per
  * NB_EW_BLOCK_PACKS packs (at least one, for the scalar tail), capped at
  * what gridDim.x holds; the kernels loop if the cap is reached. */
-static unsigned nb_ew_grid(int64_t n, size_t es) {
-  int64_t nv = n / (int64_t)(16 / es);
-  int64_t b = (nv + NB_EW_BLOCK_PACKS - 1) / NB_EW_BLOCK_PACKS;
+static unsigned nb_ew_grid(int64_t n, size_t es, int unroll = NB_EW_UNROLL) {
+  int64_t nv = n / (int64_t)(16 / es), bp = (int64_t)NB_CUDA_THREADS * unroll;
+  int64_t b = (nv + bp - 1) / bp;
   if (b < 1) b = 1;
   if (b > 0x7fffffff) b = 0x7fffffff;
   return (unsigned)b;
@@ -329,7 +331,7 @@ template <> __device__ __forceinline__ uint8_t nb_uop_elem<uint8_t>(int op, uint
  * scheduler's order without a grid-stride tail. cs streams the output past
  * the caches (st.global.cs) for tensors larger than L2. OP is the op when
  * it is fixed at compile time (float dtypes), -1 to read op at run time. */
-template <typename T, int OP>
+template <typename T, int OP, int U>
 __global__ void __launch_bounds__(NB_CUDA_THREADS)
 nb_unary_vec_kernel(int op_rt, T *out, const T *in, int64_t n, int cs) {
   const int op = OP >= 0 ? OP : op_rt;
@@ -337,16 +339,16 @@ nb_unary_vec_kernel(int op_rt, T *out, const T *in, int64_t n, int cs) {
   const int64_t nv = n / per;
   const nb_pack<T> *pin = (const nb_pack<T> *)in;
   nb_pack<T> *pout = (nb_pack<T> *)out;
-  for (int64_t base = (int64_t)blockIdx.x * NB_EW_BLOCK_PACKS + threadIdx.x; base < nv;
-       base += (int64_t)gridDim.x * NB_EW_BLOCK_PACKS) {
-    nb_pack<T> p[NB_EW_UNROLL];
+  for (int64_t base = (int64_t)blockIdx.x * NB_CUDA_THREADS * U + threadIdx.x; base < nv;
+       base += (int64_t)gridDim.x * NB_CUDA_THREADS * U) {
+    nb_pack<T> p[U];
 #pragma unroll
-    for (int u = 0; u < NB_EW_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
       int64_t i = base + u * NB_CUDA_THREADS;
       if (i < nv) p[u] = nb_ew_load(pin + i);
     }
 #pragma unroll
-    for (int u = 0; u < NB_EW_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
       int64_t i = base + u * NB_CUDA_THREADS;
       if (i < nv) {
 #pragma unroll
@@ -366,9 +368,19 @@ template <> struct nb_ew_per_op<__half> { enum { value = 1 }; };
 template <> struct nb_ew_per_op<__nv_bfloat16> { enum { value = 1 }; };
 #define NB_EW_OP(T, OP) (nb_ew_per_op<T>::value ? (int)(OP) : -1)
 
+/* Packs a thread loads per iteration: NB_EW_UNROLL, but 2 for sin, cos and
+ * f64 rsqrt, whose inlined slow paths (the Payne-Hanek reduction, rsqrt's
+ * special cases) made ptxas spill at 4 (8-12 bytes on sm_80 for every float
+ * type, sm_90a f64 sin/cos, sm_80 f64 rsqrt: the thread index, kept for the
+ * scalar tail, at 32 registers); at 2 none spills. */
+template <typename T, int OP> struct nb_uop_unroll {
+  enum { value = OP == NB_UOP_SIN || OP == NB_UOP_COS || (sizeof(T) == 8 && OP == NB_UOP_RSQRT) ? 2 : NB_EW_UNROLL };
+};
+
 template <typename T, int OP>
 static void unary_vec_launch(const nb_cuda_ctx *ctx, int op, T *out, const T *in, int64_t n) {
-  nb_unary_vec_kernel<T, OP><<<nb_ew_grid(n, sizeof(T)), NB_CUDA_THREADS, 0, ctx->stream>>>(
+  const int u = nb_uop_unroll<T, OP>::value;
+  nb_unary_vec_kernel<T, OP, u><<<nb_ew_grid(n, sizeof(T), u), NB_CUDA_THREADS, 0, ctx->stream>>>(
       op, out, in, n, nb_ew_stream_out(n, sizeof(T)));
 }
 
@@ -548,6 +560,112 @@ static void binary_vec(const nb_cuda_ctx *ctx, nb_bop op, T *out, const T *a, co
   }
 }
 
+/* A row or column broadcast: out (M, N) = a (M, N) op r, or r op a (swap),
+ * out and a contiguous, r a row (N) repeated over the rows (COL 0, the bias
+ * add of a linear layer) or a column (M, 1) repeated along each row (COL 1,
+ * its elements rs apart), N a multiple of the pack width so that no pack
+ * straddles two rows. Pack p of a lies in row q = p / nr (nr packs a row,
+ * nb_fastdiv: the pack count is below 2^32) at pack j = p - q nr of it, and
+ * meets r's pack j (a 16-byte load that hits L1 or L2 after the first rows)
+ * or r[q rs] (one element, splat). The shape of nb_binary_vec_kernel:
+ * NB_EW_UNROLL packs of each operand loaded before any is computed, the op
+ * fixed at compile time (float dtypes only). */
+template <typename T, int OP, int COL>
+__global__ void __launch_bounds__(NB_CUDA_THREADS)
+nb_binary_bcast_kernel(T *out, const T *a, const T *r, uint32_t nv, nb_fastdiv nr, int64_t rs,
+                       int swap, int cs) {
+  const int per = 16 / sizeof(T);
+  const nb_pack<T> *pa = (const nb_pack<T> *)a, *pr = (const nb_pack<T> *)r;
+  for (int64_t base = (int64_t)blockIdx.x * NB_EW_BLOCK_PACKS + threadIdx.x; base < nv;
+       base += (int64_t)gridDim.x * NB_EW_BLOCK_PACKS) {
+    nb_pack<T> va[NB_EW_UNROLL], vr[NB_EW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < NB_EW_UNROLL; u++) {
+      int64_t i = base + u * NB_CUDA_THREADS;
+      if (i < nv) {
+        uint32_t q = nb_fastdiv_div(nr, (uint32_t)i);
+        va[u] = nb_ew_load(pa + i);
+        if (COL) {
+          T c = r[q * rs];
+#pragma unroll
+          for (int k = 0; k < per; k++) vr[u].v[k] = c;
+        } else {
+          vr[u] = nb_ew_load(pr + ((uint32_t)i - q * nr.d));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < NB_EW_UNROLL; u++) {
+      int64_t i = base + u * NB_CUDA_THREADS;
+      if (i < nv) {
+        /* x + z and x * z are z + x and z * x to the bit (a NaN result is the
+         * canonical NaN): no selects for their swap */
+        const int sw = OP != NB_BOP_ADD && OP != NB_BOP_MUL && swap;
+        nb_pack<T> x = sw ? vr[u] : va[u], z = sw ? va[u] : vr[u];
+        nb_pack<T> po;
+#pragma unroll
+        for (int k = 0; k < per; k++) po.v[k] = nb_bop_elem<T>::run(OP, x.v[k], z.v[k]);
+        nb_ew_store((nb_pack<T> *)out + i, po, cs);
+      }
+    }
+  }
+}
+
+template <typename T, int OP, int COL>
+static void binary_bcast_launch(const nb_cuda_ctx *ctx, T *out, const T *a, const T *r,
+                                int64_t n, int64_t row, int64_t rs, int swap) {
+  const int per = 16 / sizeof(T);
+  nb_binary_bcast_kernel<T, OP, COL><<<nb_ew_grid(n, sizeof(T)), NB_CUDA_THREADS, 0, ctx->stream>>>(
+      out, a, r, (uint32_t)(n / per), nb_fastdiv_make((uint32_t)(row / per)), rs, swap,
+      nb_ew_stream_out(n, sizeof(T)));
+}
+
+/* The broadcast kernels are instantiated for the float dtypes only (the
+ * integer ones take the strided kernel). */
+#define NB_BOP_BCAST(ID, ...)                                                               \
+  case NB_BOP_##ID:                                                                         \
+    if (col) binary_bcast_launch<T, NB_BOP_##ID, 1>(ctx, out, a, r, n, row, rs, swap);      \
+    else binary_bcast_launch<T, NB_BOP_##ID, 0>(ctx, out, a, r, n, row, rs, swap);          \
+    return 1;
+template <typename T, int PER_OP = nb_ew_per_op<T>::value> struct nb_binary_bcast {
+  static int run(const nb_cuda_ctx *ctx, nb_bop op, T *out, const T *a, const T *r, int64_t n,
+                 int64_t row, int col, int64_t rs, int swap) {
+    switch (op) {
+    NB_BOP_LIST(NB_BOP_BCAST)
+    default: return 0;
+    }
+  }
+};
+template <typename T> struct nb_binary_bcast<T, 0> {
+  static int run(const nb_cuda_ctx *, nb_bop, T *, const T *, const T *, int64_t, int64_t, int,
+                 int64_t, int) {
+    return 0;
+  }
+};
+
+/* The row or column broadcast of a two-axis iteration, if it is one the
+ * kernel above takes: 1 launched, 0 not that shape. */
+template <typename T>
+static int binary_bcast_try(const nb_cuda_ctx *ctx, nb_bop op, const nb_kview *out,
+                            const nb_kview *a, const nb_kview *b, const nb_iter *it) {
+  const int64_t per = 16 / (int64_t)sizeof(T), m = it->size[0], row = it->size[1];
+  if (!nb_ew_per_op<T>::value || op >= NB_BOP_EQ || it->ndim != 2 || row % per ||
+      m * row / per >= ((int64_t)1 << 32))
+    return 0;
+  const int64_t *so = it->stride[0], *s1 = it->stride[1], *s2 = it->stride[2];
+  if (so[0] != row || so[1] != 1 || !nb_cuda_aligned16(out->data)) return 0;
+  int swap = !(s1[0] == row && s1[1] == 1); /* the full operand is b */
+  const int64_t *sr = swap ? s1 : s2, *sf = swap ? s2 : s1;
+  const nb_kview *full = swap ? b : a, *r = swap ? a : b;
+  if (sf[0] != row || sf[1] != 1 || !nb_cuda_aligned16(full->data)) return 0;
+  int col;
+  if (sr[0] == 0 && sr[1] == 1 && nb_cuda_aligned16(r->data)) col = 0;
+  else if (sr[1] == 0) col = 1;
+  else return 0;
+  return nb_binary_bcast<T>::run(ctx, op, (T *)out->data, (const T *)full->data,
+                                 (const T *)r->data, m * row, row, col, sr[0], swap);
+}
+
 template <typename T>
 __global__ void nb_binary_strided_kernel(int op, char *out, const T *a, const T *b, nb_iter it,
                                          int64_t n, int cmp, int is_bool) {
@@ -585,6 +703,8 @@ static nb_status binary_run(const nb_cuda_ctx *ctx, nb_bop op, const nb_kview *o
   if (!cmp && so == 1 && sa >= 0 && sb >= 0 && aligned)
     binary_vec<T>(ctx, op, (T *)out->data, (const T *)a->data, (const T *)b->data, sa, sb, n,
                   is_bool);
+  else if (binary_bcast_try<T>(ctx, op, out, a, b, &it))
+    ;
   else
     nb_binary_strided_kernel<T><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
         (int)op, (char *)out->data, (const T *)a->data, (const T *)b->data, it, n, cmp, is_bool);
