@@ -109,7 +109,9 @@ static nb_tensor *c_conv2d(nb_tensor *const *x) {
 }
 static nb_tensor *c_max_pool(nb_tensor *const *x) { return nb_max_pool2d(x[0], 2, 3, 2, 1, 1, 1); }
 static nb_tensor *c_avg_pool(nb_tensor *const *x) { return nb_avg_pool2d(x[0], 3, 2, 1, 2, 1, 0); }
-/* attention */
+/* attention and dropout */
+/* the same (seed, offset) every call: the mask is a function of them */
+static nb_tensor *c_dropout(nb_tensor *const *x) { return nb_dropout(x[0], 0.3, &(nb_rng){5, 11}); }
 static nb_tensor *c_sdpa(nb_tensor *const *x) {
   return nb_scaled_dot_product_attention(x[0], x[1], x[2], NULL, 1, 0.0, NULL, -1.0);
 }
@@ -174,14 +176,14 @@ static const op_case CASES[] = {
   CT("conv2d", c_conv2d, "r:2x3x7x6,r:4x3x3x2,-", GRAD, 4), /* a bias is a following add */
   C("max_pool2d", c_max_pool, "r:2x3x7x6", GRAD),
   C("avg_pool2d", c_avg_pool, "r:2x3x7x6", GRAD),
-  /* attention */
+  /* attention and dropout */
+  C("dropout", c_dropout, "r:6x37", GRAD),
   CT("scaled_dot_product_attention", c_sdpa, "r:2x3x9x8,r:2x3x11x8,r:2x3x11x8", GRAD, 4),
 };
 #define N_CASES ((int)(sizeof CASES / sizeof CASES[0]))
 
 /* Entries tested by other programs, with where. */
 static const char *const ELSEWHERE[][2] = {
-  {"dropout", "random: test_nn_ops (mask statistics, reproducibility)"},
   {"randn", "random: test_core (moments, reproducibility); f64 draws use other words than f32"},
   {"to_device", "needs a second device: test_cuda (runtime), test_errors"},
   {"im2col", "conv2d's forward and weight gradient: test_nn_conv"},
@@ -433,6 +435,8 @@ static void check_coverage(void) {
       found = !strcmp(ELSEWHERE[e][0], nm);
     NBT_CHECK(found, "op table entry '%s' (%s) has no case in test_op_table", nm,
               nb_op_kind_name(nb_op_table[i]->kind));
+    NBT_CHECK(nb_op_table[i]->psize <= NB_OP_PARAMS_MAX, "'%s': parameters of %zu bytes (a node holds %d)",
+              nm, nb_op_table[i]->psize, NB_OP_PARAMS_MAX);
   }
 }
 

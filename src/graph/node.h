@@ -5,8 +5,9 @@
  * an input requires grad, the op records a node on its output: the node holds
  * references to the inputs (so backward rules may use them and so the graph
  * stays alive as long as its output does), up to NB_NODE_SAVED saved tensors
- * (detached, so an op saving its own output makes no reference cycle), and
- * integer/double parameters. A backward rule computes input gradients with
+ * (detached, so an op saving its own output makes no reference cycle), and a
+ * copy of the op's parameter struct (graph/op.h: the node points to its
+ * op-table entry). A backward rule computes input gradients with
  * nabla's own ops, so under create_graph the rules are themselves recorded. */
 #ifndef NB_GRAPH_NODE_H
 #define NB_GRAPH_NODE_H
@@ -31,8 +32,6 @@ struct nb_node {
   int n_inputs;
   nb_tensor **inputs;              /* owned references */
   nb_tensor *saved[NB_NODE_SAVED]; /* owned references, detached */
-  int64_t ip[2 * NB_MAX_DIMS + 4]; /* op parameters */
-  double dp[4];
   _Alignas(16) unsigned char params[NB_OP_PARAMS_MAX]; /* the op's parameter struct */
   int out_ndim;                    /* the output's shape, dtype and device */
   int64_t out_shape[NB_MAX_DIMS];

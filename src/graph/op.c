@@ -27,17 +27,20 @@ nb_node *nb_op_record(const nb_op_call *c, nb_tensor *out, nb_tensor *const *sav
   return n;
 }
 
+double nb_op_io_bytes(const nb_op_call *c, const nb_meta *out) {
+  double b = (double)nb_shape_numel(out->ndim, out->shape) * (double)nb_dtype_size(out->dtype);
+  for (int i = 0; i < c->n; i++)
+    if (c->in[i]) b += (double)nb_numel(c->in[i]) * (double)nb_dtype_size(c->in[i]->dtype);
+  return b;
+}
+
 void nb_op_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
   if (c->op->cost) {
     c->op->cost(c, out, bytes, flops);
     return;
   }
-  double nout = (double)nb_shape_numel(out->ndim, out->shape);
-  double b = nout * (double)nb_dtype_size(out->dtype);
-  for (int i = 0; i < c->n; i++)
-    if (c->in[i]) b += (double)nb_numel(c->in[i]) * (double)nb_dtype_size(c->in[i]->dtype);
-  *bytes = b;
-  *flops = nout;
+  *bytes = nb_op_io_bytes(c, out);
+  *flops = (double)nb_shape_numel(out->ndim, out->shape);
 }
 
 static const char *const kind_names[NB_OPK_COUNT] = {

@@ -133,6 +133,8 @@ nb_status nb_op_run_outs(const nb_op *op, int n, const nb_tensor *const *in, con
  * needed: a copy of the parameters, the output if save_out and the saved
  * tensors (NULL entries skipped). */
 nb_node *nb_op_record(const nb_op_call *c, nb_tensor *out, nb_tensor *const *saved);
+/* Bytes of a call's inputs read once and its (first) output written once. */
+double nb_op_io_bytes(const nb_op_call *c, const nb_meta *out);
 /* The cost of a call, with the default when the op has none. */
 void nb_op_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops);
 /* meta of a tensor */

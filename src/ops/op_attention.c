@@ -48,35 +48,43 @@ nb_tensor *nb_linear(const nb_tensor *x, const nb_tensor *weight, const nb_tenso
 }
 
 /* ---- dropout --------------------------------------------------------------------- */
-enum { DROP_IP_SEED, DROP_IP_OFFSET };
+typedef struct {
+  double p;
+  uint64_t seed, offset; /* the mask is a function of these (Philox) */
+} dropout_params;
 
-static nb_tensor *dropout_apply(const nb_tensor *x, double p, uint64_t seed, uint64_t offset);
+extern const nb_op nb_op_dropout;
+
+static nb_status dropout_infer(const nb_op_call *c, nb_meta *out) {
+  const dropout_params *p = c->p;
+  if (!float_ok("dropout", "input", c->in[0])) return nb_last_status();
+  if (!(p->p >= 0 && p->p <= 1))
+    return nb_error_set(NB_ERR_VALUE, "dropout: p = %g (expected a probability in [0, 1])", p->p);
+  nb_meta_of(c->in[0], out);
+  return NB_OK;
+}
+
+static nb_status dropout_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
+  (void)aux;
+  const dropout_params *p = c->p;
+  nb_kview ko, kx;
+  nb_kview_of(out, &ko);
+  nb_kview_of(c->in[0], &kx);
+  return nb_backend_for(nb_device_of(out))->dropout(&ko, &kx, p->p, p->seed, p->offset);
+}
 
 /* The same mask (same seed and offset) applied to g: d(x*m/(1-p))/dx. */
 static nb_status dropout_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  gin[0] = nb_retain(dropout_apply(g, n->dp[0], (uint64_t)n->ip[DROP_IP_SEED],
-                                   (uint64_t)n->ip[DROP_IP_OFFSET]));
+  gin[0] = nb_retain(nb_op_run(&nb_op_dropout, 1, (const nb_tensor *const[]){g}, nb_node_params(n)));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
-static nb_tensor *dropout_apply(const nb_tensor *x, double p, uint64_t seed, uint64_t offset) {
-  nb_tensor *out = nb_tensor_alloc(x->ndim, x->shape, x->dtype, nb_device_of(x));
-  if (!out) return NULL;
-  nb_kview ko, kx;
-  nb_kview_of(out, &ko);
-  nb_kview_of(x, &kx);
-  if (nb_numel(out) && nb_backend_for(nb_device_of(x))->dropout(&ko, &kx, p, seed, offset)) {
-    nb_release(out);
-    return NULL;
-  }
-  nb_node *n = nb_record("dropout", dropout_bw, 1, (const nb_tensor *const[]){x}, out);
-  if (n) {
-    n->ip[DROP_IP_SEED] = (int64_t)seed;
-    n->ip[DROP_IP_OFFSET] = (int64_t)offset;
-    n->dp[0] = p;
-  }
-  return nb_autorelease(out);
-}
+static const dropout_params dropout_bench = {0.1, 1, 0};
+const nb_op nb_op_dropout = {
+    .name = "dropout", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"x"},
+    .psize = sizeof(dropout_params), .prec = NB_PREC_FOLLOW, .infer = dropout_infer,
+    .forward = dropout_forward, .backward = dropout_bw, .bench_in = "r:16777216",
+    .bench_p = &dropout_bench};
 
 nb_tensor *nb_dropout(const nb_tensor *x, double p, nb_rng *rng) {
   if (!x) { nb_error_null("dropout", "x"); return NULL; }
@@ -87,7 +95,8 @@ nb_tensor *nb_dropout(const nb_tensor *x, double p, nb_rng *rng) {
   }
   if (p == 0) return nb_autorelease(nb_retain((nb_tensor *)x));
   if (!rng) { nb_error_null("dropout", "rng"); return NULL; }
-  nb_tensor *out = dropout_apply(x, p, rng->seed, rng->offset);
+  dropout_params dp = {p, rng->seed, rng->offset};
+  nb_tensor *out = nb_op_run(&nb_op_dropout, 1, (const nb_tensor *const[]){x}, &dp);
   if (out) rng->offset += (uint64_t)nb_numel(x);
   return out;
 }
@@ -169,15 +178,143 @@ static nb_tensor *causal_block(int64_t Lq, int64_t Lk, nb_device dev) {
 }
 
 /* ---- attention as one op (flash attention) ---------------------------------- */
+typedef struct {
+  int causal;
+  double scale;
+} att_params;
+/* The forward entry's saved tensors: its output o, then the log-sum-exp. */
 enum { ATT_SAVED_O, ATT_SAVED_LSE };
-enum { ATT_IP_CAUSAL };
-enum { ATT_DP_SCALE };
+/* The backward entry's inputs; its outputs are dq, dk, dv. */
+enum { ATT_IN_DY, ATT_IN_Q, ATT_IN_K, ATT_IN_V, ATT_IN_O, ATT_IN_LSE };
+
+extern const nb_op nb_op_scaled_dot_product_attention, nb_op_scaled_dot_product_attention_backward;
 
 /* t itself when its last axis has stride 1 (what the kernels read), else a
  * contiguous copy (autoreleased). */
 static const nb_tensor *att_rows(const nb_tensor *t) {
   return t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] <= 1 ? t : nb_contiguous(t);
 }
+
+/* The kernels' contract: q (.., Lq, D), k (.., Lk, D), v (.., Lk, Dv), one
+ * float dtype, the same batch axes (nb_scaled_dot_product_attention
+ * broadcasts or composes the other cases). */
+static nb_status att_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
+  char b1[200], b2[200], b3[200];
+  int nd = q->ndim;
+  if (!nb_dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype || nd < 2 ||
+      k->ndim != nd || v->ndim != nd || q->shape[nd - 1] != k->shape[nd - 1] ||
+      k->shape[nd - 2] != v->shape[nd - 2] ||
+      memcmp(k->shape, q->shape, (size_t)(nd - 2) * sizeof q->shape[0]) ||
+      memcmp(v->shape, q->shape, (size_t)(nd - 2) * sizeof q->shape[0]))
+    return nb_error_set(NB_ERR_SHAPE, "%s: q %s, k %s, v %s (expected one float dtype, q (..., Lq, D), "
+                        "k (..., Lk, D), v (..., Lk, Dv) with the same batch axes)", c->op->name,
+                        nb_describe(q, b1, sizeof b1), nb_describe(k, b2, sizeof b2),
+                        nb_describe(v, b3, sizeof b3));
+  nb_meta_of(q, out);
+  out->shape[nd - 1] = v->shape[nd - 1];
+  return NB_OK;
+}
+
+static nb_status att_prepare(const nb_op_call *c, const nb_tensor **in) {
+  for (int i = 0; i < c->n; i++)
+    if (c->in[i] && !(in[i] = att_rows(c->in[i]))) return nb_last_status();
+  return NB_OK;
+}
+
+/* o from the fused kernel, and the saved log-sum-exp (.., Lq) in aux[0]
+ * (f32, f64 for f64). NB_ERR_UNSUPPORTED when the backend lacks the head
+ * dimension: the public function then composes. */
+static nb_status att_forward(const nb_op_call *c, nb_tensor *o, nb_tensor **aux) {
+  const att_params *p = c->p;
+  const nb_tensor *q = c->in[0];
+  nb_device dev = nb_device_of(q);
+  nb_tensor *lse = aux[0] = nb_tensor_alloc(q->ndim - 1, q->shape, q->dtype == NB_F64 ? NB_F64 : NB_F32, dev);
+  if (!lse) return nb_last_status();
+  if (!nb_numel(o)) return NB_OK; /* Lq = 0: the backward still needs an (empty) lse */
+  nb_kview ko, kl, kq, kk, kv;
+  nb_kview_of(o, &ko); nb_kview_of(lse, &kl);
+  nb_kview_of(q, &kq); nb_kview_of(c->in[1], &kk); nb_kview_of(c->in[2], &kv);
+  return nb_backend_for(dev)->attn_fwd(&ko, &kl, &kq, &kk, &kv, p->scale, p->causal);
+}
+
+static nb_status att_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
+  const nb_tensor *in[6] = {g, n->inputs[0], n->inputs[1], n->inputs[2], n->saved[ATT_SAVED_O],
+                            n->saved[ATT_SAVED_LSE]};
+  nb_tensor *d[3];
+  nb_status st = nb_op_run_outs(&nb_op_scaled_dot_product_attention_backward, 6, in,
+                                nb_node_params(n), d);
+  for (int i = 0; i < 3 && !st; i++)
+    if (nb_node_needs_grad(n, i)) gin[i] = nb_retain(d[i]);
+  return st;
+}
+
+static nb_status att_backward_infer(const nb_op_call *c, nb_meta *out) {
+  nb_meta_of(c->in[ATT_IN_Q], out);
+  return NB_OK;
+}
+
+static nb_status att_backward_prepare(const nb_op_call *c, const nb_tensor **in) {
+  in[ATT_IN_DY] = nb_cast(c->in[ATT_IN_DY], c->in[ATT_IN_Q]->dtype);
+  for (int i = ATT_IN_DY; i <= ATT_IN_V; i++)
+    if (!in[i] || !(in[i] = att_rows(in[i]))) return nb_last_status();
+  return NB_OK;
+}
+
+/* dq into out, dk and dv into aux[0], aux[1], from one backward call. */
+static nb_status att_backward_forward(const nb_op_call *c, nb_tensor *dq, nb_tensor **aux) {
+  const att_params *p = c->p;
+  const nb_tensor *k = c->in[ATT_IN_K], *v = c->in[ATT_IN_V];
+  nb_device dev = nb_device_of(dq);
+  nb_tensor *dk = aux[0] = nb_tensor_alloc(k->ndim, k->shape, k->dtype, dev);
+  nb_tensor *dv = aux[1] = nb_tensor_alloc(v->ndim, v->shape, v->dtype, dev);
+  if (!dk || !dv) return nb_last_status();
+  if (!nb_numel(dq) && !nb_numel(dk) && !nb_numel(dv)) return NB_OK;
+  nb_kview kdq, kdk, kdv, kg, kq, kk, kv, ko, kl;
+  nb_kview_of(dq, &kdq); nb_kview_of(dk, &kdk); nb_kview_of(dv, &kdv);
+  nb_kview_of(c->in[ATT_IN_DY], &kg); nb_kview_of(c->in[ATT_IN_Q], &kq);
+  nb_kview_of(k, &kk); nb_kview_of(v, &kv);
+  nb_kview_of(c->in[ATT_IN_O], &ko); nb_kview_of(c->in[ATT_IN_LSE], &kl);
+  return nb_backend_for(dev)->attn_bwd(&kdq, &kdk, &kdv, &kg, &kq, &kk, &kv, &ko, &kl, p->scale,
+                                       p->causal);
+}
+
+/* 4 Lq Lk D FLOPs forward (two products), halved when causal; backward
+ * 2.5 times that (five products, the probabilities recomputed). */
+static double att_flops(const nb_tensor *q, const nb_tensor *k, int causal) {
+  int nd = q->ndim;
+  double f = 4.0 * (double)nb_numel(q) * (double)k->shape[nd - 2];
+  return causal ? f / 2 : f;
+}
+static void att_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  *bytes = nb_op_io_bytes(c, out);
+  *flops = att_flops(c->in[0], c->in[1], ((const att_params *)c->p)->causal);
+}
+static void att_backward_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  const nb_tensor *k = c->in[ATT_IN_K], *v = c->in[ATT_IN_V];
+  *bytes = nb_op_io_bytes(c, out) + (double)(nb_numel(k) * nb_dtype_size(k->dtype)) +
+           (double)(nb_numel(v) * nb_dtype_size(v->dtype)); /* + dk, dv */
+  *flops = 2.5 * att_flops(c->in[ATT_IN_Q], k, ((const att_params *)c->p)->causal);
+}
+
+static const att_params att_bench = {1, 0.08838834764831845};
+#define ATT_BENCH "r:4x16x4096x128,r:4x16x4096x128,r:4x16x4096x128"
+const nb_op nb_op_scaled_dot_product_attention = {
+    .name = "scaled_dot_product_attention", .kind = NB_OPK_CONTRACT, .n_in = 3,
+    .in_names = {"q", "k", "v"}, .psize = sizeof(att_params), .prec = NB_PREC_LOW,
+    .determinism = "fixed-order sums on every path (no atomics)", .infer = att_infer,
+    .prepare = att_prepare, .forward = att_forward, .always_forward = 1, .backward = att_bw,
+    .save_out = 1,
+    .cost = att_cost, .bench_in = ATT_BENCH, .bench_p = &att_bench};
+const nb_op nb_op_scaled_dot_product_attention_backward = {
+    .name = "scaled_dot_product_attention_backward", .kind = NB_OPK_CONTRACT, .n_in = 6,
+    .n_out = 3, .in_names = {"dy", "q", "k", "v", "o", "lse"}, .psize = sizeof(att_params),
+    .prec = NB_PREC_LOW, .determinism = "dq, dk, dv summed in a fixed order (no atomics)",
+    .infer = att_backward_infer, .prepare = att_backward_prepare,
+    .forward = att_backward_forward, .always_forward = 1, .backward = nb_no_double_backward,
+    .cost = att_backward_cost,
+    .bench_in = "r:4x16x4096x128," ATT_BENCH ",r:4x16x4096x128,s:4x16x4096",
+    .bench_p = &att_bench};
 
 /* NABLA_ATTENTION: "composed" or "fused" forces a path (for comparisons and
  * tests); unset, the policy below. */
@@ -219,71 +356,6 @@ static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor 
   return scores * (double)nb_dtype_size(q->dtype) >= (double)(128 << 20);
 }
 
-static nb_status att_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
-  const nb_tensor *q = n->inputs[0], *k = n->inputs[1], *v = n->inputs[2];
-  nb_device dev = nb_device_of(q);
-  nb_tensor *d[3] = {NULL, NULL, NULL};
-  nb_status st = NB_OK;
-  nb_scope_begin();
-  const nb_tensor *gr = att_rows(nb_cast(g, q->dtype));
-  const nb_tensor *qr = att_rows(q), *kr = att_rows(k), *vr = att_rows(v);
-  if (!gr || !qr || !kr || !vr) st = nb_last_status();
-  for (int i = 0; i < 3 && !st; i++) {
-    const nb_tensor *in = n->inputs[i];
-    if (!(d[i] = nb_tensor_alloc(in->ndim, in->shape, in->dtype, dev))) st = nb_last_status();
-  }
-  if (!st && nb_numel(d[0]) + nb_numel(d[1]) + nb_numel(d[2])) {
-    nb_kview kdq, kdk, kdv, kg, kq, kk, kv, ko, kl;
-    nb_kview_of(d[0], &kdq); nb_kview_of(d[1], &kdk); nb_kview_of(d[2], &kdv);
-    nb_kview_of(gr, &kg); nb_kview_of(qr, &kq); nb_kview_of(kr, &kk); nb_kview_of(vr, &kv);
-    nb_kview_of(n->saved[ATT_SAVED_O], &ko); nb_kview_of(n->saved[ATT_SAVED_LSE], &kl);
-    st = nb_backend_for(dev)->attn_bwd(&kdq, &kdk, &kdv, &kg, &kq, &kk, &kv, &ko, &kl,
-                                       n->dp[ATT_DP_SCALE], (int)n->ip[ATT_IP_CAUSAL]);
-  }
-  for (int i = 0; i < 3 && !st; i++) {
-    nb_record("scaled_dot_product_attention_backward", nb_no_double_backward, 4,
-              (const nb_tensor *const[]){gr, q, k, v}, d[i]);
-    if (nb_node_needs_grad(n, i)) gin[i] = nb_retain(d[i]);
-  }
-  nb_scope_end();
-  for (int i = 0; i < 3; i++) nb_release(d[i]);
-  return st;
-}
-
-/* o (.., Lq, Dv, autoreleased) and the saved lse (.., Lq) from the fused
- * kernel; NULL with NB_ERR_UNSUPPORTED when the backend lacks this head
- * dimension. */
-static nb_tensor *att_fused(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
-                            int causal, double scale) {
-  nb_device dev = nb_device_of(q);
-  int nd = q->ndim;
-  int64_t shape[NB_MAX_DIMS];
-  memcpy(shape, q->shape, (size_t)nd * sizeof shape[0]);
-  shape[nd - 1] = v->shape[nd - 1];
-  nb_tensor *o = nb_tensor_alloc(nd, shape, q->dtype, dev);
-  nb_tensor *lse = nb_autorelease(nb_tensor_alloc(nd - 1, shape, q->dtype == NB_F64 ? NB_F64 : NB_F32, dev));
-  const nb_tensor *qr = att_rows(q), *kr = att_rows(k), *vr = att_rows(v);
-  if (!o || !lse || !qr || !kr || !vr) { nb_release(o); return NULL; }
-  if (nb_numel(o)) {
-    nb_kview ko, kl, kq, kk, kv;
-    nb_kview_of(o, &ko); nb_kview_of(lse, &kl);
-    nb_kview_of(qr, &kq); nb_kview_of(kr, &kk); nb_kview_of(vr, &kv);
-    if (nb_backend_for(dev)->attn_fwd(&ko, &kl, &kq, &kk, &kv, scale, causal)) {
-      nb_release(o);
-      return NULL;
-    }
-  }
-  nb_node *n = nb_record("scaled_dot_product_attention", att_bw, 3,
-                         (const nb_tensor *const[]){q, k, v}, o);
-  if (n) {
-    n->ip[ATT_IP_CAUSAL] = causal;
-    n->dp[ATT_DP_SCALE] = scale;
-    nb_node_save(n, ATT_SAVED_O, o);
-    nb_node_save(n, ATT_SAVED_LSE, lse);
-  }
-  return nb_autorelease(o);
-}
-
 /* softmax(q k^T * scale + mask) @ v; a bool mask keeps where true. */
 nb_tensor *nb_scaled_dot_product_attention(const nb_tensor *q, const nb_tensor *k,
                                            const nb_tensor *v, const nb_tensor *mask,
@@ -298,12 +370,10 @@ nb_tensor *nb_scaled_dot_product_attention(const nb_tensor *q, const nb_tensor *
   if (!(scale > 0)) scale = 1.0 / sqrt((double)(D ? D : 1));
   nb_device dev = nb_device_of(q);
   if (att_fused_ok(q, k, v, mask, dropout_p)) {
-    nb_scope_begin();
-    nb_tensor *y = att_fused(q, k, v, causal, scale);
-    int composes = !y && nb_last_status() == NB_ERR_UNSUPPORTED;
-    y = nb_keep(y);
-    nb_scope_end();
-    if (!composes) return nb_autorelease(y);
+    att_params p = {causal, scale};
+    nb_tensor *y = nb_op_run(&nb_op_scaled_dot_product_attention, 3,
+                             (const nb_tensor *const[]){q, k, v}, &p);
+    if (y || nb_last_status() != NB_ERR_UNSUPPORTED) return y;
     nb_clear_error();
   }
   nb_scope_begin();

@@ -38,6 +38,9 @@
   X(full) X(arange) X(rand) X(randn) X(randint) X(to_device)                     \
   /* row ops */                                                                  \
   X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
-  X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)
+  X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)         \
+  /* attention and dropout (op_attention.c) */                                   \
+  X(scaled_dot_product_attention) X(scaled_dot_product_attention_backward)       \
+  X(dropout)
 
 #endif
