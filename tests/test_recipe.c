@@ -9,7 +9,8 @@
  * digit's marginal distribution, for a seed-dependent number of steps; the
  * full default run ended at 10% for seed 1. The plain run checks
  * RECIPE_SEEDS seeds (about 6.5 s each on one core), NABLA_TEST_QUICK=1 the
- * first only. Under a sanitizer (the CI's second pass, where one seed took
+ * first only; then seed 1 under bf16 autocast (--precision bf16) with the
+ * same bar. Under a sanitizer (the CI's second pass, where one seed took
  * 50 s) the run is cut to RECIPE_SMOKE_STEPS steps and only has to finish
  * and report its accuracy: that pass looks for memory errors, the plain
  * pass for learning. */
@@ -44,9 +45,10 @@ static char out[64 * 1024];
 
 /* Trains the reduced configuration with one seed for steps steps; checks
  * the accuracy against min_acc. */
-static void recipe_seed(int seed, int steps, double min_acc) {
+static void recipe_seed(int seed, int steps, double min_acc, const char *precision) {
   char args[512];
-  snprintf(args, sizeof args, "%s --steps %d --seed %d", RECIPE_ARGS, steps, seed);
+  snprintf(args, sizeof args, "%s --steps %d --seed %d --precision %s", RECIPE_ARGS, steps, seed,
+           precision);
   int st = nbt_run(bin, args, dir, out, sizeof out);
   NBT_CHECK(st == 0, "seed %d: '%s' exits 0, got %d:\n%s", seed, args, st, out);
   const char *p = strstr(out, "held-out accuracy: ");
@@ -55,7 +57,7 @@ static void recipe_seed(int seed, int steps, double min_acc) {
             "seed %d: accuracy line in:\n%s", seed, out);
   NBT_CHECK(acc >= min_acc, "seed %d: held-out accuracy %.2f%% >= %.0f%% (%s):\n%s", seed,
             acc, min_acc, args, out);
-  printf("seed %d, %d steps: held-out accuracy %.2f%%\n", seed, steps, acc);
+  printf("seed %d, %d steps, %s: held-out accuracy %.2f%%\n", seed, steps, precision, acc);
 }
 
 int main(void) {
@@ -69,10 +71,12 @@ int main(void) {
   if (!nbt_tmpdir(dir, sizeof dir, "recipe")) return 1;
   if (RECIPE_SANITIZED) {
     printf("built with a sanitizer: %d steps, no accuracy bar\n", RECIPE_SMOKE_STEPS);
-    recipe_seed(1, RECIPE_SMOKE_STEPS, 0.0);
+    recipe_seed(1, RECIPE_SMOKE_STEPS, 0.0, "bf16");
   } else {
     int seeds = quick && *quick && strcmp(quick, "0") ? 1 : RECIPE_SEEDS;
-    for (int s = 1; s <= seeds; s++) recipe_seed(s, RECIPE_STEPS, RECIPE_MIN_ACC);
+    for (int s = 1; s <= seeds; s++) recipe_seed(s, RECIPE_STEPS, RECIPE_MIN_ACC, "f32");
+    /* mixed precision (bf16 autocast, f32 weights) learns the same recipe */
+    recipe_seed(1, RECIPE_STEPS, RECIPE_MIN_ACC, "bf16");
   }
   nbt_rmtree(dir);
   return nbt_finish();

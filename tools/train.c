@@ -229,7 +229,14 @@ static nb_tensor *train_loss_of(const trainer *tr, int B, const int64_t *x, cons
   int64_t shape[2] = {B, train_seq_len(tr)};
   nb_tensor *xt = nb_from_buffer(x, 2, shape, NB_I64, tr->device);
   nb_tensor *yt = nb_from_buffer(y, 2, shape, NB_I64, tr->device);
-  return gpt_loss(tr->model, xt, yt);
+  /* --precision bf16: the forward under autocast; backward runs outside it,
+   * each rule in the dtypes its forward used, and the f32 parameters get
+   * f32 gradients through the casts */
+  int low = strcmp(tr->o.precision, "f32") != 0;
+  if (low && nb_autocast_begin(NB_BF16)) return NULL;
+  nb_tensor *loss = gpt_loss(tr->model, xt, yt);
+  if (low) nb_autocast_end();
+  return loss;
 }
 
 /* Forward and backward of the batch in o->accum micro-batches of equal size.
@@ -554,9 +561,9 @@ static void train_describe(const trainer *tr) {
          (long long)nb_params_numel(tr->model->all), dev);
   char accum[64] = "";
   if (o->accum > 1) snprintf(accum, sizeof accum, " in %d micro-batches", o->accum);
-  printf("training: %lld steps of %d x %d tokens%s, AdamW lr %g (warm-up %lld, cosine)%s\n",
+  printf("training: %lld steps of %d x %d tokens%s, AdamW lr %g (warm-up %lld, cosine), %s%s\n",
          (long long)o->steps, o->batch, train_seq_len(tr), accum, o->lr, (long long)o->warmup,
-         tr->step ? ", resumed" : "");
+         strcmp(o->precision, "f32") ? "bf16 autocast, f32 weights" : "f32", tr->step ? ", resumed" : "");
   if (tr->step) printf("resumed at step %lld from %s\n", (long long)tr->step, o->resume);
   fflush(stdout);
 }

@@ -27,6 +27,7 @@ typedef struct {
   const char *data, *save, *resume, *svg, *device;
   const char *tokens, *val_tokens; /* token files (llm.c's format) */
   const char *model;               /* a preset of model defaults ("gpt2"), or NULL */
+  const char *precision;           /* "f32" or "bf16" (autocast), after defaults */
   int vocab_size;                  /* token ids are below it (--tokens) */
   int64_t max_data;   /* largest --data in bytes; 0: the default (train.c) */
   int64_t save_every; /* checkpoint to --save every N steps; 0: only at the end */

@@ -37,6 +37,9 @@ void train_usage(FILE *f) {
     "  --dim N            model width\n"
     "  --context N        longest input sequence (addition: at least 3*digits+2)\n"
     "  --batch N          sequences per step\n"
+    "  --precision P      f32 (default) or bf16: forward under autocast (matrix\n"
+    "                     products and attention in bf16 with f32 accumulation,\n"
+    "                     norms, softmax and the loss in f32; f32 master weights)\n"
     "  --accum N          split each step's batch into N micro-batches whose\n"
     "                     gradients accumulate before the update (default 1)\n"
     "  --steps N          total optimizer steps (the LR schedule's length)\n"
@@ -63,7 +66,7 @@ void train_usage(FILE *f) {
 
 /* The option table, its destinations in o. */
 #define TRAIN_BIG 1000000000
-#define TRAIN_N_OPTS 29
+#define TRAIN_N_OPTS 30
 static int train_opt_rows(train_opts *o, cli_opt *r) {
   const cli_opt rows[TRAIN_N_OPTS] = {
       CLI_OPT_STR("data", &o->data, 0),
@@ -77,6 +80,7 @@ static int train_opt_rows(train_opts *o, cli_opt *r) {
       CLI_OPT_STR("resume", &o->resume, 0),
       CLI_OPT_STR("svg", &o->svg, OPT_SVG),
       CLI_OPT_STR("device", &o->device, 0),
+      CLI_OPT_CHOICE("precision", &o->precision, "f32|bf16"),
       CLI_OPT_NUM(CLI_INT, "digits", &o->digits, 1, 9, OPT_DIGITS),
       CLI_OPT_NUM(CLI_INT, "layers", &o->layers, 1, 256, OPT_LAYERS),
       CLI_OPT_NUM(CLI_INT, "heads", &o->heads, 1, 1024, OPT_HEADS),
@@ -169,6 +173,7 @@ void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
     DEFAULT(OPT_CONTEXT, context, on_gpu ? 256 : 64);
   }
   DEFAULT(OPT_ACCUM, accum, 1);
+  if (!o->precision) o->precision = "f32";
   DEFAULT(OPT_WARMUP, warmup, o->steps / 20 < 100 ? o->steps / 20 : 100);
   DEFAULT(OPT_EVAL_EVERY, eval_every, o->steps >= 10 ? o->steps / 5 : 0);
   DEFAULT(OPT_LOG_EVERY, log_every, o->steps >= 20 ? o->steps / 20 : 1);

@@ -41,6 +41,10 @@ nb_tensor *nb_linear(const nb_tensor *x, const nb_tensor *weight, const nb_tenso
   }
   nb_scope_begin();
   nb_tensor *y = nb_matmul(x, nb_transpose(weight, 0, 1)); /* reads W transposed in place */
+  /* under autocast the bias joins the product's low dtype (as PyTorch's
+   * linear does), not the sum promoting the product back to f32 */
+  if (bias && y && nb_autocast_dtype() != NB_F32 && nb_dtype_of(y) == nb_autocast_dtype())
+    bias = nb_cast(bias, nb_dtype_of(y));
   if (bias) y = nb_add(y, bias);
   y = nb_keep(y);
   nb_scope_end();
