@@ -5,28 +5,31 @@
  * rows contiguous and 16-byte aligned (row and batch strides multiples of 8
  * elements), else cuda_attention.cu's SIMT kernels run.
  *
- * Forward: a CTA of NW warps takes 16 NW query rows of one (batch, head),
- * 16 per warp, and streams tiles of 64 keys and values through shared memory
- * (two stages, cp.async: tile j + 1 loads while tile j is computed; Q is
- * staged in stage 1's space and moved to registers before that stage is
- * first needed). Per tile, in registers: S = Q K^T (A fragments of Q kept in
- * registers, K read by ldmatrix), the mask (keys past Lk; causal, key j for
- * query i when j <= i, aligned top-left, only on tiles that cross the
- * diagonal), the row max through the quad's shuffles, p = exp2(s scale log2e
- * - m scale log2e) with the max subtracted first, the row sums, and
- * O += P V with P rounded to the input dtype as the A operand straight from
- * the S accumulators and V read by ldmatrix.trans. Tiles wholly above the
- * diagonal are never loaded. o = O / l in the input dtype, lse = m scale +
- * log(l) in f32. Query blocks run heaviest first (causal balance).
+ * Forward: a CTA of 4 or 8 warps, each owning 16 query rows (D = 96, 128;
+ * Q's A fragments kept in registers) or 32 (D = 64; Q read from shared
+ * memory, each K/V fragment serving both 16-row halves), of one (batch,
+ * head), streams tiles of 64 keys and values through shared memory (two
+ * stages, cp.async: tile j + 1 loads while tile j is computed; with Q in
+ * registers, Q is staged in stage 1's space and moved out before that stage
+ * is first needed). Per tile, in registers: S = Q K^T (K by ldmatrix), the
+ * mask (keys past Lk; causal, key j for query i when j <= i, aligned
+ * top-left, only on tiles that cross a warp's diagonal), the row max
+ * through the quad's shuffles, p = exp2(s scale log2e - m scale log2e) with
+ * the max subtracted first, the row sums, and O += P V with P rounded to
+ * the input dtype as the A operand straight from the S accumulators and V
+ * read by ldmatrix.trans. Tiles wholly above the diagonal are never loaded.
+ * o = O / l in the input dtype, lse = m scale + log(l) in f32. Query blocks
+ * run heaviest first (causal balance).
  *
  * Backward, recomputing P from lse: delta = rowsum(dout * o) (one kernel);
- * dK, dV: a CTA per 64 keys, each warp owning 16 keys, streaming the query
- * blocks that see them (Q, dO, lse, delta double-buffered): S^T = K Q^T,
- * P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q,
- * all in registers; dQ: a CTA per 64 queries streaming the K/V blocks they
- * see, recomputing S, P, dP and dS, dQ += dS K. Every output element is
- * accumulated by one thread in a fixed order (no atomics): the same bits on
- * every run. Shapes: q (.., Lq, D), k, v (.., Lk, D), o, dout (.., Lq, D),
+ * dK, dV: a CTA of 4 or 8 warps per 64 or 128 keys, each warp owning 16,
+ * streaming the 64-query blocks that see them (Q, dO, lse, delta
+ * double-buffered): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
+ * dS^T = P^T (dP^T - delta), dK += dS^T Q, all in registers; dQ: a CTA per
+ * 64 or 128 queries streaming the 64-key K/V blocks they see, recomputing
+ * S, P, dP and dS, dQ += dS K. Warps per CTA: see fa_fwd_warps. Every
+ * output element is accumulated by one thread in a fixed order (no
+ * atomics): the same bits on every run. Shapes: q (.., Lq, D), k, v (.., Lk, D), o, dout (.., Lq, D),
  * lse (.., Lq) f32; dq, dk, dv contiguous. */
 #include <math.h>
 #include <stdlib.h>
@@ -36,14 +39,12 @@
 #include "backend/cuda/cuda_mma.cuh"
 
 #define FA_MAXB (NB_MAX_DIMS - 2)
-#define FA_BN 64 /* keys per tile (forward, dQ); keys per CTA (dK, dV) */
-#define FA_BM 64 /* queries per CTA (dQ), per streamed tile (dK, dV) */
-#ifndef FA_KU
-#define FA_KU 2
-#endif
-#ifndef FA_KUQ
+#define FA_BN 64 /* keys per tile (dQ) */
+#define FA_BM 64 /* queries per streamed tile (dK, dV) */
+/* k-steps of S = A B^T unrolled in the backward kernels: 1 in dK/dV keeps
+ * its registers under 255 at D = 128 (unrolled it spills), all in dQ */
+#define FA_KU 1
 #define FA_KUQ 8
-#endif
 #define FA_LOG2E 1.4426950408889634f
 
 namespace {
@@ -156,14 +157,14 @@ __device__ __forceinline__ void fa_store(T *dst, int64_t rs, int r, int L, const
 /* ---- forward ----------------------------------------------------------- */
 /* One tile's online softmax for a warp's rows g and g + 8 (h = 0, 1): s
  * becomes p, o and l are rescaled by the change of the running max m. */
-template <int D>
-__device__ __forceinline__ void fa_softmax(float (&s)[8][4], float (&o)[D / 8][4], float *m, float *l,
+template <int D, int NT>
+__device__ __forceinline__ void fa_softmax(float (&s)[NT][4], float (&o)[D / 8][4], float *m, float *l,
                                            float sl2) {
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     float mx = m[h];
 #pragma unroll
-    for (int n = 0; n < 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float ms = mx == -INFINITY ? 0.0f : mx * sl2; /* a row with no key yet */
@@ -171,7 +172,7 @@ __device__ __forceinline__ void fa_softmax(float (&s)[8][4], float (&o)[D / 8][4
     m[h] = mx;
     float sum = 0.0f;
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
+    for (int n = 0; n < NT; n++) {
       s[n][2 * h] = nb_mma_exp2(fmaf(s[n][2 * h], sl2, -ms));
       s[n][2 * h + 1] = nb_mma_exp2(fmaf(s[n][2 * h + 1], sl2, -ms));
       sum += s[n][2 * h] + s[n][2 * h + 1];
@@ -183,10 +184,11 @@ __device__ __forceinline__ void fa_softmax(float (&s)[8][4], float (&o)[D / 8][4
 }
 
 /* -inf where key col0 + column is past Lk or (causal) after the row. */
-__device__ __forceinline__ void fa_mask(float (&s)[8][4], int row, int col0, int Lk, int causal,
+template <int NT>
+__device__ __forceinline__ void fa_mask(float (&s)[NT][4], int row, int col0, int Lk, int causal,
                                         float fill, int lane) {
 #pragma unroll
-  for (int n = 0; n < 8; n++)
+  for (int n = 0; n < NT; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1), r = row + 8 * (e >> 1);
@@ -194,73 +196,145 @@ __device__ __forceinline__ void fa_mask(float (&s)[8][4], int row, int col0, int
     }
 }
 
+/* S[MI][16 x 64] += Q K^T for a warp's 16 MI rows: Q's A fragments from
+ * registers (qf, MI == 1) or shared memory (qa), K's from shared memory. */
+template <typename T, int D, int MI, int QR, int NT>
+__device__ __forceinline__ void fa_fwd_s(float (&s)[MI][NT][4], const uint32_t (&qf)[QR][4], uint32_t qa,
+                                         uint32_t kb0) {
+  constexpr int P = D + 8;
+#pragma unroll MI == 1 ? D / 16 : 1
+  for (int kk = 0; kk < D / 16; kk++) {
+    uint32_t a[MI][4];
+    if (MI > 1) {
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) nb_mma_ldsm(a[mi], qa + 2 * (mi * 16 * P + kk * 16));
+    }
+#pragma unroll
+    for (int nj = 0; nj < NT / 2; nj++) {
+      uint32_t bf[4];
+      nb_mma_ldsm(bf, kb0 + 2 * (nj * 16 * P + kk * 16));
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) {
+        const uint32_t *af = MI == 1 ? qf[kk % QR] : a[mi];
+        nb_mma<T>::run(s[mi][2 * nj], af, bf);
+        nb_mma<T>::run(s[mi][2 * nj + 1], af, bf + 2);
+      }
+    }
+  }
+}
+
+/* O[MI] += P[MI] V: P rounded to T from the S accumulators (all of it
+ * first, so the f32 values die before V's fragments load), V by
+ * ldmatrix.trans. */
+template <typename T, int D, int MI, int NT>
+__device__ __forceinline__ void fa_fwd_pv(float (&o)[MI][D / 8][4], const float (&x)[MI][NT][4],
+                                          uint32_t vb0) {
+  constexpr int P = D + 8;
+  uint32_t pa[NT / 2][MI][4];
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+      pa[kk][mi][0] = nb_mma<T>::pack(x[mi][2 * kk][0], x[mi][2 * kk][1]);
+      pa[kk][mi][1] = nb_mma<T>::pack(x[mi][2 * kk][2], x[mi][2 * kk][3]);
+      pa[kk][mi][2] = nb_mma<T>::pack(x[mi][2 * kk + 1][0], x[mi][2 * kk + 1][1]);
+      pa[kk][mi][3] = nb_mma<T>::pack(x[mi][2 * kk + 1][2], x[mi][2 * kk + 1][3]);
+    }
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; kk++) {
+    const uint32_t (&a)[MI][4] = pa[kk];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) {
+      uint32_t bf[4];
+      nb_mma_ldsm_t(bf, vb0 + 2 * (kk * 16 * P + nd * 16));
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) {
+        nb_mma<T>::run(o[mi][2 * nd], a[mi], bf);
+        nb_mma<T>::run(o[mi][2 * nd + 1], a[mi], bf + 2);
+      }
+    }
+  }
+}
+
 // q (B, Lq, D), k, v (B, Lk, D) -> o (B, Lq, D), lse (B, Lq)
-template <typename T, int D, int NW>
+/* NW warps of 16 MI rows each, tiles of BN keys. MI == 1: Q's fragments
+ * live in registers and Q is staged in stage 1's space; MI == 2: Q stays in
+ * its own shared tile and each warp's K/V fragments serve 32 rows (half the
+ * fragment reads per row). */
+template <typename T, int D, int MI, int BN, int NW>
 __global__ void __launch_bounds__(NW * 32) fa_fwd_kernel(const fa_params p) {
-  constexpr int BM = 16 * NW, P = D + 8, TILE = FA_BN * P, THREADS = NW * 32;
-  static_assert(BM <= 2 * FA_BN, "Q fits stage 1");
+  constexpr int WR = 16 * MI, BM = WR * NW, P = D + 8, TILE = BN * P, QR = MI == 1 ? D / 16 : 1;
+  constexpr int NT = BN / 8, TH = NW * 32;
+  static_assert(MI == 2 || BM <= 2 * BN, "Q fits stage 1");
   extern __shared__ __align__(16) uint16_t fa_smem[];
   const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - blockIdx.x / p.B) * BM;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = i0 + warp * 16 + (lane >> 2);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = i0 + warp * WR + (lane >> 2);
   const uint16_t *qb = p.q.p + fa_off(p, p.q, b), *kb = p.k.p + fa_off(p, p.k, b);
   const uint16_t *vb = p.v.p + fa_off(p, p.v, b);
   const int kend = p.causal ? min(p.Lk, min(i0 + BM, p.Lq)) : p.Lk;
-  const int ntiles = (kend + FA_BN - 1) / FA_BN;
-  uint16_t *sq = fa_smem + 2 * TILE; /* stage 1's K (and V) space */
-  fa_load<D, BM, THREADS>(sq, qb, p.q.rs, i0, p.Lq);
+  const int ntiles = (kend + BN - 1) / BN;
+  uint16_t *sq = fa_smem + (MI == 1 ? 2 : 4) * TILE; /* MI == 1: stage 1's K space */
+  fa_load<D, BM, TH>(sq, qb, p.q.rs, i0, p.Lq);
   nb_mma_commit();
-  fa_load<D, FA_BN, THREADS>(fa_smem, kb, p.k.rs, 0, p.Lk);
-  fa_load<D, FA_BN, THREADS>(fa_smem + TILE, vb, p.v.rs, 0, p.Lk);
+  fa_load<D, BN, TH>(fa_smem, kb, p.k.rs, 0, p.Lk);
+  fa_load<D, BN, TH>(fa_smem + TILE, vb, p.v.rs, 0, p.Lk);
   nb_mma_commit();
   nb_mma_wait<1>();
   __syncthreads();
-  uint32_t qf[D / 16][4];
-  const uint32_t qa = nb_mma_smem(sq + warp * 16 * P + nb_mma_frag_a(lane, P));
+  uint32_t qf[QR][4];
+  const uint32_t qa = nb_mma_smem(sq + warp * WR * P + nb_mma_frag_a(lane, P));
+  if (MI == 1) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) nb_mma_ldsm(qf[kk], qa + 2 * kk * 16);
-  float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int kk = 0; kk < QR; kk++) nb_mma_ldsm(qf[kk], qa + 2 * kk * 16);
+  }
+  float o[MI][D / 8][4], m[MI][2], l[MI][2];
 #pragma unroll
-  for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int mi = 0; mi < MI; mi++) {
+    m[mi][0] = m[mi][1] = -INFINITY;
+    l[mi][0] = l[mi][1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+  }
   for (int j = 0; j < ntiles; j++) {
     nb_mma_wait<0>();
     __syncthreads(); /* tile j landed everywhere; tile j - 1 (and Q) no longer read */
     if (j + 1 < ntiles) {
       uint16_t *sk = fa_smem + ((j + 1) & 1) * 2 * TILE;
-      fa_load<D, FA_BN, THREADS>(sk, kb, p.k.rs, (j + 1) * FA_BN, p.Lk);
-      fa_load<D, FA_BN, THREADS>(sk + TILE, vb, p.v.rs, (j + 1) * FA_BN, p.Lk);
+      fa_load<D, BN, TH>(sk, kb, p.k.rs, (j + 1) * BN, p.Lk);
+      fa_load<D, BN, TH>(sk + TILE, vb, p.v.rs, (j + 1) * BN, p.Lk);
     }
     nb_mma_commit();
     const uint16_t *sk = fa_smem + (j & 1) * 2 * TILE, *sv = sk + TILE;
-    float s[8][4];
+    float s[MI][NT][4];
 #pragma unroll
-    for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    const uint32_t kb0 = nb_mma_smem(sk + nb_mma_frag_bn(lane, P));
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
+      for (int n = 0; n < NT; n++) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
+    fa_fwd_s<T, D, MI, QR, NT>(s, qf, qa, nb_mma_smem(sk + nb_mma_frag_bn(lane, P)));
+    const int j0 = j * BN;
+    if (j0 + BN > p.Lk || (p.causal && j0 + BN - 1 > i0 + warp * WR)) { /* warp-uniform */
 #pragma unroll
-      for (int nj = 0; nj < 4; nj++) {
-        uint32_t bf[4];
-        nb_mma_ldsm(bf, kb0 + 2 * (nj * 16 * P + kk * 16));
-        nb_mma<T>::run(s[2 * nj], qf[kk], bf);
-        nb_mma<T>::run(s[2 * nj + 1], qf[kk], bf + 2);
-      }
-    const int j0 = j * FA_BN;
-    if (j0 + FA_BN > p.Lk || (p.causal && j0 + FA_BN - 1 > i0 + warp * 16)) /* warp-uniform */
-      fa_mask(s, row, j0, p.Lk, p.causal, -INFINITY, lane);
-    fa_softmax<D>(s, o, m, l, p.sl2);
-    fa_mma_xb<T, D>(o, s, sv, lane);
+      for (int mi = 0; mi < MI; mi++) fa_mask(s[mi], row + 16 * mi, j0, p.Lk, p.causal, -INFINITY, lane);
+    }
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) fa_softmax<D>(s[mi], o[mi], m[mi], l[mi], p.sl2);
+    fa_fwd_pv<T, D, MI, NT>(o, s, nb_mma_smem(sv + nb_mma_frag_bk(lane, P)));
   }
   nb_mma_wait<0>();
-  float inv[2];
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if ((lane & 3) == 0 && row + 8 * h < p.Lq)
-      p.lse[(int64_t)b * p.Lq + row + 8 * h] = l[h] > 0.0f ? m[h] * p.scale + logf(l[h]) : -INFINITY;
+  for (int mi = 0; mi < MI; mi++) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = row + 16 * mi + 8 * h;
+      l[mi][h] += __shfl_xor_sync(0xffffffffu, l[mi][h], 1);
+      l[mi][h] += __shfl_xor_sync(0xffffffffu, l[mi][h], 2);
+      inv[h] = l[mi][h] > 0.0f ? 1.0f / l[mi][h] : 0.0f;
+      if ((lane & 3) == 0 && r < p.Lq)
+        p.lse[(int64_t)b * p.Lq + r] = l[mi][h] > 0.0f ? m[mi][h] * p.scale + logf(l[mi][h]) : -INFINITY;
+    }
+    fa_store<T, D>((T *)(p.o.p + fa_off(p, p.o, b)), p.o.rs, row + 16 * mi, p.Lq, o[mi], inv, lane);
   }
-  fa_store<T, D>((T *)(p.o.p + fa_off(p, p.o, b)), p.o.rs, row, p.Lq, o, inv, lane);
 }
 
 /* ---- backward ---------------------------------------------------------- */
@@ -290,24 +364,25 @@ __device__ __forceinline__ void fa_load_stats(float *sl, const fa_params &p, int
   else if (threadIdx.x < 128) sl[64 + t] = v;
 }
 
-// dk, dv (B, Lk, D): a CTA per 64 keys, a warp per 16 of them
-template <typename T, int D>
-__global__ void __launch_bounds__(128) fa_bwd_kv_kernel(const fa_params p) {
-  constexpr int P = D + 8, TILE = FA_BM * P;
+// dk, dv (B, Lk, D): a CTA per 16 NW keys, a warp per 16 of them
+template <typename T, int D, int NW>
+__global__ void __launch_bounds__(NW * 32) fa_bwd_kv_kernel(const fa_params p) {
+  constexpr int P = D + 8, TILE = FA_BM * P, BK = 16 * NW, TH = NW * 32, KT = NW / 4;
   extern __shared__ __align__(16) uint16_t fa_smem[];
-  const int b = blockIdx.x % p.B, j0 = blockIdx.x / p.B * FA_BN;
+  const int b = blockIdx.x % p.B, j0 = blockIdx.x / p.B * BK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key = j0 + warp * 16 + (lane >> 2);
   const uint16_t *qb = p.q.p + fa_off(p, p.q, b), *gb = p.g.p + fa_off(p, p.g, b);
-  const uint16_t *sk = fa_smem, *sv = fa_smem + TILE;
-  float *stats = (float *)(fa_smem + 6 * TILE); /* per stage: lse * log2e [64], delta [64] */
+  const uint16_t *sk = fa_smem, *sv = fa_smem + KT * TILE; /* BK rows each */
+  uint16_t *sq0 = fa_smem + 2 * KT * TILE;                  /* stage s: Q, dO at 2s, 2s + 1 */
+  float *stats = (float *)(sq0 + 4 * TILE); /* per stage: lse * log2e [64], delta [64] */
   const int ibeg = p.causal ? j0 / FA_BM * FA_BM : 0;
   const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FA_BM - 1) / FA_BM : 0;
-  fa_load<D, FA_BN, 128>(fa_smem, p.k.p + fa_off(p, p.k, b), p.k.rs, j0, p.Lk);
-  fa_load<D, FA_BN, 128>(fa_smem + TILE, p.v.p + fa_off(p, p.v, b), p.v.rs, j0, p.Lk);
+  fa_load<D, BK, TH>(fa_smem, p.k.p + fa_off(p, p.k, b), p.k.rs, j0, p.Lk);
+  fa_load<D, BK, TH>(fa_smem + KT * TILE, p.v.p + fa_off(p, p.v, b), p.v.rs, j0, p.Lk);
   if (ntiles) {
-    fa_load<D, FA_BM, 128>(fa_smem + 2 * TILE, qb, p.q.rs, ibeg, p.Lq);
-    fa_load<D, FA_BM, 128>(fa_smem + 3 * TILE, gb, p.g.rs, ibeg, p.Lq);
+    fa_load<D, FA_BM, TH>(sq0, qb, p.q.rs, ibeg, p.Lq);
+    fa_load<D, FA_BM, TH>(sq0 + TILE, gb, p.g.rs, ibeg, p.Lq);
     fa_load_stats(stats, p, b, ibeg);
   }
   nb_mma_commit();
@@ -322,12 +397,12 @@ __global__ void __launch_bounds__(128) fa_bwd_kv_kernel(const fa_params p) {
     __syncthreads();
     if (it + 1 < ntiles) {
       const int s1 = (it + 1) & 1;
-      fa_load<D, FA_BM, 128>(fa_smem + (2 + 2 * s1) * TILE, qb, p.q.rs, i0 + FA_BM, p.Lq);
-      fa_load<D, FA_BM, 128>(fa_smem + (3 + 2 * s1) * TILE, gb, p.g.rs, i0 + FA_BM, p.Lq);
+      fa_load<D, FA_BM, TH>(sq0 + 2 * s1 * TILE, qb, p.q.rs, i0 + FA_BM, p.Lq);
+      fa_load<D, FA_BM, TH>(sq0 + (2 * s1 + 1) * TILE, gb, p.g.rs, i0 + FA_BM, p.Lq);
       fa_load_stats(stats + 128 * s1, p, b, i0 + FA_BM);
     }
     nb_mma_commit();
-    const uint16_t *sq = fa_smem + (2 + 2 * (it & 1)) * TILE, *sg = sq + TILE;
+    const uint16_t *sq = sq0 + 2 * (it & 1) * TILE, *sg = sq + TILE;
     const float *sl = stats + 128 * (it & 1), *sd = sl + 64;
     float s[8][4], dp[8][4];
 #pragma unroll
@@ -335,7 +410,7 @@ __global__ void __launch_bounds__(128) fa_bwd_kv_kernel(const fa_params p) {
 #pragma unroll
       for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
     fa_mma_abt<T, D, FA_KU>(s, sk + warp * 16 * P, sq, lane); /* S^T = K Q^T (keys x queries) */
-    const bool diag = p.causal && i0 < j0 + FA_BN;      /* CTA-uniform */
+    const bool diag = p.causal && i0 < j0 + BK;         /* CTA-uniform */
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -359,21 +434,22 @@ __global__ void __launch_bounds__(128) fa_bwd_kv_kernel(const fa_params p) {
   fa_store<T, D>((T *)p.dv + off, D, key, p.Lk, dv, one, lane);
 }
 
-// dq (B, Lq, D): a CTA per 64 queries, a warp per 16 of them
-template <typename T, int D>
-__global__ void __launch_bounds__(128) fa_bwd_q_kernel(const fa_params p) {
-  constexpr int P = D + 8, TILE = FA_BN * P;
+// dq (B, Lq, D): a CTA per 16 NW queries, a warp per 16 of them
+template <typename T, int D, int NW>
+__global__ void __launch_bounds__(NW * 32) fa_bwd_q_kernel(const fa_params p) {
+  constexpr int P = D + 8, TILE = FA_BN * P, BQ = 16 * NW, TH = NW * 32, QT = NW / 4;
   extern __shared__ __align__(16) uint16_t fa_smem[];
-  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - blockIdx.x / p.B) * FA_BM;
+  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - blockIdx.x / p.B) * BQ;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = i0 + warp * 16 + (lane >> 2);
   const uint16_t *kb = p.k.p + fa_off(p, p.k, b), *vb = p.v.p + fa_off(p, p.v, b);
-  const int kend = p.causal ? min(p.Lk, min(i0 + FA_BM, p.Lq)) : p.Lk;
+  const int kend = p.causal ? min(p.Lk, min(i0 + BQ, p.Lq)) : p.Lk;
   const int ntiles = (kend + FA_BN - 1) / FA_BN;
-  fa_load<D, FA_BM, 128>(fa_smem, p.q.p + fa_off(p, p.q, b), p.q.rs, i0, p.Lq);
-  fa_load<D, FA_BM, 128>(fa_smem + TILE, p.g.p + fa_off(p, p.g, b), p.g.rs, i0, p.Lq);
+  uint16_t *sk0 = fa_smem + 2 * QT * TILE; /* stage s: K, V at 2s, 2s + 1 */
+  fa_load<D, BQ, TH>(fa_smem, p.q.p + fa_off(p, p.q, b), p.q.rs, i0, p.Lq);
+  fa_load<D, BQ, TH>(fa_smem + QT * TILE, p.g.p + fa_off(p, p.g, b), p.g.rs, i0, p.Lq);
   if (ntiles) {
-    fa_load<D, FA_BN, 128>(fa_smem + 2 * TILE, kb, p.k.rs, 0, p.Lk);
-    fa_load<D, FA_BN, 128>(fa_smem + 3 * TILE, vb, p.v.rs, 0, p.Lk);
+    fa_load<D, FA_BN, TH>(sk0, kb, p.k.rs, 0, p.Lk);
+    fa_load<D, FA_BN, TH>(sk0 + TILE, vb, p.v.rs, 0, p.Lk);
   }
   nb_mma_commit();
   float lse[2], delta[2], dq[D / 8][4];
@@ -385,17 +461,17 @@ __global__ void __launch_bounds__(128) fa_bwd_q_kernel(const fa_params p) {
   }
 #pragma unroll
   for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-  const uint16_t *sq = fa_smem + warp * 16 * P, *sg = fa_smem + TILE + warp * 16 * P;
+  const uint16_t *sq = fa_smem + warp * 16 * P, *sg = fa_smem + QT * TILE + warp * 16 * P;
   for (int j = 0; j < ntiles; j++) {
     nb_mma_wait<0>();
     __syncthreads();
     if (j + 1 < ntiles) {
-      uint16_t *sk = fa_smem + (2 + 2 * ((j + 1) & 1)) * TILE;
-      fa_load<D, FA_BN, 128>(sk, kb, p.k.rs, (j + 1) * FA_BN, p.Lk);
-      fa_load<D, FA_BN, 128>(sk + TILE, vb, p.v.rs, (j + 1) * FA_BN, p.Lk);
+      uint16_t *sk = sk0 + 2 * ((j + 1) & 1) * TILE;
+      fa_load<D, FA_BN, TH>(sk, kb, p.k.rs, (j + 1) * FA_BN, p.Lk);
+      fa_load<D, FA_BN, TH>(sk + TILE, vb, p.v.rs, (j + 1) * FA_BN, p.Lk);
     }
     nb_mma_commit();
-    const uint16_t *sk = fa_smem + (2 + 2 * (j & 1)) * TILE, *sv = sk + TILE;
+    const uint16_t *sk = sk0 + 2 * (j & 1) * TILE, *sv = sk + TILE;
     float s[8][4], dp[8][4];
 #pragma unroll
     for (int n = 0; n < 8; n++)
@@ -516,7 +592,31 @@ nb_status fa_launch(const nb_cuda_ctx *ctx, K kern, int64_t grid, int threads, s
   if (dt == NB_BF16) { typedef __nv_bfloat16 T; __VA_ARGS__; } \
   else { typedef __half T; __VA_ARGS__; }
 
-#define FA_FWD_WARPS 4
+/* Warps per CTA: NABLA_ATTN_FWD_WARPS=4 or 8 (a K/V tile shared by 64 MI
+ * or 128 MI query rows) and NABLA_ATTN_BWD_WARPS=4 or 8 (64 or 128 keys per
+ * dK/dV CTA and queries per dQ CTA), read once, force one for comparisons.
+ * By default 4 at D = 64 and 8 above, the faster on the H100 (bench/results/
+ * h100-2026-11-24-flash-mma.md): forward D = 128 238 -> 264 TFLOP/s with 8,
+ * GPT-2's D = 64 forward 189 with 4 against 168 with 8, and its backward
+ * faster with 4 (forward+backward 98.7 with 4 against 91.8 with 8). */
+int fa_env_warps(const char *name, int *cache) {
+  if (!*cache) {
+    const char *e = getenv(name);
+    int v = e ? atoi(e) : 0;
+    *cache = v == 4 || v == 8 ? v : -1;
+  }
+  return *cache;
+}
+int fa_fwd_warps(int D) {
+  static int nw = 0;
+  int v = fa_env_warps("NABLA_ATTN_FWD_WARPS", &nw);
+  return v > 0 ? v : D == 64 ? 4 : 8;
+}
+int fa_bwd_warps(int D) {
+  static int nw = 0;
+  int v = fa_env_warps("NABLA_ATTN_BWD_WARPS", &nw);
+  return v > 0 ? v : D == 64 ? 4 : 8;
+}
 
 } /* namespace */
 
@@ -526,12 +626,22 @@ int nb_cuda_attn_mma_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kvi
   fa_params p;
   if (!fa_make(&p, ctx, q, k, v, o, NULL, scale, causal)) return 0;
   p.lse = (float *)lse->data;
-  const int D = (int)q->shape[q->ndim - 1], NW = FA_FWD_WARPS;
-  p.nblk = (p.Lq + 16 * NW - 1) / (16 * NW);
-  size_t smem = (size_t)4 * FA_BN * (D + 8) * 2;
-  FA_T_SWITCH(q->dtype, T, FA_D_SWITCH(D, DD, *st = fa_launch(ctx, fa_fwd_kernel<T, DD, NW>,
-                                                             (int64_t)p.B * p.nblk, NW * 32, smem,
-                                                             p, "attention (mma)")));
+  /* rows per warp in 16s: 2 at D = 64 (on the H100 10% faster than 1);
+   * at D = 96 and 128 two would take over 255 registers with 64-key tiles */
+  const int D = (int)q->shape[q->ndim - 1], mi = D == 64 ? 2 : 1, nw = fa_fwd_warps(D);
+  const int bm = 16 * mi * nw, th = 32 * nw;
+  p.nblk = (p.Lq + bm - 1) / bm;
+  const size_t smem = (size_t)(4 * 64 + (mi == 2 ? bm : 0)) * (D + 8) * 2;
+  const int64_t grid = (int64_t)p.B * p.nblk;
+  const char *name = "attention (mma)";
+  FA_T_SWITCH(q->dtype, T, {
+    if (D == 64 && nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 64, 2, 64, 4>, grid, th, smem, p, name);
+    else if (D == 64) *st = fa_launch(ctx, fa_fwd_kernel<T, 64, 2, 64, 8>, grid, th, smem, p, name);
+    else if (D == 96 && nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 96, 1, 64, 4>, grid, th, smem, p, name);
+    else if (D == 96) *st = fa_launch(ctx, fa_fwd_kernel<T, 96, 1, 64, 8>, grid, th, smem, p, name);
+    else if (nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 128, 1, 64, 4>, grid, th, smem, p, name);
+    else *st = fa_launch(ctx, fa_fwd_kernel<T, 128, 1, 64, 8>, grid, th, smem, p, name);
+  });
   return 1;
 }
 
@@ -551,19 +661,25 @@ int nb_cuda_attn_mma_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kv
     *st = nb_last_status();
     return 1;
   }
-  const size_t tiles = (size_t)6 * 64 * (D + 8) * 2;
+  const int nw = fa_bwd_warps(D);
+  const size_t tiles = (size_t)(4 + 2 * nw / 4) * 64 * (D + 8) * 2; /* 2 x 16 nw rows + 4 x 64 */
   *st = NB_OK;
   FA_T_SWITCH(q->dtype, T, FA_D_SWITCH(D, DD, {
     const int64_t rows = (int64_t)p.B * p.Lq;
     *st = fa_launch(ctx, fa_delta_kernel<T, DD>, (rows + 7) / 8, 256, 0, p, "attention_bwd (delta)");
-    p.nblk = (p.Lk + FA_BN - 1) / FA_BN;
-    if (!*st)
-      *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD>, (int64_t)p.B * p.nblk, 128,
-                      tiles + 2 * 128 * sizeof(float), p, "attention_bwd (dk, dv)");
-    p.nblk = (p.Lq + FA_BM - 1) / FA_BM;
-    if (!*st)
-      *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD>, (int64_t)p.B * p.nblk, 128, tiles, p,
-                      "attention_bwd (dq)");
+    p.nblk = (p.Lk + 16 * nw - 1) / (16 * nw);
+    const int64_t gkv = (int64_t)p.B * p.nblk;
+    const size_t skv = tiles + 2 * 128 * sizeof(float);
+    if (!*st && nw == 8)
+      *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD, 8>, gkv, 256, skv, p, "attention_bwd (dk, dv)");
+    else if (!*st)
+      *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD, 4>, gkv, 128, skv, p, "attention_bwd (dk, dv)");
+    p.nblk = (p.Lq + 16 * nw - 1) / (16 * nw);
+    const int64_t gq = (int64_t)p.B * p.nblk;
+    if (!*st && nw == 8)
+      *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD, 8>, gq, 256, tiles, p, "attention_bwd (dq)");
+    else if (!*st)
+      *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD, 4>, gq, 128, tiles, p, "attention_bwd (dq)");
   }));
   if (p.delta) nb_cuda_scratch_free(ctx, p.delta, dbytes);
   return 1;
