@@ -149,6 +149,10 @@ class Case:
             return self.make_matmul_set()
         if f.startswith("matmul_bias_gelu"):
             return self.make_matmul_set() + (randn(self.dims[1], self.dt, self.device),)
+        if f.startswith("attention"):  # q, k, v (B, H, N, D); fwdbwd: and dout
+            g = f == "attention_fwdbwd"
+            return tuple(randn(d, dt, dev, grad=g) for _ in range(3)) + \
+                ((randn(d, dt, dev),) if g else ())
         raise ValueError("unknown case family " + f)
 
     def make_matmul_set(self):
@@ -191,6 +195,11 @@ class Case:
             "matmul_bias_gelu": lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
             "matmul_bias_gelu_unfused":
                 lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
+            # torch picks its flash or cuDNN backend; is_causal aligns top-left, as nabla does
+            "attention_fwd": lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.spec.get("layout") == "causal"),
+            "attention_fwdbwd": lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.spec.get("layout") == "causal"),
         }[f]
         return self.wrap(fwd), self.wrap(self.compiled(fwd))
 
@@ -204,6 +213,8 @@ class Case:
             return lambda s: torch.autograd.grad(fwd(s[0], s[1]), (s[0],))
         if f == "embedding_fwdbwd":
             return lambda s: torch.autograd.grad(fwd(s[0], s[1]), (s[0],), s[2])
+        if f == "attention_fwdbwd":
+            return lambda s: torch.autograd.grad(fwd(s[0], s[1], s[2]), s[:3], s[3])
         return lambda s: fwd(*s)
 
 

@@ -15,7 +15,8 @@
 
 typedef enum {
   BK_COPY, BK_ADD, BK_GELU_TANH, BK_SOFTMAX, BK_LN_FWD, BK_LN_FWDBWD, BK_XENT,
-  BK_EMBEDDING, BK_ADAMW, BK_MATMUL, BK_MM_BIAS_GELU, BK_MM_BIAS_GELU_UNFUSED, BK_COUNT
+  BK_EMBEDDING, BK_ADAMW, BK_MATMUL, BK_MM_BIAS_GELU, BK_MM_BIAS_GELU_UNFUSED, BK_ATTN_FWD,
+  BK_ATTN_FWDBWD, BK_COUNT
 } bench_kind;
 
 /* Which ceiling a case measures. */
@@ -32,6 +33,8 @@ enum { BC_NONE, BC_COPY, BC_GEMM_CUDA, BC_GEMM_CPU };
  *   matmul_bias_gelu          {M, N, K}: gelu_tanh((M, K) @ (K, N) + bias (N,)),
  *                             on CUDA one GEMM with the epilogue fused
  *                             (nb_cuda_gemm_ex); _unfused: matmul, add, gelu
+ *   attention_fwd(bwd)        {B, H, N, D}: scaled_dot_product_attention of
+ *                             (B, H, N, D) q, k, v; layout "causal" or NULL
  * gpu: the shapes of the issue; cpu: smaller; quick: smaller still (CPU). */
 typedef struct {
   bench_kind kind;

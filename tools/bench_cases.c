@@ -14,7 +14,7 @@
 const char *const bench_family[BK_COUNT] = {
   "copy", "add", "gelu_tanh", "softmax_fwd", "layer_norm_fwd", "layer_norm_fwdbwd",
   "cross_entropy_fwdbwd", "embedding_fwdbwd", "adamw", "matmul",
-  "matmul_bias_gelu", "matmul_bias_gelu_unfused",
+  "matmul_bias_gelu", "matmul_bias_gelu_unfused", "attention_fwd", "attention_fwdbwd",
 };
 
 #define GPT_M 16384 /* GPT-2 rows: batch 16 x sequence 1024 */
@@ -64,6 +64,19 @@ const bench_spec bench_specs[] = {
    {CPU_M, 3072, 768}, {QUICK_M, 3072, 768}, BC_NONE},
   {BK_MM_BIAS_GELU_UNFUSED, NB_BF16, "NT", "the same as matmul, add, gelu_tanh",
    {GPT_M, 3072, 768}, {CPU_M, 3072, 768}, {QUICK_M, 3072, 768}, BC_NONE},
+  /* flash attention: FLOPs 4 B H N^2 D forward, 2.5x that with the backward, halved causal */
+  {BK_ATTN_FWD, NB_BF16, NULL, "flash attention, square", {4, 16, 4096, 128}, {1, 2, 256, 64},
+   {1, 2, 64, 64}, BC_NONE},
+  {BK_ATTN_FWD, NB_BF16, "causal", "flash attention, square", {4, 16, 4096, 128}, {1, 2, 256, 64},
+   {1, 2, 64, 64}, BC_NONE},
+  {BK_ATTN_FWDBWD, NB_BF16, NULL, "flash attention, square", {4, 16, 4096, 128}, {1, 2, 256, 64},
+   {1, 2, 64, 64}, BC_NONE},
+  {BK_ATTN_FWDBWD, NB_BF16, "causal", "flash attention, square", {4, 16, 4096, 128},
+   {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
+  {BK_ATTN_FWD, NB_BF16, "causal", "flash attention, GPT-2 small shape", {16, 12, 1024, 64},
+   {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
+  {BK_ATTN_FWDBWD, NB_BF16, "causal", "flash attention, GPT-2 small shape", {16, 12, 1024, 64},
+   {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
 };
 const int bench_n_specs = (int)(sizeof bench_specs / sizeof bench_specs[0]);
 
@@ -103,10 +116,15 @@ void bench_describe(bench_case *c) {
   case BK_MATMUL: case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED:
     snprintf(c->shape, sizeof c->shape, "%lldx%lldx%lld", a, b, k);
     break;
+  case BK_ATTN_FWD: case BK_ATTN_FWDBWD:
+    snprintf(c->shape, sizeof c->shape, "%lldx%lldx%lldx%lld", a, b, k, (long long)d[3]);
+    break;
   default:
     snprintf(c->shape, sizeof c->shape, "%lldx%lld", a, b);
   }
-  if (sp->layout) snprintf(c->name, sizeof c->name, "%s_%c%c", bench_family[sp->kind],
+  if (sp->kind == BK_ATTN_FWD || sp->kind == BK_ATTN_FWDBWD)
+    snprintf(c->name, sizeof c->name, "%s%s", bench_family[sp->kind], sp->layout ? "_causal" : "");
+  else if (sp->layout) snprintf(c->name, sizeof c->name, "%s_%c%c", bench_family[sp->kind],
                            tolower((unsigned char)sp->layout[0]),
                            tolower((unsigned char)sp->layout[1]));
   else snprintf(c->name, sizeof c->name, "%s", bench_family[sp->kind]);
@@ -161,6 +179,14 @@ void bench_count(bench_case *c) {
     c->bytes = (m * k + k * nn + nn + m * nn) * s;
     c->flops = 2 * m * nn * k;
     c->set_bytes = (m * k + k * nn + nn) * s;
+    break;
+  }
+  case BK_ATTN_FWD: case BK_ATTN_FWDBWD: { /* q, k, v -> o, lse; backward: dout -> dq, dk, dv */
+    double rows = (double)d[0] * (double)d[1] * (double)d[2], x = rows * (double)d[3] * s;
+    int bwd = c->spec->kind == BK_ATTN_FWDBWD;
+    c->flops = 4.0 * rows * (double)d[2] * (double)d[3] * (bwd ? 2.5 : 1.0) * (c->spec->layout ? 0.5 : 1.0);
+    c->bytes = 4 * x + 4 * rows + (bwd ? 6 * x + 8 * rows : 0);
+    c->set_bytes = (bwd ? 4 : 3) * x;
     break;
   }
   default: break;
@@ -301,6 +327,15 @@ nb_status bench_setup_set(bench_case *c, int s, nb_rng *rng, nb_device dev) {
   case BK_ADAMW: return bench_setup_adamw(c, s, rng, dev);
   case BK_MATMUL: case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED:
     return bench_setup_matmul(c, s, rng, dev);
+  case BK_ATTN_FWD: case BK_ATTN_FWDBWD: { /* t = {q, k, v, dout}, each (B, H, N, D) */
+    int bwd = c->spec->kind == BK_ATTN_FWDBWD;
+    nb_status st = NB_OK;
+    for (int i = 0; i < 3 + bwd && !st; i++) {
+      t[i] = nb_randn(rng, 4, d, 0.0, 1.0, dt, dev);
+      st = !t[i] ? bench_fail() : bwd && i < 3 ? bench_leaf(t[i]) : NB_OK;
+    }
+    return st;
+  }
   default: return NB_ERR_UNSUPPORTED;
   }
 }
@@ -363,6 +398,12 @@ nb_status bench_step(bench_case *c, int s) {
   case BK_MATMUL: return bench_ok(nb_matmul(t[2], t[3]));
   case BK_MM_BIAS_GELU: return bench_mm_bias_gelu(t);
   case BK_MM_BIAS_GELU_UNFUSED: return bench_ok(nb_gelu_tanh(nb_add(nb_matmul(t[2], t[3]), t[4])));
+  case BK_ATTN_FWD:
+    return bench_ok(nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, c->spec->layout != NULL,
+                                                    0.0, NULL, 0.0));
+  case BK_ATTN_FWDBWD:
+    y = nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, c->spec->layout != NULL, 0.0, NULL, 0.0);
+    return y ? nb_autograd_grad(y, t[3], 3, t, g, 0) : bench_fail();
   default: return NB_ERR_UNSUPPORTED;
   }
 }
