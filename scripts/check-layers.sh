@@ -9,7 +9,8 @@
 # - nn, optim, io call ops (or the documented fused entries of
 #   ops/op_optim.h), never the backend table: no "backend/..." include.
 # - tools/: the public header and tools' own headers only; nabla bench
-#   (tools/bench*) also backend/bench_api.h, the exception listed below.
+#   (tools/bench*) also backend/bench_api.h, and its op-table cases
+#   (tools/bench_ops.c) graph/op.h: the exceptions listed below.
 # tests/, examples/ and bench/ are outside the layering (tests check
 # internals directly).
 #
@@ -21,6 +22,7 @@ cd "$(dirname "$0")/.."
 
 exceptions='
 tools/bench*|backend/bench_api.h|nabla bench runs the autotuner and, on CUDA, the GEMM paths one by one with the device clocks (one named internal header)
+tools/bench_ops.c|graph/op.h|nabla bench --ops walks the op table and runs the benchmark call of each entry through nb_op_run_outs
 '
 
 rank() {

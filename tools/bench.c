@@ -234,6 +234,9 @@ static void bench_usage(FILE *f) {
           "  --only LIST    comma-separated case families (prefixes match) or case ids;\n"
           "                 the two ceilings always run\n"
           "  --list         print the case ids and exit\n"
+          "  --ops          also time every op-table entry at its own benchmark call\n"
+          "                 (nabla info --ops lists the table) and list the entries\n"
+          "                 without one; --only op selects them alone\n"
           "  --seconds S    timed runs per case fill about S seconds (default 0.5, quick 0.1)\n"
           "  --rotate-mb MB input sets per case total at least MB (default 256, CPU quick 64)\n"
           "Values go as --opt VALUE or --opt=VALUE; output files are checked first.\n"
@@ -258,6 +261,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       CLI_OPT_STR("device", &device, 0), CLI_OPT_STR("json", &o->json_path, 0),
       CLI_OPT_STR("md", &o->md_path, 0), CLI_OPT_STR("only", &o->only, 0),
       CLI_OPT_FLAG("quick", 0, &o->quick), CLI_OPT_FLAG("list", 0, &o->list),
+      CLI_OPT_FLAG("ops", 0, &o->ops),
       CLI_OPT_REAL("seconds", &seconds, 0, 3600, 1, 0),
       CLI_OPT_REAL("rotate-mb", &rotate_mb, 0, 1 << 20, 0, 0), CLI_OPT_FLAG("help", 'h', &help)};
   cli_spec spec = {.prog = "nabla bench", .opts = rows, .n_opts = sizeof rows / sizeof *rows};
@@ -282,7 +286,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
 }
 
 /* The cases for the device: dims chosen, ceilings first. */
-static int bench_build(const bench_opts *o, bench_case *all) {
+static int bench_build(const bench_opts *o, bench_case *all, int max) {
   int n = 0, cuda = o->dev.type == NB_CUDA;
   for (int pass = 0; pass < 2; pass++) {
     for (int i = 0; i < BENCH_NSPECS; i++) {
@@ -299,7 +303,7 @@ static int bench_build(const bench_opts *o, bench_case *all) {
       c->frac_bw = c->frac_gemm = NAN;
     }
   }
-  return n;
+  return o->ops ? bench_op_build(o, all, n, max) : n;
 }
 
 /* --only: a token selects the cases whose family starts with it or whose
@@ -378,6 +382,7 @@ static int bench_run_all(const bench_opts *o, bench_meta *m, bench_case **run, i
   }
   printf("\nceilings (this run): copy %.1f GB/s, GEMM %.2f TFLOP/s (%s)\n", m->copy_gbs,
          m->gemm_tflops, m->gemm_id ? m->gemm_id : "not measured");
+  if (o->ops) bench_op_missing(stdout);
   bench_report_files(o, m, run, n, &rc);
   return rc;
 }
@@ -387,15 +392,16 @@ int nb_tool_bench(int argc, char **argv) {
   memset(&o, 0, sizeof o);
   int rc = bench_parse(argc, argv, &o);
   if (rc) return rc < 0 ? 0 : rc;
-  bench_case *all = calloc(BENCH_NSPECS, sizeof *all);
-  bench_case **run = calloc(BENCH_NSPECS, sizeof *run);
-  int *sel = calloc(BENCH_NSPECS, sizeof *sel);
+  int max = BENCH_NSPECS + (o.ops ? nb_op_table_size() : 0);
+  bench_case *all = calloc((size_t)max, sizeof *all);
+  bench_case **run = calloc((size_t)max, sizeof *run);
+  int *sel = calloc((size_t)max, sizeof *sel);
   if (!all || !run || !sel) {
     fprintf(stderr, "nabla bench: out of host memory\n");
     free(all), free(run), free(sel);
     return NB_TOOL_EXIT_USAGE;
   }
-  int n = bench_build(&o, all), n_run = 0;
+  int n = bench_build(&o, all, max), n_run = 0;
   rc = bench_select(o.only, all, n, sel);
   for (int i = 0; i < n; i++)
     if (sel[i]) run[n_run++] = &all[i];

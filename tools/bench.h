@@ -16,7 +16,7 @@
 typedef enum {
   BK_COPY, BK_ADD, BK_GELU_TANH, BK_SOFTMAX, BK_LN_FWD, BK_LN_FWDBWD, BK_XENT,
   BK_EMBEDDING, BK_ADAMW, BK_MATMUL, BK_MM_BIAS_GELU, BK_MM_BIAS_GELU_UNFUSED, BK_ATTN_FWD,
-  BK_ATTN_FWDBWD, BK_COUNT
+  BK_ATTN_FWDBWD, BK_OP, BK_COUNT
 } bench_kind;
 
 /* Which ceiling a case measures. */
@@ -56,6 +56,8 @@ extern const char *const bench_family[BK_COUNT];
 
 typedef struct {
   const bench_spec *spec;
+  const void *op;     /* BK_OP: the op-table entry (bench_ops.c) */
+  int op_n_in;        /* BK_OP: its inputs */
   int64_t d[4];
   char id[128], name[48], shape[64];
   double bytes, flops, set_bytes;
@@ -79,6 +81,7 @@ typedef struct {
   int min_reps, max_reps;
   const char *json_path, *md_path, *only;
   int list;
+  int ops; /* --ops: also a case per op-table entry (bench_ops.c) */
   int tuning; /* NABLA_AUTOTUNE=1: a case's first run may time GEMM candidates */
 } bench_opts;
 
@@ -105,6 +108,17 @@ nb_status bench_setup_set(bench_case *c, int s, nb_rng *rng, nb_device dev);
 void bench_teardown(bench_case *c);
 /* One run of case c on input set s. */
 nb_status bench_step(bench_case *c, int s);
+
+/* ---- the op table's cases (bench_ops.c) ---------------------------------- */
+/* Appends a case per entry with a benchmark call to all[n ..] (at most
+ * max); returns the new count. */
+int bench_op_build(const bench_opts *o, bench_case *all, int n, int max);
+/* The entries without a benchmark call, one line. */
+void bench_op_missing(FILE *f);
+void bench_op_describe(bench_case *c);
+void bench_op_count(bench_case *c);
+nb_status bench_op_setup(bench_case *c, int s, nb_rng *rng, nb_device dev);
+nb_status bench_op_step(bench_case *c, int s);
 
 /* ---- report (bench_report.c) --------------------------------------------- */
 /* The case's fractions of the ceilings measured so far. */

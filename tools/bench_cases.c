@@ -14,7 +14,7 @@
 const char *const bench_family[BK_COUNT] = {
   "copy", "add", "gelu_tanh", "softmax_fwd", "layer_norm_fwd", "layer_norm_fwdbwd",
   "cross_entropy_fwdbwd", "embedding_fwdbwd", "adamw", "matmul",
-  "matmul_bias_gelu", "matmul_bias_gelu_unfused", "attention_fwd", "attention_fwdbwd",
+  "matmul_bias_gelu", "matmul_bias_gelu_unfused", "attention_fwd", "attention_fwdbwd", "op",
 };
 
 #define GPT_M 16384 /* GPT-2 rows: batch 16 x sequence 1024 */
@@ -98,6 +98,7 @@ static void bench_shape_n(char *buf, size_t n, int64_t v) {
 }
 
 void bench_describe(bench_case *c) {
+  if (c->spec->kind == BK_OP) return bench_op_describe(c);
   const bench_spec *sp = c->spec;
   const int64_t *d = c->d;
   long long a = d[0], b = d[1], k = d[2];
@@ -136,6 +137,7 @@ void bench_describe(bench_case *c) {
  * bound by memory, so their FLOP counts would not be compared to anything),
  * and the bytes of one input set (what rotation must spread past the cache). */
 void bench_count(bench_case *c) {
+  if (c->spec->kind == BK_OP) return bench_op_count(c);
   const int64_t *d = c->d;
   double s = (double)nb_dtype_size(c->spec->dt), r = (double)d[0], w = (double)d[1];
   double n = r, e = r * w;
@@ -293,6 +295,7 @@ static nb_status bench_setup_ln(bench_case *c, int s, nb_rng *rng, nb_device dev
 }
 
 nb_status bench_setup_set(bench_case *c, int s, nb_rng *rng, nb_device dev) {
+  if (c->spec->kind == BK_OP) return bench_op_setup(c, s, rng, dev);
   nb_tensor **t = c->t[s];
   const int64_t *d = c->d;
   nb_dtype dt = c->spec->dt;
@@ -377,6 +380,7 @@ static nb_status bench_mm_bias_gelu(nb_tensor **t) {
 }
 
 nb_status bench_step(bench_case *c, int s) {
+  if (c->spec->kind == BK_OP) return bench_op_step(c, s);
   nb_tensor **t = c->t[s];
   nb_tensor *g[3], *y;
   switch (c->spec->kind) {

@@ -85,10 +85,12 @@ static nb_status cat_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **au
   return NB_OK;
 }
 
+static const cat_params cat_bench = {-1};
 const nb_op nb_op_cat = {
     .name = "cat", .kind = NB_OPK_OPAQUE, .n_in = 1, .variadic = 1, .in_names = {"ts[i]"},
     .psize = sizeof(cat_params), .prec = NB_PREC_FOLLOW, .infer = cat_infer,
-    .prepare = cat_prepare, .forward = cat_forward, .backward = cat_bw};
+    .prepare = cat_prepare, .forward = cat_forward, .backward = cat_bw,
+    .bench_in = "r:16384x768,r:16384x768,r:16384x768", .bench_p = &cat_bench};
 
 /* The checks of the arguments that come before the op's own (count, NULL
  * entries; devices are checked by nb_op_run with the same message). */

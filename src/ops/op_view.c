@@ -145,11 +145,14 @@ static nb_status reshape_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+/* The benchmark's calls of the views time the eager path's host work (a
+ * view moves no data), at GPT-2 attention sizes. */
+static const reshape_params reshape_bench = {2, 1, {-1, 64}};
 const nb_op nb_op_reshape = {
     .name = "reshape", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
     .psize = sizeof(reshape_params), .prec = NB_PREC_FOLLOW, .infer = reshape_infer,
     .prepare = reshape_prepare, .view = reshape_view, .backward = reshape_bw,
-    .cost = view_cost};
+    .cost = view_cost, .bench_in = "r:16x1024x2304", .bench_p = &reshape_bench};
 
 static nb_tensor *reshape_impl(int may_copy, const nb_tensor *t, int ndim, const int64_t *shape) {
   reshape_params p = {ndim, may_copy, {0}};
@@ -223,10 +226,12 @@ static nb_status permute_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+static const permute_params permute_bench = {{2, 0, 3, 1, 4}};
 const nb_op nb_op_permute = {
     .name = "permute", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
     .psize = sizeof(permute_params), .prec = NB_PREC_FOLLOW, .infer = permute_infer,
-    .view = permute_view, .backward = permute_bw, .cost = view_cost};
+    .view = permute_view, .backward = permute_bw, .cost = view_cost,
+    .bench_in = "r:16x1024x3x12x64", .bench_p = &permute_bench};
 
 nb_tensor *nb_permute(const nb_tensor *t, const int *perm) {
   CHECK_NULL("nb_permute", t);
@@ -310,10 +315,12 @@ static nb_status slice_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+static const slice_params slice_bench = {0, 0, 1, 1};
 const nb_op nb_op_slice = {
     .name = "slice", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
     .psize = sizeof(slice_params), .prec = NB_PREC_FOLLOW, .infer = slice_infer,
-    .view = slice_view, .backward = slice_bw, .cost = view_cost};
+    .view = slice_view, .backward = slice_bw, .cost = view_cost,
+    .bench_in = "r:3x16x12x1024x64", .bench_p = &slice_bench};
 
 /* g must have the shape the slice of the recorded input shape has. */
 static nb_status slice_backward_infer(const nb_op_call *c, nb_meta *out) {
@@ -463,10 +470,12 @@ static nb_status expand_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   return gin[0] ? NB_OK : nb_last_status();
 }
 
+static const expand_params expand_bench = {2, 0, {16384, -1}};
 const nb_op nb_op_expand = {
     .name = "expand", .kind = NB_OPK_VIEW, .n_in = 1, .in_names = {"t"},
     .psize = sizeof(expand_params), .prec = NB_PREC_FOLLOW, .infer = expand_infer,
-    .view = expand_view, .backward = expand_bw, .cost = view_cost};
+    .view = expand_view, .backward = expand_bw, .cost = view_cost, .bench_in = "r:1x768",
+    .bench_p = &expand_bench};
 
 /* expand under the public name `op`, so that errors name the call made. */
 static nb_tensor *expand_as(int broadcast_to, const nb_tensor *t, int ndim, const int64_t *shape) {
@@ -560,7 +569,7 @@ static nb_status identity_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
 const nb_op nb_op_clone = {
     .name = "clone", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"t"},
     .prec = NB_PREC_FOLLOW, .infer = clone_infer, .forward = clone_forward,
-    .backward = identity_bw};
+    .backward = identity_bw, .bench_in = "r:16777216"};
 
 nb_tensor *nb_clone(const nb_tensor *t) {
   CHECK_NULL("nb_clone", t);
