@@ -220,6 +220,21 @@ __device__ __forceinline__ void nb_grp_online(A &m, A &s, A *sm, int tpr, int ba
   nb_warp_online(m, s);
 }
 
+/* Merges the warps' (max, sum of exp(x - max)) pairs of a row group, every
+ * warp holding its own pair in all lanes: one barrier round, one exp per
+ * lane (PREC as nb_row_exp); every thread gets the row's pair. sm holds
+ * 2 * tpr/32 slots. */
+template <int PREC, typename A>
+__device__ __forceinline__ void nb_grp_merge_warps(A &m, A &s, A *sm, int tpr, int bar) {
+  int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
+  nb_bar_sync(bar, tpr); /* earlier readers of the slots are done */
+  if (lane == 0) { sm[w] = m; sm[nw + w] = s; }
+  nb_bar_sync(bar, tpr);
+  A mw = lane < nw ? sm[lane] : (A)-INFINITY, sw = lane < nw ? sm[nw + lane] : (A)0;
+  m = nb_warp_max(mw);
+  s = nb_warp_sum(sw == (A)0 ? (A)0 : sw * nb_row_exp<PREC>(mw, m));
+}
+
 /* Merges (count, mean, M2 = sum of squared deviations) of two parts of a
  * row (Chan et al.): one reduction gives mean and variance, as accurate as
  * a second pass over centred values. Empty parts (n = 0) merge as nothing. */

@@ -141,10 +141,13 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
 #pragma unroll
     for (int k = 0; k < NCH; k++)
       if (t + k * tpr < nvec) v[k] = nb_ld_row(xr + t + k * tpr);
-    /* Two reductions over the cached row: its max, then the sum of
-     * exp(x - max). (Merging per-thread (max, sum) pairs instead costs two
-     * exps per merge: 16% of the kernel's instructions with the standard
-     * expf.) */
+    /* (max, sum of exp(x - max)) of the row without an exp per merge: each
+     * warp takes its max by shuffles, its lanes sum exp(x - warp max), and
+     * the warps' pairs merge once (one exp per warp, one barrier round).
+     * Merging per-thread pairs instead costs two exps per merge (16% of the
+     * kernel's instructions with the standard expf); a second block-wide
+     * reduction for the row max costs a barrier round per row (2% on rows
+     * of 50304). */
     A m = -INFINITY, s = 0;
 #pragma unroll
     for (int k = 0; k < NCH; k++)
@@ -154,9 +157,9 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
 #pragma unroll
         for (int e = 0; e < VEC; e++) m = fmax(m, f[e]);
       }
-    m = nb_grp_reduce<1>(m, sm, tpr, bar);
-    /* m = -inf: every element of the row is -inf (a fully masked attention
-     * row); its sum is 0, not exp(-inf + inf) */
+    m = nb_warp_max(m);
+    /* m = -inf: every element the warp holds is -inf (a masked stretch of
+     * an attention row) or it holds none; its sum is 0, not exp(-inf + inf) */
 #pragma unroll
     for (int k = 0; k < NCH; k++)
       if (t + k * tpr < nvec && m != (A)-INFINITY) {
@@ -165,7 +168,8 @@ __global__ void __launch_bounds__(1024) nb_softmax_fwd_rows(T *y, const T *x, in
 #pragma unroll
         for (int e = 0; e < VEC; e++) s += nb_row_exp<nb_row_prec<T>::value>(f[e], m);
       }
-    s = nb_grp_reduce<0>(s, sm, tpr, bar);
+    s = nb_warp_sum(s);
+    if (tpr > 32) nb_grp_merge_warps<nb_row_prec<T>::value>(m, s, sm, tpr, bar);
     /* log_softmax as (x - m) - log s: m + log s rounded first would cost
      * an ulp of the logits (6e-5 at 1e3) in every output */
     A ls = nb_log_(s), inv = (A)1 / s;
