@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/gemm_sm80.h"
 
 namespace {
@@ -83,52 +84,8 @@ struct sm80_params {
   int kt_split;
 };
 
-__device__ __forceinline__ uint32_t sm80_smem(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16-byte async copy reading src_bytes (0..16) and zero-filling the rest. */
-__device__ __forceinline__ void sm80_cp16(uint32_t dst, const void *src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void sm80_commit(void) {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void sm80_wait(void) {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void sm80_ldsm(uint32_t *r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void sm80_ldsm_t(uint32_t *r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/* d += a (16x16, row) * b (16x8, col), f32 accumulators. */
-template <typename T> struct sm80_mma;
-template <> struct sm80_mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float *d, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-};
-template <> struct sm80_mma<__half> {
-  static __device__ __forceinline__ void run(float *d, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-};
+/* The tensor-core building blocks (cp.async, ldmatrix, mma.sync) are
+ * cuda_mma.cuh's, shared with the flash-attention kernels. */
 
 /* Loads rows [row0, row0 + TILE::ROWS) x cols [col0, col0 + TILE::COLS) of
  * an operand (rows x cols in all) into a shared tile, zero outside. */
@@ -145,7 +102,7 @@ __device__ __forceinline__ void sm80_load(uint16_t *s, const sm80_operand &o, co
     int n = gr < rows ? min(max(cols - gc, 0), 8) : 0; /* elements in range */
     if (o.vec) {
       const uint16_t *src = n ? base + (int64_t)gr * o.rs + gc : base;
-      sm80_cp16(sm80_smem(dst), src, 2 * n);
+      nb_mma_cp16(nb_mma_smem(dst), src, 2 * n);
     } else { /* element loads: any strides, any alignment */
       uint32_t w[4];
       const uint16_t *src = base + (int64_t)gr * o.rs + (int64_t)gc * o.cs;
@@ -180,24 +137,24 @@ __device__ __forceinline__ void sm80_compute(float (&acc)[CFG::MI][CFG::NI][4], 
   typedef sm80_tile<CFG::BK, CFG::BN, !TB> SB;
   const int q = lane >> 3, r = lane & 7;
   /* A: K-major rows r + 8(q&1), k 8(q>>1); MN-major k r + 8(q>>1), m 8(q&1) */
-  const uint32_t a0 = TA ? sm80_smem(sa + (r + 8 * (q >> 1)) * SA::PITCH + wm * CFG::WTM + 8 * (q & 1))
-                         : sm80_smem(sa + (wm * CFG::WTM + r + 8 * (q & 1)) * SA::PITCH + 8 * (q >> 1));
+  const uint32_t a0 = TA ? nb_mma_smem(sa + (r + 8 * (q >> 1)) * SA::PITCH + wm * CFG::WTM + 8 * (q & 1))
+                         : nb_mma_smem(sa + (wm * CFG::WTM + r + 8 * (q & 1)) * SA::PITCH + 8 * (q >> 1));
   /* B: K-major n r + 8(q>>1), k 8(q&1); MN-major k r + 8(q&1), n 8(q>>1) */
-  const uint32_t b0 = TB ? sm80_smem(sb + (r + 8 * (q & 1)) * SB::PITCH + wn * CFG::WTN + 8 * (q >> 1))
-                         : sm80_smem(sb + (wn * CFG::WTN + r + 8 * (q >> 1)) * SB::PITCH + 8 * (q & 1));
+  const uint32_t b0 = TB ? nb_mma_smem(sb + (r + 8 * (q & 1)) * SB::PITCH + wn * CFG::WTN + 8 * (q >> 1))
+                         : nb_mma_smem(sb + (wn * CFG::WTN + r + 8 * (q >> 1)) * SB::PITCH + 8 * (q & 1));
 #pragma unroll
   for (int kk = 0; kk < CFG::BK / 16; kk++) {
     uint32_t af[CFG::MI][4], bf[CFG::NI][2];
 #pragma unroll
     for (int mi = 0; mi < CFG::MI; mi++) {
-      if (TA) sm80_ldsm_t(af[mi], a0 + 2 * (kk * 16 * SA::PITCH + mi * 16));
-      else sm80_ldsm(af[mi], a0 + 2 * (mi * 16 * SA::PITCH + kk * 16));
+      if (TA) nb_mma_ldsm_t(af[mi], a0 + 2 * (kk * 16 * SA::PITCH + mi * 16));
+      else nb_mma_ldsm(af[mi], a0 + 2 * (mi * 16 * SA::PITCH + kk * 16));
     }
 #pragma unroll
     for (int nj = 0; nj < CFG::NI / 2; nj++) {
       uint32_t t4[4];
-      if (TB) sm80_ldsm_t(t4, b0 + 2 * (kk * 16 * SB::PITCH + nj * 16));
-      else sm80_ldsm(t4, b0 + 2 * (nj * 16 * SB::PITCH + kk * 16));
+      if (TB) nb_mma_ldsm_t(t4, b0 + 2 * (kk * 16 * SB::PITCH + nj * 16));
+      else nb_mma_ldsm(t4, b0 + 2 * (nj * 16 * SB::PITCH + kk * 16));
       bf[2 * nj][0] = t4[0];
       bf[2 * nj][1] = t4[1];
       bf[2 * nj + 1][0] = t4[2];
@@ -206,7 +163,7 @@ __device__ __forceinline__ void sm80_compute(float (&acc)[CFG::MI][CFG::NI][4], 
 #pragma unroll
     for (int mi = 0; mi < CFG::MI; mi++)
 #pragma unroll
-      for (int ni = 0; ni < CFG::NI; ni++) sm80_mma<T>::run(acc[mi][ni], af[mi], bf[ni]);
+      for (int ni = 0; ni < CFG::NI; ni++) nb_mma<T>::run(acc[mi][ni], af[mi], bf[ni]);
   }
 }
 
@@ -292,19 +249,19 @@ __global__ void __launch_bounds__(CFG::THREADS, CFG::MIN_BLOCKS) sm80_gemm_kerne
 #pragma unroll
   for (int s = 0; s < CFG::STAGES - 1; s++) {
     load(s, s);
-    sm80_commit();
+    nb_mma_commit();
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp / CFG::WARPS_N, wn = warp % CFG::WARPS_N;
   for (int kt = 0; kt < ktiles; kt++) {
-    sm80_wait<CFG::STAGES - 2>(); /* this thread's copies of k-tile kt landed */
+    nb_mma_wait<CFG::STAGES - 2>(); /* this thread's copies of k-tile kt landed */
     __syncthreads();              /* everyone's did; and stage kt-1 is no longer read */
     load(kt + CFG::STAGES - 1, (kt + CFG::STAGES - 1) % CFG::STAGES);
-    sm80_commit();
+    nb_mma_commit();
     const uint16_t *sa = sm80_ring + (kt % CFG::STAGES) * STAGE;
     sm80_compute<T, CFG, TA, TB>(acc, sa, sa + SA::ELEMS, wm, wn, lane);
   }
-  sm80_wait<0>(); /* nothing left in flight when the CTA exits */
+  nb_mma_wait<0>(); /* nothing left in flight when the CTA exits */
   const int row0 = m0 + wm * CFG::WTM, col0 = n0 + wn * CFG::WTN;
   if (p.ws) { /* a split-K slice: f32 partial sums, summed by sm80_splitk_reduce */
     sm80_params q = p;
