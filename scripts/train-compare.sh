@@ -13,7 +13,9 @@ mkdir -p "$OUT"
 text=$(mktemp)
 trap 'rm -f "$text"' EXIT
 cat src/*/*.c src/*/*/*.c tools/*.c >"$text"
-"$BUILD/nabla" train --device cuda --data "$text" --steps "$STEPS" --eval-every 0 --no-svg \
+# f32 on both sides (bench/train_torch.py trains in f32); the GPU's default
+# is bf16 autocast
+"$BUILD/nabla" train --device cuda --precision f32 --data "$text" --steps "$STEPS" --eval-every 0 --no-svg \
   --log-every "$STEPS" | tee "$OUT/train-nabla.log"
 model=$(grep '^model:' "$OUT/train-nabla.log")
 num() { sed -E "s/.*[ ,]$1 ([0-9]+).*/\\1/" <<<"$model"; }

@@ -37,9 +37,10 @@ void train_usage(FILE *f) {
     "  --dim N            model width\n"
     "  --context N        longest input sequence (addition: at least 3*digits+2)\n"
     "  --batch N          sequences per step\n"
-    "  --precision P      f32 (default) or bf16: forward under autocast (matrix\n"
-    "                     products and attention in bf16 with f32 accumulation,\n"
-    "                     norms, softmax and the loss in f32; f32 master weights)\n"
+    "  --precision P      f32 or bf16 (the default on the GPU; f32 on the CPU): bf16\n"
+    "                     runs the forward under autocast (matrix products and\n"
+    "                     attention in bf16 with f32 accumulation, norms, softmax\n"
+    "                     and the loss in f32; f32 master weights)\n"
     "  --accum N          split each step's batch into N micro-batches whose\n"
     "                     gradients accumulate before the update (default 1)\n"
     "  --steps N          total optimizer steps (the LR schedule's length)\n"
@@ -173,7 +174,9 @@ void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
     DEFAULT(OPT_CONTEXT, context, on_gpu ? 256 : 64);
   }
   DEFAULT(OPT_ACCUM, accum, 1);
-  if (!o->precision) o->precision = "f32";
+  /* bf16 on the GPU: every device the CUDA build runs on (sm_80 and later)
+   * has bf16 tensor cores; f32 on the CPU */
+  if (!o->precision) o->precision = on_gpu ? "bf16" : "f32";
   DEFAULT(OPT_WARMUP, warmup, o->steps / 20 < 100 ? o->steps / 20 : 100);
   DEFAULT(OPT_EVAL_EVERY, eval_every, o->steps >= 10 ? o->steps / 5 : 0);
   DEFAULT(OPT_LOG_EVERY, log_every, o->steps >= 20 ? o->steps / 20 : 1);
