@@ -423,6 +423,41 @@ void nb_optim_free(nb_optim *o);
 /* Scales all gradients so that their global L2 norm is at most max_norm;
  * returns the norm before clipping (negative on error). */
 double nb_clip_grad_norm(nb_params *params, double max_norm);
+/* Dynamic loss scaling for f16 training, with the rules of PyTorch's
+ * GradScaler: the loss is multiplied by the scale before backward
+ * (nb_scaler_scale); nb_scaler_step then takes the global norm of the
+ * scaled gradients (the non-finite check is the same pass), and when every
+ * gradient is finite multiplies them by 1/scale (and the clip coefficient
+ * for max_norm >= 0, as nb_clip_grad_norm; max_norm < 0: no clipping) and
+ * runs each optimizer's step; when one is not finite, it leaves gradients,
+ * parameters and optimizer state (step counts included) as they were, and
+ * the scale backs off. Scale: times backoff_factor and the growth counter
+ * reset on a skipped step; times growth_factor after growth_interval
+ * consecutive steps that were not skipped (the scale an f32 value, as in
+ * torch). Defaults NB_SCALER_DEFAULTS (2^16, x2 after 2000 steps, x0.5);
+ * growth and backoff 1 keep the scale fixed (e.g. 1 for bf16: the check and
+ * the skip only). The skip is decided on the host (the norm's one value is
+ * read back, one synchronisation, as nb_clip_grad_norm has). */
+typedef struct nb_scaler nb_scaler;
+#define NB_SCALER_DEFAULTS 65536.0, 2.0, 0.5, 2000
+nb_scaler *nb_scaler_new(double init_scale, double growth_factor, double backoff_factor,
+                         int64_t growth_interval);
+void nb_scaler_free(nb_scaler *s);
+/* loss * scale: a new tensor (owned by the current scope). */
+nb_tensor *nb_scaler_scale(const nb_scaler *s, nb_tensor *loss);
+typedef struct {
+  int stepped;      /* 1: the optimizers stepped; 0: skipped (a gradient not finite) */
+  double norm;      /* the unscaled gradients' global norm before clipping (inf/NaN if skipped) */
+  double scale;     /* the scale this step's gradients carried */
+  double new_scale; /* the scale for the next step */
+} nb_scaler_result;
+nb_status nb_scaler_step(nb_scaler *s, nb_params *params, double max_norm, int n_optims,
+                         nb_optim *const *optims, nb_scaler_result *res);
+/* State for checkpoints: the scale and the count of good steps since the
+ * last change; set_state checks scale > 0 and tracker in [0, interval). */
+double nb_scaler_get_scale(const nb_scaler *s);
+int64_t nb_scaler_growth_tracker(const nb_scaler *s);
+nb_status nb_scaler_set_state(nb_scaler *s, double scale, int64_t growth_tracker);
 /* Learning-rate schedules. */
 double nb_lr_constant(int64_t step, double lr);
 double nb_lr_warmup_linear(int64_t step, int64_t warmup, double lr);

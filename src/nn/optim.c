@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "nn/grads.h"
 #include "ops/op_optim.h"
 
 typedef enum { OPTIM_SGD, OPTIM_ADAMW } optim_kind;
@@ -429,6 +430,40 @@ static nb_status clip_scale(nb_params *params, const char *batched, nb_tensor *c
   return st;
 }
 
+nb_status nb_nn_grad_unscale_clip(nb_params *params, double inv_scale, double max_norm,
+                                  int keep_nonfinite, double *norm) {
+  int n = nb_params_count(params);
+  char *batched = malloc((size_t)(n ? n : 1));
+  nb_tensor **gs = malloc((size_t)(n ? n : 1) * sizeof *gs);
+  if (!batched || !gs) {
+    free(batched);
+    free(gs);
+    return nb_error_set(NB_ERR_OOM, "nb_clip_grad_norm: out of memory for the gradient table");
+  }
+  double total = 0;
+  nb_scope_begin();
+  nb_no_grad_begin();
+  nb_device dev = NB_DEVICE_CPU;
+  int k = clip_batch(params, batched, gs, &dev);
+  nb_status st = clip_total(params, batched, gs, k, dev, &total);
+  /* the squares summed in f64: total is finite iff every element is */
+  *norm = sqrt(total) * inv_scale;
+  /* torch's rule: scale by max_norm/(norm+1e-6) when that is below 1. A
+   * non-finite norm propagates into the gradients, as in torch, unless
+   * keep_nonfinite (the step will be skipped; the gradients stay as they
+   * were). The unscale and the clip are one multiplication. */
+  double coef = max_norm >= 0 && isfinite(max_norm) ? max_norm / (*norm + 1e-6) : 1.0;
+  if (!(coef < 1.0) && !isnan(coef)) coef = 1.0;
+  coef *= inv_scale;
+  if (!st && !(coef == 1.0) && !(keep_nonfinite && !isfinite(*norm)))
+    st = clip_scale(params, batched, gs, k, coef);
+  nb_no_grad_end();
+  nb_scope_end();
+  free(batched);
+  free(gs);
+  return st;
+}
+
 double nb_clip_grad_norm(nb_params *params, double max_norm) {
   if (!params) {
     nb_error_null("nb_clip_grad_norm", "params");
@@ -438,29 +473,6 @@ double nb_clip_grad_norm(nb_params *params, double max_norm) {
     nb_error_set(NB_ERR_VALUE, "nb_clip_grad_norm: max_norm %g (expected >= 0)", max_norm);
     return -1;
   }
-  int n = nb_params_count(params);
-  char *batched = malloc((size_t)(n ? n : 1));
-  nb_tensor **gs = malloc((size_t)(n ? n : 1) * sizeof *gs);
-  if (!batched || !gs) {
-    free(batched);
-    free(gs);
-    nb_error_set(NB_ERR_OOM, "nb_clip_grad_norm: out of memory for the gradient table");
-    return -1;
-  }
-  double total = 0;
-  nb_scope_begin();
-  nb_no_grad_begin();
-  nb_device dev = NB_DEVICE_CPU;
-  int k = clip_batch(params, batched, gs, &dev);
-  nb_status st = clip_total(params, batched, gs, k, dev, &total);
-  double norm = sqrt(total);
-  /* torch's rule: scale by max_norm/(norm+1e-6) when that is below 1. A
-   * non-finite norm propagates into the gradients, as in torch. */
-  double coef = max_norm / (norm + 1e-6);
-  if (!st && !(coef >= 1.0)) st = clip_scale(params, batched, gs, k, coef);
-  nb_no_grad_end();
-  nb_scope_end();
-  free(batched);
-  free(gs);
-  return st ? -1 : norm;
+  double norm = 0;
+  return nb_nn_grad_unscale_clip(params, 1.0, max_norm, 0, &norm) ? -1 : norm;
 }
