@@ -229,11 +229,11 @@ static nb_tensor *train_loss_of(const trainer *tr, int B, const int64_t *x, cons
   int64_t shape[2] = {B, train_seq_len(tr)};
   nb_tensor *xt = nb_from_buffer(x, 2, shape, NB_I64, tr->device);
   nb_tensor *yt = nb_from_buffer(y, 2, shape, NB_I64, tr->device);
-  /* --precision bf16: the forward under autocast; backward runs outside it,
-   * each rule in the dtypes its forward used, and the f32 parameters get
+  /* --precision bf16/f16: the forward under autocast; backward runs outside
+   * it, each rule in the dtypes its forward used, and the f32 parameters get
    * f32 gradients through the casts */
   int low = strcmp(tr->o.precision, "f32") != 0;
-  if (low && nb_autocast_begin(NB_BF16)) return NULL;
+  if (low && nb_autocast_begin(strcmp(tr->o.precision, "f16") ? NB_BF16 : NB_F16)) return NULL;
   nb_tensor *loss = gpt_loss(tr->model, xt, yt);
   if (low) nb_autocast_end();
   return loss;
@@ -243,7 +243,9 @@ static nb_tensor *train_loss_of(const trainer *tr, int B, const int64_t *x, cons
  * Each micro-batch's mean loss is scaled by 1/accum, so the gradients that
  * backward accumulates in the leaves sum to the full batch's mean-loss
  * gradient, while only one micro-batch's activations are alive at a time.
- * Stores the batch's loss in *value. Returns 1 on success. */
+ * With a scaler (f16) backward starts from the loss times the scale, so
+ * the gradients carry it until nb_scaler_step takes it out. Stores the
+ * batch's (unscaled) loss in *value. Returns 1 on success. */
 static int train_accumulate(trainer *tr, const int64_t *x, const int64_t *y, double *value) {
   const train_opts *o = &tr->o;
   int micro = o->batch / o->accum, ok = 1;
@@ -253,12 +255,34 @@ static int train_accumulate(trainer *tr, const int64_t *x, const int64_t *y, dou
     nb_scope_begin();
     nb_tensor *loss = train_loss_of(tr, micro, x + m * stride, y + m * stride);
     if (loss && o->accum > 1) loss = nb_mul_scalar(loss, 1.0 / o->accum);
-    ok = loss && nb_backward(loss, NULL) == NB_OK;
+    int scaled = tr->scaler && nb_scaler_get_scale(tr->scaler) != 1.0; /* bf16: scale 1 */
+    nb_tensor *seed = loss && scaled ? nb_scaler_scale(tr->scaler, loss) : loss;
+    ok = seed && nb_backward(seed, NULL) == NB_OK;
     if (ok) sum += nb_item(loss);
     nb_scope_end();
   }
   *value = sum;
   return ok;
+}
+
+/* bf16, f16: the clip, the non-finite check and both optimizers' steps
+ * through the scaler; a skipped step is said on stderr. Returns 1 on
+ * success (stepped or skipped). */
+static int train_scaled_update(trainer *tr) {
+  nb_optim *opts[2] = {tr->opt_decay, tr->opt_plain};
+  nb_scaler_result r;
+  if (nb_scaler_step(tr->scaler, tr->model->all, TRAIN_CLIP, 2, opts, &r)) return 0;
+  if (r.stepped) return 1;
+  tr->skipped++;
+  if (tr->o.quiet) return 1;
+  const char *clear = tr->tty ? "\r\033[K" : "";
+  if (!strcmp(tr->o.precision, "f16"))
+    fprintf(stderr, "%sstep %lld: gradients not finite at scale %g; skipped, scale -> %g\n", clear,
+            (long long)tr->step + 1, r.scale, r.new_scale);
+  else
+    fprintf(stderr, "%sstep %lld: gradients not finite (%s, no loss scaling); skipped\n", clear,
+            (long long)tr->step + 1, tr->o.precision);
+  return 1;
 }
 
 /* One optimizer step; stores the batch's loss. Returns 0, or -1 on a
@@ -270,7 +294,12 @@ static int train_step(trainer *tr, int64_t *x, int64_t *y, double *value) {
   int ok = 0;
   nb_scope_begin();
   double norm = NAN;
-  if (train_accumulate(tr, x, y, value) && (norm = nb_clip_grad_norm(tr->model->all, TRAIN_CLIP)) >= 0) {
+  if (tr->scaler) {
+    nb_optim_set_lr(tr->opt_decay, lr);
+    nb_optim_set_lr(tr->opt_plain, lr);
+    ok = train_accumulate(tr, x, y, value) && train_scaled_update(tr);
+  } else if (train_accumulate(tr, x, y, value) &&
+             (norm = nb_clip_grad_norm(tr->model->all, TRAIN_CLIP)) >= 0) {
     nb_optim_set_lr(tr->opt_decay, lr);
     nb_optim_set_lr(tr->opt_plain, lr);
     ok = nb_optim_step(tr->opt_decay) == NB_OK && nb_optim_step(tr->opt_plain) == NB_OK;
@@ -438,6 +467,12 @@ static int train_build(trainer *tr) {
                                TRAIN_WEIGHT_DECAY);
   tr->opt_plain = nb_adamw_new(tr->model->no_decay, o->lr, TRAIN_BETA1, TRAIN_BETA2, TRAIN_EPS, 0.0);
   if (!tr->opt_decay || !tr->opt_plain) return train_fail("creating the optimizer");
+  /* f16: GradScaler's defaults; bf16: a fixed scale of 1 (its range is
+   * f32's: no scaling, but a step whose gradients are not finite is still
+   * skipped) */
+  if (!strcmp(o->precision, "f16")) tr->scaler = nb_scaler_new(NB_SCALER_DEFAULTS);
+  else if (!strcmp(o->precision, "bf16")) tr->scaler = nb_scaler_new(1.0, 1.0, 1.0, 1);
+  if (strcmp(o->precision, "f32") && !tr->scaler) return train_fail("creating the loss scaler");
   tr->loss = calloc((size_t)o->steps, sizeof *tr->loss);
   tr->cap_eval = 1024 + (o->eval_every ? (int)(o->steps / o->eval_every) + 2 : 2);
   tr->eval_step = calloc((size_t)tr->cap_eval, sizeof *tr->eval_step);
@@ -563,7 +598,10 @@ static void train_describe(const trainer *tr) {
   if (o->accum > 1) snprintf(accum, sizeof accum, " in %d micro-batches", o->accum);
   printf("training: %lld steps of %d x %d tokens%s, AdamW lr %g (warm-up %lld, cosine), %s%s\n",
          (long long)o->steps, o->batch, train_seq_len(tr), accum, o->lr, (long long)o->warmup,
-         strcmp(o->precision, "f32") ? "bf16 autocast, f32 weights" : "f32", tr->step ? ", resumed" : "");
+         !strcmp(o->precision, "f16")    ? "f16 autocast with loss scaling, f32 weights"
+         : !strcmp(o->precision, "bf16") ? "bf16 autocast, f32 weights"
+                                         : "f32",
+         tr->step ? ", resumed" : "");
   if (tr->step) printf("resumed at step %lld from %s\n", (long long)tr->step, o->resume);
   fflush(stdout);
 }
@@ -678,6 +716,11 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
   printf("throughput: %.0f tokens/s (%lld steps in %.1f s)\n",
          n * (double)tr->o.batch * train_seq_len(tr) / (seconds > 0 ? seconds : 1e-9),
          (long long)n, seconds);
+  if (tr->scaler && (tr->skipped || !strcmp(tr->o.precision, "f16"))) {
+    printf("skipped steps: %lld of %lld (gradients not finite)", (long long)tr->skipped, (long long)n);
+    if (!strcmp(tr->o.precision, "f16")) printf("; loss scale now %g", nb_scaler_get_scale(tr->scaler));
+    printf("\n");
+  }
   double mib = train_peak_mib(tr);
   if (mib >= 0)
     printf("peak device memory: %.1f MiB (cuda:%d, allocated tensors at their peak)\n", mib,
@@ -721,6 +764,7 @@ static int train_run(trainer *tr) {
 static void train_cleanup(trainer *tr) {
   nb_optim_free(tr->opt_decay);
   nb_optim_free(tr->opt_plain);
+  nb_scaler_free(tr->scaler);
   gpt_free(tr->model);
   if (tr->resume) nb_st_close(tr->resume);
   free(tr->data_path);

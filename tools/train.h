@@ -27,7 +27,7 @@ typedef struct {
   const char *data, *save, *resume, *svg, *device;
   const char *tokens, *val_tokens; /* token files (llm.c's format) */
   const char *model;               /* a preset of model defaults ("gpt2"), or NULL */
-  const char *precision;           /* "f32" or "bf16" (autocast), after defaults */
+  const char *precision;           /* "f32", "bf16" or "f16" (autocast), after defaults */
   int vocab_size;                  /* token ids are below it (--tokens) */
   int64_t max_data;   /* largest --data in bytes; 0: the default (train.c) */
   int64_t save_every; /* checkpoint to --save every N steps; 0: only at the end */
@@ -71,6 +71,8 @@ typedef struct {
   text_data text;
   gpt_model *model;
   nb_optim *opt_decay, *opt_plain; /* AdamW with and without weight decay */
+  nb_scaler *scaler;               /* bf16, f16: the non-finite check (f16: loss scaling) */
+  int64_t skipped;                 /* steps skipped this run (gradients not finite) */
   nb_rng data_rng;                 /* draws training batches; checkpointed */
   int64_t step;                    /* optimizer steps done */
   float *loss;                     /* per-step training loss, o.steps entries */

@@ -1,8 +1,10 @@
 /* Checkpoints of `nabla train` as safetensors: every parameter under its
  * own name, the AdamW moments as "opt.decay.*" and "opt.plain.*", the loss
  * history as "trainer.*", and in __metadata__ the model configuration, the
- * schedule, the step and the data RNG state. Restoring all of it makes a
- * resumed run continue bit for bit. */
+ * schedule, the step and the data RNG state, the precision, the optimizers'
+ * step count (below the trainer's after skipped steps) and for f16 the loss
+ * scaler's scale and growth counter. Restoring all of it makes a resumed
+ * run continue bit for bit. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <errno.h>
 #include <stdarg.h>
@@ -14,7 +16,7 @@
 #include "train.h"
 
 #define CKPT_FORMAT "nabla-gpt-1"
-#define CKPT_MAX_META 24
+#define CKPT_MAX_META 32
 
 typedef struct {
   const char *keys[CKPT_MAX_META];
@@ -56,6 +58,12 @@ static void ckpt_fill_meta(const trainer *tr, ckpt_meta *m, char *vocab_hex) {
   meta_put(m, "step", "%lld", (long long)tr->step);
   meta_put(m, "data_rng_seed", "%llu", (unsigned long long)tr->data_rng.seed);
   meta_put(m, "data_rng_offset", "%llu", (unsigned long long)tr->data_rng.offset);
+  meta_put(m, "precision", "%s", o->precision);
+  meta_put(m, "optim_steps", "%lld", (long long)nb_optim_steps(tr->opt_decay));
+  if (!strcmp(o->precision, "f16")) {
+    meta_put(m, "scaler_scale", "%.17g", nb_scaler_get_scale(tr->scaler));
+    meta_put(m, "scaler_growth", "%lld", (long long)nb_scaler_growth_tracker(tr->scaler));
+  }
   if (tr->is_tokens) {
     meta_put(m, "vocab_size", "%d", tr->tok.vocab);
     m->keys[m->n] = "tokens";
@@ -260,6 +268,14 @@ static int ckpt_read_schedule(trainer *tr) {
     return NB_TOOL_EXIT_USAGE;
   o->set |= OPT_ACCUM;
   if (!(o->set & OPT_SEED)) o->seed = seed;
+  /* the checkpoint's precision unless --precision is given (weights are
+   * f32 in every precision; checkpoints before f16 have none) */
+  const char *prec = nb_st_metadata(tr->resume, "precision"), *p = NULL;
+  char what[512];
+  snprintf(what, sizeof what, "--resume %s: metadata \"precision\"", o->resume);
+  if (prec && train_opt_value("precision", what, prec, &p)) return NB_TOOL_EXIT_USAGE;
+  if (prec && !o->precision)
+    o->precision = !strcmp(p, "f16") ? "f16" : !strcmp(p, "bf16") ? "bf16" : "f32";
   return 0;
 }
 
@@ -342,6 +358,32 @@ static void ckpt_restore_history(trainer *tr) {
   nb_clear_error();
 }
 
+/* The optimizers' step count (the trainer's when absent: checkpoints
+ * before skipped steps existed) and, when both run f16, the scaler's
+ * state; an f16 run from another precision's checkpoint starts a fresh
+ * scaler. */
+static int ckpt_restore_counters(trainer *tr, int64_t *osteps) {
+  uint64_t v, growth;
+  if (nb_st_metadata(tr->resume, "optim_steps")) {
+    if (ckpt_meta_u64(tr, "optim_steps", &v)) return NB_TOOL_EXIT_USAGE;
+    if (v > (uint64_t)tr->step)
+      return ckpt_fail(tr, "metadata \"optim_steps\" is beyond the step", "");
+    *osteps = (int64_t)v;
+  }
+  const char *s = nb_st_metadata(tr->resume, "scaler_scale");
+  if (!s || strcmp(tr->o.precision, "f16")) return 0;
+  char *end;
+  errno = 0;
+  double scale = strtod(s, &end);
+  if (ckpt_meta_u64(tr, "scaler_growth", &growth)) return NB_TOOL_EXIT_USAGE;
+  if (!*s || *end || errno || growth > (uint64_t)INT64_MAX ||
+      nb_scaler_set_state(tr->scaler, scale, (int64_t)growth) != NB_OK) {
+    nb_clear_error();
+    return ckpt_fail(tr, "bad loss scaler state in the metadata (scaler_scale, scaler_growth)", "");
+  }
+  return 0;
+}
+
 int train_ckpt_restore(trainer *tr) {
   int rc = 0;
   nb_params *all = tr->model->all;
@@ -354,8 +396,10 @@ int train_ckpt_restore(trainer *tr) {
   if (!rc) ckpt_restore_history(tr);
   nb_no_grad_end();
   nb_scope_end();
-  nb_optim_set_steps(tr->opt_decay, tr->step);
-  nb_optim_set_steps(tr->opt_plain, tr->step);
+  int64_t osteps = tr->step;
+  if (!rc) rc = ckpt_restore_counters(tr, &osteps);
+  nb_optim_set_steps(tr->opt_decay, osteps);
+  nb_optim_set_steps(tr->opt_plain, osteps);
   nb_st_close(tr->resume);
   tr->resume = NULL;
   return rc;

@@ -37,10 +37,13 @@ void train_usage(FILE *f) {
     "  --dim N            model width\n"
     "  --context N        longest input sequence (addition: at least 3*digits+2)\n"
     "  --batch N          sequences per step\n"
-    "  --precision P      f32 or bf16 (the default on the GPU; f32 on the CPU): bf16\n"
-    "                     runs the forward under autocast (matrix products and\n"
-    "                     attention in bf16 with f32 accumulation, norms, softmax\n"
-    "                     and the loss in f32; f32 master weights)\n"
+    "  --precision P      f32, bf16 or f16 (bf16 the default on the GPU; f32 on the\n"
+    "                     CPU): bf16 and f16 run the forward under autocast (matrix\n"
+    "                     products and attention in the 16-bit dtype with f32\n"
+    "                     accumulation, norms, softmax and the loss in f32; f32\n"
+    "                     master weights); f16 scales the loss dynamically (2^16,\n"
+    "                     halved on overflow, doubled after 2000 good steps); both\n"
+    "                     skip a step whose gradients are not finite\n"
     "  --accum N          split each step's batch into N micro-batches whose\n"
     "                     gradients accumulate before the update (default 1)\n"
     "  --steps N          total optimizer steps (the LR schedule's length)\n"
@@ -81,7 +84,7 @@ static int train_opt_rows(train_opts *o, cli_opt *r) {
       CLI_OPT_STR("resume", &o->resume, 0),
       CLI_OPT_STR("svg", &o->svg, OPT_SVG),
       CLI_OPT_STR("device", &o->device, 0),
-      CLI_OPT_CHOICE("precision", &o->precision, "f32|bf16"),
+      CLI_OPT_CHOICE("precision", &o->precision, "f32|bf16|f16"),
       CLI_OPT_NUM(CLI_INT, "digits", &o->digits, 1, 9, OPT_DIGITS),
       CLI_OPT_NUM(CLI_INT, "layers", &o->layers, 1, 256, OPT_LAYERS),
       CLI_OPT_NUM(CLI_INT, "heads", &o->heads, 1, 1024, OPT_HEADS),
