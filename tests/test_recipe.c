@@ -9,8 +9,8 @@
  * digit's marginal distribution, for a seed-dependent number of steps; the
  * full default run ended at 10% for seed 1. The plain run checks
  * RECIPE_SEEDS seeds (about 6.5 s each on one core), NABLA_TEST_QUICK=1 the
- * first only; then seed 1 under bf16 autocast (--precision bf16) with the
- * same bar. Under a sanitizer (the CI's second pass, where one seed took
+ * first only; then seed 1 under bf16 autocast (--precision bf16) and
+ * under f16 autocast with loss scaling (--precision f16) with the same bar. Under a sanitizer (the CI's second pass, where one seed took
  * 50 s) the run is cut to RECIPE_SMOKE_STEPS steps and only has to finish
  * and report its accuracy: that pass looks for memory errors, the plain
  * pass for learning. */
@@ -77,6 +77,8 @@ int main(void) {
     for (int s = 1; s <= seeds; s++) recipe_seed(s, RECIPE_STEPS, RECIPE_MIN_ACC, "f32");
     /* mixed precision (bf16 autocast, f32 weights) learns the same recipe */
     recipe_seed(1, RECIPE_STEPS, RECIPE_MIN_ACC, "bf16");
+    /* f16 autocast with dynamic loss scaling: the same bar */
+    recipe_seed(1, RECIPE_STEPS, RECIPE_MIN_ACC, "f16");
   }
   nbt_rmtree(dir);
   return nbt_finish();
