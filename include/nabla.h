@@ -227,7 +227,8 @@ nb_status nb_zero_grad(nb_tensor *t);  /* drops t's gradient */
 nb_status nb_backward(nb_tensor *t, const nb_tensor *grad);
 nb_status nb_backward_ex(nb_tensor *t, const nb_tensor *grad, int retain_graph, int create_graph);
 /* Gradients of outputs wrt inputs, without touching .grad: grads_out[i] is a
- * new reference (or NULL if unreachable). */
+ * new reference owned like any returned tensor (by the innermost scope when
+ * one is open, else by the caller), or NULL if unreachable. */
 nb_status nb_autograd_grad(nb_tensor *output, const nb_tensor *grad_output, int n_inputs,
                            nb_tensor *const *inputs, nb_tensor **grads_out, int create_graph);
 nb_tensor *nb_detach(const nb_tensor *t); /* a view with no history */
