@@ -138,6 +138,9 @@ if [ "$built" -eq 0 ]; then
       --steps 11 --eval-every 0 --profile --no-svg --quiet
     if python3 -c "import torch" 2>/dev/null; then
       step train-compare 0 timeout 600 scripts/train-compare.sh "$BUILD"
+      # the same in bf16 on both sides, and GPT-2 small in bf16 (issue 17's targets)
+      step train-compare-bf16 0 timeout 600 env PRECISION=bf16 scripts/train-compare.sh "$BUILD"
+      step train-compare-gpt2 0 timeout 600 env PRESET=gpt2 PRECISION=bf16 scripts/train-compare.sh "$BUILD" 30
     fi
     # GPT-2 small's shape (f32): 5 steps, to show it fits and its peak memory
     step gpt2-shape 0 timeout 300 "$BUILD/nabla" train --device cuda --data "$OUT/profile-text.txt" \
@@ -171,7 +174,7 @@ for i in "${!names[@]}"; do
       test-cuda|cuda-accuracy|op-table|memcheck|racecheck|memcheck-attn|racecheck-attn|memcheck-acc) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
       same-bits) detail=$(grep -E '^same-bits' "$OUT/$n.log" | sed -E 's/, checkpoints/:/' | tr '\n' ' ') ;;
-      train-compare) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \([^)]*\): //') ;;
+      train-compare*) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \(([a-z0-9]+, [a-z0-9]+)[^)]*\): /\1: /') ;;
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
       train-profile) detail=$(grep -E '^profile: ' "$OUT/$n.log") ;;
       gpt2-shape) detail=$(grep -iE '^throughput|peak|out of memory' "$OUT/$n.log" | tr '\n' ' ') ;;
