@@ -108,6 +108,14 @@ static void free_result(aresult *r) {
   for (int i = 0; i < 3; i++) free(r->g[i]);
 }
 
+/* Two runs of one case give the same bits: output and every gradient. */
+static void check_same_bits(const char *name, const aresult *a, const aresult *b, int n) {
+  int same = a->y && b->y && !memcmp(a->y, b->y, (size_t)a->ny * sizeof(double));
+  for (int j = 0; j < n && same; j++)
+    same = !memcmp(a->g[j], b->g[j], (size_t)a->ng[j] * sizeof(double));
+  NBT_CHECK(same, "%s: two runs differ", name);
+}
+
 static const char *case_name(const acase *c, nb_dtype dt, const char *dev, char *buf, size_t n) {
   snprintf(buf, n, "%s %s B%lld H%lld Lq%lld Lk%lld D%lld Dv%lld%s%s", dev, nb_dtype_name(dt),
            (long long)c->B, (long long)c->H, (long long)c->Lq, (long long)c->Lk, (long long)c->D,
@@ -241,10 +249,7 @@ static void cuda_cases(void) {
       else
         compare(name, &got, &ref, in.n, dts[t] == NB_F32 ? 1e-4 : rtol_of(dts[t]),
                 dts[t] == NB_F32 ? 1e-5 : 1e-11);
-      int same = got.y && again.y && !memcmp(got.y, again.y, (size_t)got.ny * sizeof(double));
-      for (int j = 0; j < in.n && same; j++)
-        same = !memcmp(got.g[j], again.g[j], (size_t)got.ng[j] * sizeof(double));
-      NBT_CHECK(same, "%s: two runs differ", name);
+      check_same_bits(name, &got, &again, in.n);
       free_result(&ref);
       free_result(&got);
       free_result(&again);
@@ -267,10 +272,7 @@ static void cuda_check(const acase *c, nb_dtype dt, uint64_t seed, double tol) {
   char name[160];
   case_name(c, dt, "cuda mma", name, sizeof name);
   compare_norm(name, &got, &ref, in.n, tol);
-  int same = got.y && again.y && !memcmp(got.y, again.y, (size_t)got.ny * sizeof(double));
-  for (int j = 0; j < in.n && same; j++)
-    same = !memcmp(got.g[j], again.g[j], (size_t)got.ng[j] * sizeof(double));
-  NBT_CHECK(same, "%s: two runs differ", name);
+  check_same_bits(name, &got, &again, in.n);
   free_result(&ref);
   free_result(&got);
   free_result(&again);
