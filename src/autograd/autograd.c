@@ -125,8 +125,10 @@ static nb_status deliver(nb_tensor *in, nb_tensor *g, grad_sink *sink) {
   g = fit_to(g, in);
   if (!g) return nb_last_status();
   if (sink) { /* capture for a target, and keep flowing to targets upstream */
+    /* a node may keep a data-less header of an input (nb_node_keep_meta):
+     * a result is known by its node too */
     for (int i = 0; i < sink->n_targets; i++)
-      if (sink->targets[i] == in) {
+      if (sink->targets[i] == in || (in->grad_fn && sink->targets[i]->grad_fn == in->grad_fn)) {
         nb_status st = accumulate(&sink->captured[i], g);
         if (st) return st;
       }

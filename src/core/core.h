@@ -81,6 +81,10 @@ nb_tensor *nb_autorelease(nb_tensor *t);
 
 /* Allocation of tensors (returned with refcount 1, not autoreleased). */
 nb_tensor *nb_tensor_alloc(int ndim, const int64_t *shape, nb_dtype dt, nb_device dev);
+/* A header with t's shape, strides, dtype, device and requires_grad and no
+ * data (a storage of 0 bytes; grad_fn unset): what a graph node keeps of an
+ * input whose data its backward rule never reads (refcount 1). */
+nb_tensor *nb_tensor_meta_of(const nb_tensor *t);
 /* A new tensor header over t's storage (refcount 1, not autoreleased). */
 nb_tensor *nb_tensor_view_of(const nb_tensor *t, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset);

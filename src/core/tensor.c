@@ -159,6 +159,25 @@ nb_tensor *nb_empty_pinned(int ndim, const int64_t *shape, nb_dtype dt) {
 
 int nb_is_pinned(const nb_tensor *t) { return t && t->storage->pinned; }
 
+nb_tensor *nb_tensor_meta_of(const nb_tensor *t) {
+  nb_tensor *m = header_new(t->ndim, t->shape, t->dtype);
+  nb_storage *s = m ? calloc(1, sizeof *s) : NULL;
+  if (!s) {
+    if (m) nb_error_set(NB_ERR_OOM, "out of host memory for a storage header");
+    nb_release(m);
+    return NULL;
+  }
+  s->refcount = 1;
+  s->device = t->storage->device;
+  s->borrowed = 1; /* no data to free */
+  s->allocator = nb_allocator_for(s->device);
+  memcpy(m->strides, t->strides, sizeof m->strides);
+  m->offset = t->offset;
+  m->storage = s;
+  m->requires_grad = t->requires_grad;
+  return m;
+}
+
 nb_tensor *nb_tensor_view_of(const nb_tensor *base, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset) {
   nb_tensor *t = header_new(ndim, shape, base->dtype);

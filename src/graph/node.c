@@ -59,6 +59,17 @@ nb_node *nb_record(const char *name, nb_backward_fn fn, int n_inputs,
   return n;
 }
 
+void nb_node_keep_meta(nb_node *n, int i) {
+  nb_tensor *t = n->inputs[i];
+  if (!t || (t->requires_grad && !t->grad_fn)) return; /* leaves requiring grad: the real one */
+  nb_tensor *m = nb_tensor_meta_of(t);
+  if (!m) { nb_clear_error(); return; } /* keeping the input is always correct */
+  m->grad_fn = t->grad_fn;
+  if (m->grad_fn) __atomic_add_fetch(&m->grad_fn->refcount, 1, __ATOMIC_RELAXED);
+  n->inputs[i] = m;
+  nb_release(t);
+}
+
 void nb_node_save(nb_node *n, int i, const nb_tensor *t) {
   if (!n || !t) return;
   nb_release(n->saved[i]);

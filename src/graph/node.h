@@ -58,6 +58,11 @@ void nb_node_drop_refs(nb_node *n);
  * when nothing was recorded. NULL entries in inputs are allowed. */
 nb_node *nb_record(const char *name, nb_backward_fn fn, int n_inputs,
                    const nb_tensor *const *inputs, nb_tensor *out);
+/* Replaces input i by a data-less header with its shape, dtype, device and
+ * history (nb_tensor_meta_of), so the input's memory can be freed while the
+ * graph lives; for inputs whose data the backward rule never reads. Leaves
+ * that require grad stay (gradients are delivered to them). */
+void nb_node_keep_meta(nb_node *n, int i);
 /* Saves a detached alias of t in slot i. */
 void nb_node_save(nb_node *n, int i, const nb_tensor *t);
 int nb_node_needs_grad(const nb_node *n, int i);

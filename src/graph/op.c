@@ -21,6 +21,8 @@ nb_node *nb_op_record(const nb_op_call *c, nb_tensor *out, nb_tensor *const *sav
   if (!n) return NULL;
   n->op = op;
   if (op->psize) memcpy(n->params, c->p, op->psize);
+  for (int i = 0; i < c->n && i < 32; i++)
+    if (op->meta_only_in & (1u << i)) nb_node_keep_meta(n, i);
   int slot = 0;
   if (op->save_out) nb_node_save(n, slot++, out);
   for (int i = 0; saved && slot < NB_NODE_SAVED; i++, slot++) nb_node_save(n, slot, saved[i]);

@@ -92,6 +92,10 @@ struct nb_op {
   /* The backward rule (NULL: no gradient flows through the op). It reads
    * n->inputs, n->saved and nb_node_params(n). */
   nb_backward_fn backward;
+  /* Bit i: the backward rule reads only input i's shape, dtype and history,
+   * never its data, so the node keeps a data-less header of it and the
+   * input's memory goes when nothing else holds it (0: keep every input). */
+  unsigned meta_only_in;
   /* The node keeps its inputs; it also saves (detached) the output in
    * slot 0 when save_out, and forward's saved aux tensors in the slots
    * after (a NULL aux leaves its slot empty). */

@@ -287,7 +287,8 @@ static nb_status to_device_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
 const nb_op nb_op_to_device = {
     .name = "to_device", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"t"},
     .psize = sizeof(to_device_params), .prec = NB_PREC_FOLLOW, .infer = to_device_infer,
-    .prepare = to_device_prepare, .forward = to_device_forward, .backward = to_device_bw};
+    .prepare = to_device_prepare, .forward = to_device_forward, .backward = to_device_bw,
+    .meta_only_in = 1u};
 
 nb_tensor *nb_to_device(const nb_tensor *t, nb_device dev) {
   if (!t) { nb_error_null("nb_to_device", "t"); return NULL; }

@@ -161,6 +161,7 @@ static const reduce_params bench_axis0 = {.mask = {1}}, bench_rows_keep = {.mask
       .psize = sizeof(reduce_params), .prec = PREC, .determinism = DETERMINISM,              \
       .infer = NAME##_infer, .prepare = PREPARE, .forward = NAME##_forward,                  \
       .backward = BACKWARD, .save_out = SAVE_OUT, .cost = reduce_cost,                       \
+      .meta_only_in = BACKWARD == sum_bw ? 1u : 0u, /* sum's rule reads only x's shape */     \
       .bench_in = BENCH_IN, .bench_p = BENCH_P};
 
 REDUCE_OP(sum, NB_ROP_SUM, sum_prepare, sum_bw, 0, NB_PREC_F32,

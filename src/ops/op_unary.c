@@ -81,6 +81,7 @@ static void ew_cost(const nb_op_call *c, const nb_meta *out, double flops_per, d
       .name = #NAME, .kind = NB_OPK_POINTWISE, .n_in = 1, .in_names = {"x"},         \
       .prec = NB_PREC_FOLLOW, .infer = infer_##ID, .prepare = prepare_##ID,          \
       .forward = forward_##ID, .backward = BW, .save_out = SAVE, .cost = cost_##ID,  \
+      .meta_only_in = SAVE || NB_UOP_##ID == NB_UOP_NEG ? 1u : 0u,                   \
       .bench_in = "r:16777216"};
 
 /* ---- the derivative kernels (ew_list.h's NB_UOP_DERIVATIVE_LIST): entries
@@ -154,7 +155,7 @@ static const cast_params cast_bench = {NB_BF16}; /* autocast's f32 -> bf16 */
 const nb_op nb_op_cast = {
     .name = "cast", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"x"},
     .psize = sizeof(cast_params), .prec = NB_PREC_FOLLOW, .infer = cast_infer,
-    .forward = cast_forward, .backward = cast_bw, .cost = cast_cost,
+    .forward = cast_forward, .backward = cast_bw, .cost = cast_cost, .meta_only_in = 1u,
     .bench_in = "r:16777216", .bench_p = &cast_bench};
 
 nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dt) {
