@@ -114,10 +114,6 @@ __device__ __forceinline__ float nb_exp_acc(float x) {
   return c == c ? fmaf(y, c * 0.693147180559945309f, y) : y; /* x = +-inf: c is NaN, y exact */
 }
 
-/* exp on the accumulation type: f32 through nb_exp_acc, f64 exact. */
-__device__ __forceinline__ float nb_fast_exp(float x) { return nb_exp_acc(x); }
-__device__ __forceinline__ double nb_fast_exp(double x) { return exp(x); }
-
 /* exp(f - m) for softmax rows, the row maximum subtracted first (f - m is
  * exact when f and m are within a factor of two, as they are for rows of
  * large logits). Rows stored in f32 (PREC = 1) take nb_exp_acc. Rows stored
@@ -190,36 +186,6 @@ __device__ __forceinline__ void nb_grp_sum2(A &a, A &b, A *sm, int tpr, int bar)
   b = nb_warp_sum(lane < nw ? sm[nw + lane] : (A)0);
 }
 
-/* Merges (max, sum of exp(x - max)) pairs over a row group; sm holds
- * 2 * tpr/32 slots. */
-template <typename A>
-__device__ __forceinline__ void nb_online_pair(A &m, A &s, A m2, A s2) {
-  A M = fmax(m, m2);
-  A a = s == (A)0 ? (A)0 : s * nb_fast_exp(m - M), b = s2 == (A)0 ? (A)0 : s2 * nb_fast_exp(m2 - M);
-  m = M;
-  s = a + b;
-}
-template <typename A>
-__device__ __forceinline__ void nb_warp_online(A &m, A &s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    A m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    nb_online_pair(m, s, m2, s2);
-  }
-}
-template <typename A>
-__device__ __forceinline__ void nb_grp_online(A &m, A &s, A *sm, int tpr, int bar) {
-  nb_warp_online(m, s);
-  if (tpr == 32) return;
-  int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
-  nb_bar_sync(bar, tpr);
-  if (lane == 0) { sm[w] = m; sm[nw + w] = s; }
-  nb_bar_sync(bar, tpr);
-  m = lane < nw ? sm[lane] : (A)-INFINITY;
-  s = lane < nw ? sm[nw + lane] : (A)0;
-  nb_warp_online(m, s);
-}
-
 /* Merges the warps' (max, sum of exp(x - max)) pairs of a row group, every
  * warp holding its own pair in all lanes: one barrier round, one exp per
  * lane (PREC as nb_row_exp); every thread gets the row's pair. sm holds
@@ -233,50 +199,6 @@ __device__ __forceinline__ void nb_grp_merge_warps(A &m, A &s, A *sm, int tpr, i
   A mw = lane < nw ? sm[lane] : (A)-INFINITY, sw = lane < nw ? sm[nw + lane] : (A)0;
   m = nb_warp_max(mw);
   s = nb_warp_sum(sw == (A)0 ? (A)0 : sw * nb_row_exp<PREC>(mw, m));
-}
-
-/* Merges (count, mean, M2 = sum of squared deviations) of two parts of a
- * row (Chan et al.): one reduction gives mean and variance, as accurate as
- * a second pass over centred values. Empty parts (n = 0) merge as nothing. */
-template <typename A>
-__device__ __forceinline__ void nb_mv_pair(A &n, A &m, A &q, A n2, A m2, A q2) {
-  if (n2 == (A)0) return;
-  if (n == (A)0) { n = n2; m = m2; q = q2; return; }
-  A nt = n + n2, d = m2 - m, f = n2 / nt;
-  m += d * f;
-  q += q2 + d * d * n * f;
-  n = nt;
-}
-/* Butterfly merge over a warp; each pair merges (lower lane, higher lane)
- * in that order, so every lane ends with the same bits. */
-template <typename A>
-__device__ __forceinline__ void nb_warp_mv(A &n, A &m, A &q) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    A n2 = __shfl_xor_sync(0xffffffffu, n, o), m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    A q2 = __shfl_xor_sync(0xffffffffu, q, o);
-    if (threadIdx.x & o) {
-      A tn = n, tm = m, tq = q;
-      n = n2; m = m2; q = q2;
-      n2 = tn; m2 = tm; q2 = tq;
-    }
-    nb_mv_pair(n, m, q, n2, m2, q2);
-  }
-}
-/* The row group's (n, mean, M2); sm holds 3 * tpr/32 slots. The merge order
- * is fixed, so the result has the same bits on every run. */
-template <typename A>
-__device__ __forceinline__ void nb_grp_mv(A &n, A &m, A &q, A *sm, int tpr, int bar) {
-  nb_warp_mv(n, m, q);
-  if (tpr == 32) return;
-  int lane = threadIdx.x & 31, w = (threadIdx.x % tpr) >> 5, nw = tpr >> 5;
-  nb_bar_sync(bar, tpr);
-  if (lane == 0) { sm[w] = n; sm[nw + w] = m; sm[2 * nw + w] = q; }
-  nb_bar_sync(bar, tpr);
-  n = lane < nw ? sm[lane] : (A)0;
-  m = lane < nw ? sm[nw + lane] : (A)0;
-  q = lane < nw ? sm[2 * nw + lane] : (A)0;
-  nb_warp_mv(n, m, q);
 }
 
 /* Packs per thread and threads per row (a multiple of 32, at most max_tpr)
