@@ -6,11 +6,14 @@
 #include "ops/ops.h"
 
 nb_status nb_op_same_device(const char *op, int n, const nb_tensor *const *ts) {
-  for (int i = 1; i < n; i++) {
-    if (!ts[i] || nb_same_device(nb_device_of(ts[0]), nb_device_of(ts[i]))) continue;
+  const nb_tensor *first = NULL; /* NULL entries (absent optional inputs) are skipped */
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) continue;
+    if (!first) { first = ts[i]; continue; }
+    if (nb_same_device(nb_device_of(first), nb_device_of(ts[i]))) continue;
     char b1[200], b2[200];
     return nb_error_set(NB_ERR_DEVICE, "%s: inputs on different devices: %s and %s", op,
-                        nb_describe(ts[0], b1, sizeof b1), nb_describe(ts[i], b2, sizeof b2));
+                        nb_describe(first, b1, sizeof b1), nb_describe(ts[i], b2, sizeof b2));
   }
   return NB_OK;
 }

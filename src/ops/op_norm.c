@@ -135,7 +135,6 @@ static int norm_args_ok(const char *op, const nb_tensor *x, int n_norm, const nb
     nb_error_set(NB_ERR_VALUE, "%s: eps %g (expected a finite eps >= 0)", op, eps);
     return 0;
   }
-  if (nb_op_same_device(op, 3, (const nb_tensor *const[]){x, w, b})) return 0;
   return norm_param_ok(op, "weight", x, n_norm, w) && norm_param_ok(op, "bias", x, n_norm, b);
 }
 

@@ -12,22 +12,13 @@ static nb_status check_inputs(const nb_op *op, int n, const nb_tensor *const *in
   if (n < op->n_in || (!op->variadic && n > op->n_in))
     return nb_error_set(NB_ERR_VALUE, "%s: %d inputs (expected %s%d)", op->name, n,
                         op->variadic ? "at least " : "", op->n_in);
-  const nb_tensor *first = NULL;
   for (int i = 0; i < n; i++) {
-    if (!in[i]) {
-      if (i >= op->n_in - op->n_opt && i < op->n_in) continue;
-      char what[24];
-      snprintf(what, sizeof what, "input %d", i);
-      return nb_error_null(op->name, i < NB_OP_MAX_IN && op->in_names[i] ? op->in_names[i] : what);
-    }
-    if (!first) first = in[i];
-    else if (!nb_same_device(nb_device_of(first), nb_device_of(in[i]))) {
-      char b1[200], b2[200];
-      return nb_error_set(NB_ERR_DEVICE, "%s: inputs on different devices: %s and %s", op->name,
-                          nb_describe(first, b1, sizeof b1), nb_describe(in[i], b2, sizeof b2));
-    }
+    if (in[i] || (i >= op->n_in - op->n_opt && i < op->n_in)) continue;
+    char what[24];
+    snprintf(what, sizeof what, "input %d", i);
+    return nb_error_null(op->name, i < NB_OP_MAX_IN && op->in_names[i] ? op->in_names[i] : what);
   }
-  return NB_OK;
+  return nb_op_same_device(op->name, n, in);
 }
 
 /* ---- autocast ----------------------------------------------------------------

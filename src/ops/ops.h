@@ -10,7 +10,8 @@
 /* Gradient g of a broadcast result, summed back to input x's shape and cast
  * to x's dtype (a new reference). */
 nb_tensor *nb_op_grad_to(const nb_tensor *g, const nb_tensor *x);
-/* Fails (and names op) unless all given tensors share one device. */
+/* Fails (and names op) unless all given tensors share one device (NULL
+ * entries, absent optional inputs, are skipped). */
 nb_status nb_op_same_device(const char *op, int n, const nb_tensor *const *ts);
 /* Normalises a set of axes into a mask; n_axes 0 means all. */
 nb_status nb_op_axes_mask(const char *op, const nb_tensor *x, int n_axes, const int *axes,
