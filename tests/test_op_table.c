@@ -20,14 +20,6 @@
 
 #define MAXIN 4
 
-/* An input: kind r (normal), p (positive, 0.5 .. 2), i<k> (int64 in
- * [0, k)), b (bool), - (absent), then ':' and the shape "3x5" ("" = 0-d). */
-typedef struct {
-  char kind;
-  int64_t bound;
-  int nd;
-  int64_t shape[NB_MAX_DIMS];
-} in_spec;
 
 typedef nb_tensor *(*case_fn)(nb_tensor *const *in);
 
@@ -36,7 +28,7 @@ enum { GRAD = 1, NO16 = 2, NOVIEW = 4, NOCUDA = 8 };
 typedef struct {
   const char *op;    /* the table entry the output's node must be */
   case_fn f;
-  const char *inputs;
+  const char *inputs; /* an input spec (graph/op.h's nb_op_spec): "r:5x37,i21:5" */
   int flags;
   double tol;        /* scales the dtype tolerances (0 = 1) */
 } op_case;
@@ -191,28 +183,11 @@ static const char *const ELSEWHERE[][2] = {
 };
 
 /* ---- inputs --------------------------------------------------------------- */
-static int parse_inputs(const char *s, in_spec *in) {
-  int n = 0;
-  while (*s && n < MAXIN) {
-    in_spec *p = &in[n++];
-    memset(p, 0, sizeof *p);
-    p->kind = *s++;
-    if (p->kind == 'i') p->bound = strtoll(s, (char **)&s, 10);
-    if (*s == ':') s++;
-    while (*s && *s != ',') {
-      p->shape[p->nd++] = strtoll(s, (char **)&s, 10);
-      if (*s == 'x') s++;
-    }
-    if (*s == ',') s++;
-  }
-  return n;
-}
-
 /* Input i of a case on device dev: reals in dtype dt; a strided view of
  * the same values when view (the last axis taken with step 2 from a wider
  * tensor). The same seed gives the same values on every device. The caller
  * owns it. */
-static nb_tensor *make_input(const in_spec *p, uint64_t seed, nb_dtype dt, int view, nb_device dev) {
+static nb_tensor *make_input(const nb_op_spec *p, uint64_t seed, nb_dtype dt, int view, nb_device dev) {
   if (p->kind == '-') return NULL;
   nb_scope_begin(); /* every intermediate is autoreleased; the result is kept */
   nb_tensor *t;
@@ -257,7 +232,7 @@ static void tol_of(nb_dtype dt, double scale, double *rtol, double *atol) {
 /* ---- checks --------------------------------------------------------------- */
 static const op_case *cur;
 static int n_in;
-static in_spec spec[MAXIN];
+static nb_op_spec spec[MAXIN];
 static nb_tensor *all_in[MAXIN];
 static int grad_map[MAXIN]; /* positions of the differentiable inputs */
 static int n_grad;
@@ -297,7 +272,7 @@ static void check_route(const char *name, nb_tensor *const *in) {
   nb_scope_end();
 }
 
-static void check_dtypes(const char *name, nb_tensor *const *in64, const double *ref) {
+static void check_dtypes(const char *name, const double *ref) {
   static const nb_dtype DT[3] = {NB_F32, NB_F16, NB_BF16};
   for (int k = 0; k < 3; k++) {
     if (k && (cur->flags & NO16)) break;
@@ -314,7 +289,6 @@ static void check_dtypes(const char *name, nb_tensor *const *in64, const double 
     nb_scope_end();
     free_inputs(in);
   }
-  (void)in64;
 }
 
 static void check_views(const char *name, const double *ref) {
@@ -396,7 +370,7 @@ static void check_device(const char *name, nb_device d) {
 
 static void run_case(int ci, int have_cuda) {
   cur = &CASES[ci];
-  n_in = parse_inputs(cur->inputs, spec);
+  n_in = nb_op_spec_parse(cur->inputs, spec, MAXIN, 1);
   char name[96];
   snprintf(name, sizeof name, "%s #%d (%s)", cur->op, ci, cur->inputs);
   NBT_CHECK(nb_op_find(cur->op) != NULL, "%s: '%s' is not an entry of the op table", name, cur->op);
@@ -409,8 +383,7 @@ static void run_case(int ci, int have_cuda) {
   double *ref = y ? nbt_f64(y) : NULL;
   nb_scope_end();
   if (ref) {
-    /* grad-requiring f32 inputs for the device gradient check */
-    check_dtypes(name, in, ref);
+    check_dtypes(name, ref);
     check_views(name, ref);
   }
   free(ref);
