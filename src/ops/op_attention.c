@@ -202,15 +202,20 @@ static const nb_tensor *att_rows(const nb_tensor *t) {
 /* The kernels' contract: q (.., Lq, D), k (.., Lk, D), v (.., Lk, Dv), one
  * float dtype, the same batch axes (nb_scaled_dot_product_attention
  * broadcasts or composes the other cases). */
+static int att_contract_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v) {
+  int nd = q->ndim;
+  return nb_dtype_is_float(q->dtype) && k->dtype == q->dtype && v->dtype == q->dtype && nd >= 2 &&
+         k->ndim == nd && v->ndim == nd && q->shape[nd - 1] == k->shape[nd - 1] &&
+         k->shape[nd - 2] == v->shape[nd - 2] &&
+         !memcmp(k->shape, q->shape, (size_t)(nd - 2) * sizeof q->shape[0]) &&
+         !memcmp(v->shape, q->shape, (size_t)(nd - 2) * sizeof q->shape[0]);
+}
+
 static nb_status att_infer(const nb_op_call *c, nb_meta *out) {
   const nb_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
   char b1[200], b2[200], b3[200];
   int nd = q->ndim;
-  if (!nb_dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype || nd < 2 ||
-      k->ndim != nd || v->ndim != nd || q->shape[nd - 1] != k->shape[nd - 1] ||
-      k->shape[nd - 2] != v->shape[nd - 2] ||
-      memcmp(k->shape, q->shape, (size_t)(nd - 2) * sizeof q->shape[0]) ||
-      memcmp(v->shape, q->shape, (size_t)(nd - 2) * sizeof q->shape[0]))
+  if (!att_contract_ok(q, k, v))
     return nb_error_set(NB_ERR_SHAPE, "%s: q %s, k %s, v %s (expected one float dtype, q (..., Lq, D), "
                         "k (..., Lk, D), v (..., Lk, Dv) with the same batch axes)", c->op->name,
                         nb_describe(q, b1, sizeof b1), nb_describe(k, b2, sizeof b2),
@@ -344,12 +349,7 @@ static int att_forced(void) {
 static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
                         const nb_tensor *mask, double p) {
   int forced = att_forced();
-  if (forced == 1 || mask || p > 0) return 0;
-  if (k->dtype != q->dtype || v->dtype != q->dtype) return 0;
-  if (k->ndim != q->ndim || v->ndim != q->ndim) return 0;
-  if (memcmp(k->shape, q->shape, (size_t)(q->ndim - 2) * sizeof q->shape[0]) ||
-      memcmp(v->shape, q->shape, (size_t)(q->ndim - 2) * sizeof q->shape[0]))
-    return 0;
+  if (forced == 1 || mask || p > 0 || !att_contract_ok(q, k, v)) return 0;
   if (q->shape[q->ndim - 1] <= 0 || k->shape[k->ndim - 2] <= 0) return 0;
   if (forced == 2 || nb_device_of(q).type != NB_CUDA) return 1;
   int64_t D = q->shape[q->ndim - 1];
