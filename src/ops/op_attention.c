@@ -345,9 +345,9 @@ static int att_forced(void) {
  * products of the composition are faster (train-compare's model in f32,
  * H100: 274k tokens/s fused, 329k composed), and the scores are small;
  * above it the fused kernel keeps memory O(L) (GPT-2 small's shape needs
- * it). */
-static int att_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
-                        const nb_tensor *mask, double p) {
+ * it). attention_qkv (op_attention_qkv.c) asks the same. */
+int nb_attention_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
+                          const nb_tensor *mask, double p) {
   int forced = att_forced();
   if (forced == 1 || mask || p > 0 || !att_contract_ok(q, k, v)) return 0;
   if (q->shape[q->ndim - 1] <= 0 || k->shape[k->ndim - 2] <= 0) return 0;
@@ -373,7 +373,7 @@ nb_tensor *nb_scaled_dot_product_attention(const nb_tensor *q, const nb_tensor *
   int64_t D = q->shape[q->ndim - 1], Lq = q->shape[q->ndim - 2], Lk = k->shape[k->ndim - 2];
   if (!(scale > 0)) scale = 1.0 / sqrt((double)(D ? D : 1));
   nb_device dev = nb_device_of(q);
-  if (att_fused_ok(q, k, v, mask, dropout_p)) {
+  if (nb_attention_fused_ok(q, k, v, mask, dropout_p)) {
     att_params p = {causal, scale};
     nb_tensor *y = nb_op_run(&nb_op_scaled_dot_product_attention, 3,
                              (const nb_tensor *const[]){q, k, v}, &p);

@@ -18,5 +18,9 @@ nb_status nb_op_axes_mask(const char *op, const nb_tensor *x, int n_axes, const 
                           int mask[NB_MAX_DIMS]);
 /* The scalar as a 0-d tensor of the dtype a binary op with t should use. */
 nb_tensor *nb_op_scalar_for(const nb_tensor *t, double s);
+/* Whether attention on q, k, v (mask, dropout p) takes the fused kernels
+ * (op_attention.c's policy; 0: the composition). */
+int nb_attention_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
+                          const nb_tensor *mask, double p);
 
 #endif
