@@ -6,7 +6,9 @@
  * it and drops it with nb_release. nb_keep(t) takes one extra reference out of
  * the scope, owned by the caller. A training step is therefore written as
  *     nb_scope_begin(); loss = ...; nb_backward(loss); opt step; nb_scope_end();
- * with no per-intermediate frees.
+ * with no per-intermediate frees. The scope holds every intermediate until
+ * its end; a scope per layer (nb_scope_return) lets memory go as it would
+ * under reference counting.
  *
  * Errors: a failing call returns NULL (or a status < 0) and records a message
  * naming the op, shapes, dtypes and what was expected; nb_last_error() reads
@@ -131,6 +133,12 @@ nb_tensor *nb_keep(nb_tensor *t);     /* same as nb_retain: survives the scope *
 void nb_scope_begin(void);
 void nb_scope_end(void);              /* drops every reference the scope owns */
 int nb_scope_depth(void);
+/* Ends the innermost scope but keeps t: it goes to the enclosing scope (or
+ * to the caller when none is open). A scope per layer of a model frees each
+ * layer's intermediates as soon as the layer is done, keeping only what
+ * backward needs (the graph's references), instead of all until the step
+ * ends: x = nb_scope_return(layer(x)) after nb_scope_begin(). NULL passes. */
+nb_tensor *nb_scope_return(nb_tensor *t);
 /* Live tensor and byte counts (for leak checks and memory reports). */
 int64_t nb_live_tensors(void);
 int64_t nb_live_bytes(nb_device dev);

@@ -170,18 +170,23 @@ nb_tensor *gpt_forward(const gpt_model *m, const nb_tensor *idx) {
   if (!idx) return NULL;
   int64_t T = nb_size(idx, 1);
   nb_tensor *x = nb_add(nb_embedding(m->wte, idx), nb_narrow(m->wpe, 0, 0, T)); /* (B,T,C) */
+  /* a scope per block: its intermediates are freed when the block is done,
+   * except what the graph keeps for backward (as in a language with
+   * reference counting; the caller's scope would otherwise hold them all) */
   for (int l = 0; l < m->cfg.layers; l++) {
     const gpt_block *b = &m->blocks[l];
+    nb_scope_begin();
     x = nb_add(x, gpt_attention(m, b, nb_layer_norm(x, 1, b->ln1_w, b->ln1_b, GPT_LN_EPS)));
-    x = nb_add(x, gpt_mlp(b, nb_layer_norm(x, 1, b->ln2_w, b->ln2_b, GPT_LN_EPS)));
+    x = nb_scope_return(nb_add(x, gpt_mlp(b, nb_layer_norm(x, 1, b->ln2_w, b->ln2_b, GPT_LN_EPS))));
   }
   x = nb_layer_norm(x, 1, m->lnf_w, m->lnf_b, GPT_LN_EPS);
   return nb_matmul(x, nb_transpose(m->wte, 0, 1)); /* (B,T,V), head tied to wte */
 }
 
 nb_tensor *gpt_loss(const gpt_model *m, const nb_tensor *idx, const nb_tensor *targets) {
+  nb_scope_begin(); /* the logits go once the loss has what it needs */
   nb_tensor *logits = gpt_forward(m, idx);
   nb_tensor *flat = nb_reshape(logits, 2, (int64_t[]){-1, m->cfg.vocab});
   nb_tensor *tflat = nb_reshape(targets, 1, (int64_t[]){-1});
-  return nb_cross_entropy(flat, tflat, NB_REDUCE_MEAN, -1, 0.0);
+  return nb_scope_return(nb_cross_entropy(flat, tflat, NB_REDUCE_MEAN, -1, 0.0));
 }

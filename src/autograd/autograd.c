@@ -149,15 +149,20 @@ static nb_status deliver(nb_tensor *in, nb_tensor *g, grad_sink *sink) {
   return accumulate(&in->grad, g);
 }
 
+/* Runs n's rule and delivers its input gradients. The rule's intermediates
+ * live in a scope of their own, freed when the node is done (a pass's peak
+ * memory is one rule's scratch, not every rule's). */
 static nb_status run_node(nb_node *n, grad_sink *sink) {
   nb_tensor *gin_small[8] = {0};
   nb_tensor **gin = n->n_inputs <= 8 ? gin_small : calloc((size_t)n->n_inputs, sizeof *gin);
   if (!gin) abort();
+  nb_scope_begin();
   nb_status st = n->backward(n, n->gacc, gin);
   for (int i = 0; i < n->n_inputs; i++) {
     if (st == NB_OK && gin[i] && nb_node_needs_grad(n, i)) st = deliver(n->inputs[i], gin[i], sink);
     nb_release(gin[i]);
   }
+  nb_scope_end();
   if (gin != gin_small) free(gin);
   if (st != NB_OK && !nb_error_pending())
     nb_error_set(st, "backward of op '%s' failed", n->name);
@@ -213,6 +218,9 @@ static nb_status run_backward(nb_tensor *t, const nb_tensor *grad, int retain, i
           nb_node *m = in && in->requires_grad ? in->grad_fn : NULL;
           if (m && m->pass == pass && --m->pending == 0) vec_push(&ready, m);
         }
+        /* its consumers have all run: what it saved for backward goes now,
+         * as in PyTorch, not when the pass ends */
+        if (!retain && !st) { nb_node_drop_refs(n); n->freed = 1; }
       }
       free(ready.v);
     }

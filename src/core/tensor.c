@@ -259,6 +259,12 @@ void nb_scope_end(void) {
 
 int nb_scope_depth(void) { return scopes.depth; }
 
+nb_tensor *nb_scope_return(nb_tensor *t) {
+  nb_retain(t);
+  nb_scope_end();
+  return nb_autorelease(t);
+}
+
 nb_tensor *nb_autorelease(nb_tensor *t) {
   if (!t || !scopes.depth) return t;
   if (scopes.len == scopes.cap) {
