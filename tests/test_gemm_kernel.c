@@ -268,6 +268,78 @@ static void test_edges(void) {
   free(a.data); free(b.data); free(o.data);
 }
 
+/* ---- gemm_ex: the product with an epilogue ---------------------------------
+ * pre = alpha P + beta c + bias, aux = pre, out = gelu_tanh(pre) or pre,
+ * against float64 from the values read; per element the tolerance is
+ * rtol(out) * (|alpha| sum|a b| + |beta c| + |bias| + |pre|). */
+static double gelu_ref(double x) { return 0.5 * x * (1 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x))); }
+
+static void ex_case(nb_dtype dt, nb_dtype od, int la, int lb, int lo, int variant) {
+  const int64_t M = 13, N = 22, K = 37;
+  int64_t an, bn, on, cn, xn, bsn;
+  nb_kview a = mkview(0, NULL, M, K, la, 0, dt, 1, &an), b = mkview(0, NULL, K, N, lb, 0, dt, 1, &bn);
+  nb_kview o = mkview(0, NULL, M, N, lo, 0, od, variant == 4, &on);
+  nb_kview c = mkview(0, NULL, M, N, (lo + 1) % L_COUNT, 0, od, 1, &cn);
+  nb_kview x = mkview(0, NULL, M, N, (lo + 2) % L_COUNT, 0, od, 0, &xn);
+  nb_kview bias = mkview(0, NULL, 1, N, lb, 0, od, 1, &bsn);
+  bias.ndim = 1;
+  bias.strides[0] = bias.strides[1];
+  bias.shape[0] = N;
+  /* 0 plain, 1 bias, 2 alpha beta c bias, 3 bias aux gelu, 4 c = out in place */
+  nb_gemm_epilogue ep = {variant ? &bias : NULL, variant == 2 ? &c : variant == 4 ? &o : NULL,
+                         variant == 3 ? &x : NULL, variant == 2 ? 1.5f : 1.0f,
+                         variant == 2 ? -0.5f : variant == 4 ? 1.0f : 0.0f, variant == 3};
+  double *c0 = malloc((size_t)(M * N) * sizeof *c0);
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++)
+      c0[i * N + j] = ep.c ? ld(ep.c->data, od, i * ep.c->strides[0] + j * ep.c->strides[1]) : 0;
+  nb_status s = nb_cpu_gemm_ex(&o, &a, &b, variant ? &ep : NULL);
+  double rtol = rtol_of(od) * 2, worst = 0;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double p = 0, mag = 0;
+      for (int64_t k = 0; k < K; k++) {
+        double u = ld(a.data, dt, i * a.strides[0] + k * a.strides[1]);
+        double v = ld(b.data, dt, k * b.strides[0] + j * b.strides[1]);
+        p += u * v;
+        mag += fabs(u * v);
+      }
+      double bj = ep.bias ? ld(bias.data, od, j * bias.strides[0]) : 0;
+      double pre = ep.alpha * p + ep.beta * c0[i * N + j] + bj;
+      double tol = rtol * (fabs(ep.alpha) * mag + fabs(ep.beta * c0[i * N + j]) + fabs(bj) + fabs(pre)) + 1e-6;
+      double got = ld(o.data, od, i * o.strides[0] + j * o.strides[1]);
+      double e = fabs(got - (ep.gelu ? gelu_ref(pre) : pre)) / tol;
+      if (ep.aux) e = fmax(e, fabs(ld(x.data, od, i * x.strides[0] + j * x.strides[1]) - pre) / tol);
+      if (!(e <= worst)) worst = e;
+    }
+  CHECK(s == NB_OK && worst <= 1.0, "gemm_ex %s -> %s variant %d a %s b %s out %s: status %d, worst "
+        "error %.3g of tolerance", nb_dtype_name(dt), nb_dtype_name(od), variant, lname[la],
+        lname[lb], lname[lo], s, worst);
+  free(c0); free(a.data); free(b.data); free(o.data); free(c.data); free(x.data); free(bias.data);
+}
+
+static void test_gemm_ex(void) {
+  for (int d = 0; d < 4; d++)
+    for (int v = 0; v < 5; v++) {
+      ex_case(dts[d], dts[d], v % L_COUNT, (v + 1) % L_COUNT, (v + 2) % L_COUNT, v);
+      if (dts[d] == NB_F16 || dts[d] == NB_BF16) ex_case(dts[d], NB_F32, L_TRANS, L_CONTIG, L_CONTIG, v);
+    }
+  int64_t an, bn, on;
+  nb_kview a = mkview(0, NULL, 4, 5, L_CONTIG, 0, NB_BF16, 1, &an);
+  nb_kview b = mkview(0, NULL, 5, 6, L_CONTIG, 0, NB_BF16, 1, &bn);
+  nb_kview o = mkview(0, NULL, 4, 6, L_CONTIG, 0, NB_F16, 0, &on);
+  CHECK(nb_cpu_gemm_ex(&o, &a, &b, NULL) == NB_ERR_DTYPE && strstr(nb_last_error(), "gemm_ex"),
+        "gemm_ex: bf16 operands into an f16 out is a dtype error (%s)", nb_last_error());
+  o.dtype = NB_BF16;
+  nb_kview bias = a;
+  bias.ndim = 1;
+  bias.shape[0] = 5;
+  nb_gemm_epilogue ep = {&bias, NULL, NULL, 1.0f, 0.0f, 0};
+  CHECK(nb_cpu_gemm_ex(&o, &a, &b, &ep) == NB_ERR_SHAPE && strstr(nb_last_error(), "bias"),
+        "gemm_ex: a (5,) bias for 6 columns is a shape error naming bias (%s)", nb_last_error());
+  free(a.data); free(b.data); free(o.data);
+}
+
 int main(void) {
   printf("gemm kernel: isa %s\n", nb_cpu_gemm_isa());
   test_shapes();
@@ -277,5 +349,6 @@ int main(void) {
   test_large();
   test_thread_invariance();
   test_edges();
+  test_gemm_ex();
   return nbt_finish();
 }

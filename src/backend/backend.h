@@ -54,6 +54,58 @@ extern const char *const nb_uop_expr_text[NB_UOP_COUNT];
 extern const char *const nb_bop_expr_text[NB_BOP_COUNT];
 extern const char *const nb_rop_names[NB_ROP_COUNT];
 
+/* What gemm_ex applies to the product P = a @ b before it is stored, per
+ * element (r, n) of the output, computed in the accumulator type (f32, f64
+ * for f64 operands) and rounded once into out (and aux):
+ *   pre = alpha * P + beta * c[r, n] + bias[n]   (added in this order)
+ *   aux[r, n] = pre                      (when aux is given)
+ *   out[r, n] = gelu ? gelu_tanh(pre) : pre
+ * bias (N,), c and aux (M, N) are optional (NULL) and have out's dtype; c is
+ * read only when beta != 0, and may be out itself (each element of c is
+ * read before the same element of out is written). gelu_tanh is the tanh
+ * form of the CPU backend's elementwise kernel. */
+typedef struct {
+  const nb_kview *bias, *c, *aux;
+  float alpha, beta;
+  int gelu;
+} nb_gemm_epilogue;
+
+/* Mixed-precision training's control block (nn/scaler.c): f64 values on
+ * the gradients' device, written by the gradient-norm pass (NB_AMP_SUMSQ)
+ * and amp_update, read by the optimizer kernels, so that a step decides on
+ * the device and never waits for the host. */
+enum {
+  NB_AMP_SUMSQ,   /* the gradients' sum of squares (f64; not finite iff one is not) */
+  NB_AMP_SCALE,   /* the loss scale (an f32 value) */
+  NB_AMP_TRACKER, /* good steps since the scale last changed */
+  NB_AMP_FOUND,   /* 1: a gradient is not finite, the step is skipped; else 0 */
+  NB_AMP_GSCALE,  /* what the gradients are multiplied by: clip coefficient / scale */
+  NB_AMP_NORM,    /* the unscaled gradients' global norm before clipping */
+  NB_AMP_GOOD,    /* steps taken so far (not skipped) */
+  NB_AMP_SKIPS,   /* steps skipped so far */
+  NB_AMP_N
+};
+
+/* amp_update's rules (torch.amp.GradScaler's, and clip_grad_norm_'s):
+ * max_norm < 0 or infinite: no clipping. */
+typedef struct {
+  double max_norm, growth, backoff;
+  int64_t interval;
+} nb_amp_args;
+
+/* adamw_multi_ex's arguments: the hyper-parameters and step count as
+ * adamw_step takes them; ctl, when not NULL, the control block above on the
+ * tensors' device: when ctl[NB_AMP_FOUND] != 0, every p, m and v keeps its
+ * bits; else each gradient is read as g * ctl[NB_AMP_GSCALE] rounded to g's
+ * dtype (what scale_multi would have stored), and the step count is
+ * ctl[NB_AMP_GOOD] - *step_base (step_base: an f64 on the device) instead
+ * of step, with the bias corrections computed from it on the device. */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;
+  const double *ctl, *step_base;
+} nb_adamw_args;
+
 typedef struct {
   int n, c, h, w;          /* input batch, channels, height, width */
   int kh, kw, sh, sw, ph, pw, dh, dw;

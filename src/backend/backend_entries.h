@@ -72,6 +72,13 @@ NB_BACKEND_KERNEL(reduce, (nb_rop op, const nb_kview *out, const nb_kview *in, i
  * broadcast; one float dtype; f32 accumulation (f64 for f64). */
 NB_BACKEND_KERNEL(matmul, (const nb_kview *out, const nb_kview *a, const nb_kview *b), (out, a, b),
                   "matmul")
+/* out (M, N) = epilogue(a (M, K) @ b (K, N)): 2-D views, any strides; a and
+ * b one float dtype; out theirs, or f32 for f16/bf16 operands; the
+ * epilogue (NULL: the plain product) as nb_gemm_epilogue (backend.h) says,
+ * on the product accumulated in f32 (f64 for f64), rounded once. */
+NB_BACKEND_KERNEL(gemm_ex, (const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                            const nb_gemm_epilogue *ep),
+                  (out, a, b, ep), ep && ep->gelu ? "gemm_gelu" : ep && ep->bias ? "gemm_bias" : "gemm")
 
 /* ---- random: element i (row-major in out) uses Philox block offset + i. */
 NB_BACKEND_KERNEL(rand_uniform, (const nb_kview *out, uint64_t seed, uint64_t offset, double lo,
@@ -188,6 +195,22 @@ NB_BACKEND_KERNEL(adamw_multi, (int n, const nb_kview *p, const nb_kview *g, con
                                 const nb_kview *v, double lr, double beta1, double beta2,
                                 double eps, double weight_decay, int64_t step),
                   (n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step), "adamw_multi")
+/* adamw_multi, and also: when w is not NULL, each w[i] with data (bf16 or
+ * f16, contiguous, p[i]'s shape) gets p[i]'s new values rounded (its values
+ * as they are when the step is skipped): the working copy autocast uses;
+ * device control as nb_adamw_args (backend.h) says. With w NULL and ctl
+ * NULL, the bits of adamw_multi. */
+NB_BACKEND_KERNEL(adamw_multi_ex, (int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                                   const nb_kview *v, const nb_kview *w, const nb_adamw_args *a),
+                  (n, p, g, m, v, w, a), "adamw_multi")
+/* One thread: from ctl[NB_AMP_SUMSQ] and the scale, the step's decision
+ * (FOUND, GSCALE, NORM: norm = sqrt(sumsq) / scale; GSCALE = min(1,
+ * max_norm / (norm + 1e-6)) / scale) and the scale's update (FOUND: scale
+ * *= backoff, tracker 0, SKIPS + 1; else GOOD + 1, and after interval good
+ * steps scale *= growth if finite in f32, tracker 0); scale32 (a 0-d f32,
+ * what the loss is multiplied by) gets the new scale. */
+NB_BACKEND_KERNEL(amp_update, (const nb_kview *ctl, const nb_kview *scale32, const nb_amp_args *a),
+                  (ctl, scale32, a), "amp_update")
 /* Gradient clipping's two passes over n tensors in one or a few launches.
  * Every view is contiguous, of a float dtype, on this backend's one
  * device. sumsq_multi: out (a 0-d f64 view there) = the sum of x^2 over

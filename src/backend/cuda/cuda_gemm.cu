@@ -456,30 +456,39 @@ static gx_view gx_of(const nb_kview *v) {
   return g;
 }
 
-template <typename TI, typename TO>
+/* gelu_tanh in the accumulator type: float as the elementwise kernel
+ * (standard expf, exact division), double for f64. */
+__device__ __forceinline__ float gx_gelu(float v) {
+  float u = NB_GEMM_GELU_K * fmaf(0.044715f * v, v * v, v);
+  return v / (1.0f + expf(-2.0f * u));
+}
+__device__ __forceinline__ double gx_gelu(double v) {
+  double u = 0.79788456080286535588 * fma(0.044715 * v, v * v, v);
+  return v / (1.0 + exp(-2.0 * u));
+}
+
+/* A: the accumulator type (float, double for f64). */
+template <typename TI, typename TO, typename A>
 __global__ void gx_epilogue_kernel(const TI *prod, int64_t M, int64_t N, gx_view out, gx_view aux,
                                    gx_view cin, gx_view bias, float alpha, float beta, int gelu) {
   int64_t n = M * N;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     int64_t r = i / N, c = i - r * N;
-    float v = alpha * nb_to_f(prod[i]);
-    if (beta != 0.0f) v += beta * nb_to_f(((const TO *)cin.p)[r * cin.s0 + c * cin.s1]);
-    if (bias.p) v += nb_to_f(((const TO *)bias.p)[c * bias.s1]);
-    if (aux.p) ((TO *)aux.p)[r * aux.s0 + c * aux.s1] = nb_from_f<TO>(v);
-    if (gelu) {
-      float u = NB_GEMM_GELU_K * fmaf(0.044715f * v, v * v, v);
-      v = v / (1.0f + expf(-2.0f * u)); /* as the elementwise kernel: standard expf, exact division */
-    }
-    ((TO *)out.p)[r * out.s0 + c * out.s1] = nb_from_f<TO>(v);
+    A v = (A)alpha * (A)nb_to_f(prod[i]);
+    if (beta != 0.0f) v += (A)beta * (A)nb_to_f(((const TO *)cin.p)[r * cin.s0 + c * cin.s1]);
+    if (bias.p) v += (A)nb_to_f(((const TO *)bias.p)[c * bias.s1]);
+    if (aux.p) ((TO *)aux.p)[r * aux.s0 + c * aux.s1] = nb_from_d<TO>(v);
+    if (gelu) v = gx_gelu(v);
+    ((TO *)out.p)[r * out.s0 + c * out.s1] = nb_from_d<TO>(v);
   }
 }
 
-template <typename TI, typename TO>
+template <typename TI, typename TO, typename A = float>
 static nb_status gx_launch(const nb_cuda_ctx *ctx, const void *prod, int64_t M, int64_t N,
                            const nb_kview *out, const nb_gemm_epilogue *ep) {
   unsigned blocks = nb_cuda_blocks(ctx, M * N, NB_CUDA_THREADS);
-  gx_epilogue_kernel<TI, TO><<<blocks, NB_CUDA_THREADS, 0, ctx->stream>>>(
+  gx_epilogue_kernel<TI, TO, A><<<blocks, NB_CUDA_THREADS, 0, ctx->stream>>>(
       (const TI *)prod, M, N, gx_of(out), gx_of(ep->aux), gx_of(ep->beta != 0.0f ? ep->c : NULL),
       gx_of(ep->bias), ep->alpha, ep->beta, ep->gelu);
   return nb_cuda_launch_check("gemm epilogue");
@@ -487,6 +496,7 @@ static nb_status gx_launch(const nb_cuda_ctx *ctx, const void *prod, int64_t M, 
 
 static nb_status gx_apply(const nb_cuda_ctx *ctx, nb_dtype in, const void *prod, int64_t M,
                           int64_t N, const nb_kview *out, const nb_gemm_epilogue *ep) {
+  if (out->dtype == NB_F64) return gx_launch<double, double, double>(ctx, prod, M, N, out, ep);
   if (out->dtype == NB_F32) {
     if (in == NB_BF16) return gx_launch<__nv_bfloat16, float>(ctx, prod, M, N, out, ep);
     if (in == NB_F16) return gx_launch<__half, float>(ctx, prod, M, N, out, ep);
@@ -508,10 +518,11 @@ static nb_status gx_check(const nb_kview *out, const nb_kview *a, const nb_kview
                         (long long)a->shape[0], (long long)K, (long long)b->shape[0],
                         (long long)b->shape[1], (long long)M, (long long)N);
   nb_dtype in = a->dtype, od = out->dtype;
-  int in_ok = in == NB_BF16 || in == NB_F16 || in == NB_F32;
-  if (!in_ok || b->dtype != in || (od != in && !(od == NB_F32 && in != NB_F32)))
-    return nb_error_set(NB_ERR_DTYPE, "cuda gemm_ex: a %s, b %s -> out %s (operands f16, bf16 or "
-                        "f32, alike; out their dtype or f32)", nb_dtype_name(in),
+  int in_ok = in == NB_BF16 || in == NB_F16 || in == NB_F32 || in == NB_F64;
+  int low = in == NB_BF16 || in == NB_F16;
+  if (!in_ok || b->dtype != in || (od != in && !(od == NB_F32 && low)))
+    return nb_error_set(NB_ERR_DTYPE, "cuda gemm_ex: a %s, b %s -> out %s (operands f16, bf16, "
+                        "f32 or f64, alike; out their dtype, or f32 for f16 and bf16)", nb_dtype_name(in),
                         nb_dtype_name(b->dtype), nb_dtype_name(od));
   if (!ep) return NB_OK;
   if (ep->bias && (ep->bias->ndim != 1 || ep->bias->shape[0] != N || ep->bias->dtype != od))

@@ -1,6 +1,6 @@
-/* GEMM with a fused epilogue: an internal CUDA entry (C linkage) for the
- * library's layers, tests and benchmarks. Only meaningful when built with
- * NABLA_HAVE_CUDA. */
+/* GEMM with a fused epilogue, the CUDA backend's gemm_ex entry (C
+ * linkage), and the own sm_90a kernel's introspection for tests and
+ * benchmarks. Only meaningful when built with NABLA_HAVE_CUDA. */
 #ifndef NB_CUDA_GEMM_H
 #define NB_CUDA_GEMM_H
 
@@ -10,25 +10,11 @@
 extern "C" {
 #endif
 
-/* What is applied to the product P = a @ b before it is stored, per element
- * (r, n) of the output:
- *   pre = alpha * P + beta * c[r, n] + bias[n]
- *   aux[r, n] = pre                      (when aux is given)
- *   out[r, n] = gelu ? gelu_tanh(pre) : pre
- * bias (N,), c and aux (M, N) are optional (NULL) and have out's dtype; c is
- * read only when beta != 0, and may be out itself (each element of c is
- * read before the same element of out is written). gelu_tanh is the tanh
- * form of the CPU backend. */
-typedef struct {
-  const nb_kview *bias, *c, *aux;
-  float alpha, beta;
-  int gelu;
-} nb_gemm_epilogue;
-
-/* out (M, N) = epilogue(a (M, K) @ b (K, N)) on the device holding out.
- * a and b: f16, bf16 or f32, the same dtype; out: a's dtype, or f32 for f16
- * and bf16 operands. Any strides. Runs nabla's own sm_90a kernel with the
- * epilogue fused where it applies (unless the GEMM backend was set to
+/* out (M, N) = epilogue(a (M, K) @ b (K, N)) on the device holding out
+ * (nb_gemm_epilogue, backend.h): the CUDA backend's gemm_ex entry.
+ * a and b: f16, bf16, f32 or f64, the same dtype; out: a's dtype, or f32
+ * for f16 and bf16 operands. Any strides. Runs nabla's own sm_90a kernel
+ * with the epilogue fused where it applies (unless the GEMM backend was set to
  * cuBLASLt: NABLA_GEMM=cublaslt or nb_cuda_set_gemm_backend(0)); otherwise a
  * cuBLASLt product followed by one epilogue kernel. NULL ep = plain product. */
 nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview *b,

@@ -20,7 +20,7 @@ nb_status nb_cuda_upload_async_entry(nb_device dev, void *dst, const void *src, 
 /* The kernel entries, nb_cuda_NAME for each of backend/backend_entries.h:
  * cuda_elementwise.cu (fill, arange, copy, unary, binary, where),
  * cuda_random.cu (rand_uniform, rand_normal, randint, dropout),
- * cuda_reduce.cu (reduce), cuda_gemm.cu (matmul), cuda_softmax.cu
+ * cuda_reduce.cu (reduce), cuda_gemm.cu (matmul, gemm_ex), cuda_softmax.cu
  * (softmax_fwd, softmax_bwd), cuda_norm.cu (norm_fwd, norm_bwd),
  * cuda_xent.cu (xent_fwd, xent_bwd, xent_fused), cuda_index.cu
  * (index_select, index_add, gather, scatter_add), cuda_conv.cu (im2col,
