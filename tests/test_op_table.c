@@ -48,6 +48,7 @@ static nb_tensor *c_min(nb_tensor *const *x) { return nb_min(x[0], 2, ax_01, 0);
 static nb_tensor *c_argmax(nb_tensor *const *x) { return nb_argmax(x[0], -1, 0); }
 static nb_tensor *c_argmin(nb_tensor *const *x) { return nb_argmin(x[0], 0, 1); }
 static nb_tensor *c_matmul(nb_tensor *const *x) { return nb_matmul(x[0], x[1]); }
+static nb_tensor *c_linear(nb_tensor *const *x) { return nb_linear(x[0], x[1], x[2]); }
 static nb_tensor *c_xent(nb_tensor *const *x) {
   return nb_cross_entropy(x[0], x[1], NB_REDUCE_MEAN, -100, 0.0);
 }
@@ -129,6 +130,8 @@ static const op_case CASES[] = {
   /* contractions */
   CT("matmul", c_matmul, "r:7x33,r:33x5", GRAD, 4),
   CT("matmul", c_matmul, "r:2x3x17x9,r:9x6", GRAD, 4),
+  CT("linear", c_linear, "r:3x5x33,r:6x33,r:6", GRAD, 4),
+  CT("linear", c_linear, "r:9,r:7x9,-", GRAD, 4),
   /* losses */
   C("cross_entropy", c_xent, "r:9x21,i21:9", GRAD),
   C("cross_entropy", c_xent_smooth, "r:9x21,i21:9", GRAD),

@@ -1,10 +1,11 @@
-/* linear, dropout, scaled dot-product attention and triu/tril.
+/* dropout, scaled dot-product attention and triu/tril (linear is an entry
+ * of its own, op_linear.c).
  * dropout is a kernel op whose mask is a function of (seed, offset), so its
  * backward recomputes the mask instead of storing it. Attention without a
  * mask or dropout is one op with its own kernels (flash attention: no
  * (Lq, Lk) matrix, forward saves o and the log-sum-exp, backward recomputes
  * the probabilities); with a mask or dropout, or batch axes that broadcast,
- * it is a composition of differentiable ops. linear and triu/tril compose. */
+ * it is a composition of differentiable ops. triu/tril compose. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,39 +17,6 @@ static int float_ok(const char *op, const char *what, const nb_tensor *t) {
   char b[200];
   nb_error_set(NB_ERR_DTYPE, "%s: %s %s (expected a float tensor)", op, what, nb_describe(t, b, sizeof b));
   return 0;
-}
-
-/* ---- linear ------------------------------------------------------------------ */
-nb_tensor *nb_linear(const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias) {
-  if (!x) { nb_error_null("linear", "x"); return NULL; }
-  if (!weight) { nb_error_null("linear", "weight"); return NULL; }
-  if (!float_ok("linear", "input", x) || !float_ok("linear", "weight", weight) ||
-      (bias && !float_ok("linear", "bias", bias)))
-    return NULL;
-  if (nb_op_same_device("linear", 3, (const nb_tensor *const[]){x, weight, bias})) return NULL;
-  char b1[200], b2[200], b3[200];
-  if (x->ndim < 1 || weight->ndim != 2 || x->shape[x->ndim - 1] != weight->shape[1]) {
-    nb_error_set(NB_ERR_SHAPE, "linear: input %s and weight %s do not match (expected input "
-                 "(..., in) and weight (out, in))", nb_describe(x, b1, sizeof b1),
-                 nb_describe(weight, b2, sizeof b2));
-    return NULL;
-  }
-  if (bias && (bias->ndim != 1 || bias->shape[0] != weight->shape[0])) {
-    nb_error_set(NB_ERR_SHAPE, "linear: bias %s for weight %s (expected shape [%lld])",
-                 nb_describe(bias, b3, sizeof b3), nb_describe(weight, b2, sizeof b2),
-                 (long long)weight->shape[0]);
-    return NULL;
-  }
-  nb_scope_begin();
-  nb_tensor *y = nb_matmul(x, nb_transpose(weight, 0, 1)); /* reads W transposed in place */
-  /* under autocast the bias joins the product's low dtype (as PyTorch's
-   * linear does), not the sum promoting the product back to f32 */
-  if (bias && y && nb_autocast_dtype() != NB_F32 && nb_dtype_of(y) == nb_autocast_dtype())
-    bias = nb_cast(bias, nb_dtype_of(y));
-  if (bias) y = nb_add(y, bias);
-  y = nb_keep(y);
-  nb_scope_end();
-  return nb_autorelease(y);
 }
 
 /* ---- dropout --------------------------------------------------------------------- */
