@@ -757,6 +757,47 @@ static void test_join_and_view_grads(void) {
   nb_scope_end();
 }
 
+/* An operand broadcast along every batch axis gets its gradient from one
+ * GEMM over the folded batch (op_matmul.c): equal to the batched products
+ * summed over the batch, the reference computed here with those ops, in
+ * f64 and in f32. Cases: b broadcast with a permuted a (its batch axes do
+ * not merge, so the fold copies), b with a leading 1, a broadcast (folded:
+ * its copies are smaller than the batched result), a broadcast not folded. */
+static void test_matmul_folded_grads(void) {
+  static const struct { int na, nb; int64_t a[4], b[4]; int perm_a; } fc[] = {
+    {4, 2, {2, 3, 5, 4}, {4, 6}, 1}, {3, 3, {3, 5, 4}, {1, 4, 6}, 0},
+    {2, 3, {8, 7}, {3, 7, 2}, 0},    {3, 4, {1, 8, 7}, {2, 3, 7, 2}, 0},
+    {2, 3, {5, 4}, {3, 4, 6}, 0}};
+  const nb_dtype dts[2] = {NB_F64, NB_F32};
+  for (size_t c = 0; c < sizeof fc / sizeof fc[0]; c++)
+    for (int d = 0; d < 2; d++) {
+      nb_scope_begin();
+      nb_tensor *a = nb_cast(nbt_randn(970 + c, fc[c].na, fc[c].a, NB_F64), dts[d]);
+      nb_tensor *b = nb_cast(nbt_randn(980 + c, fc[c].nb, fc[c].b, NB_F64), dts[d]);
+      if (fc[c].perm_a) a = nb_permute(a, (const int[]){1, 0, 2, 3}); /* (3, 2, 5, 4) */
+      nb_tensor *la = nb_detach(a), *lb = nb_detach(b);
+      nb_set_requires_grad(la, 1);
+      nb_set_requires_grad(lb, 1);
+      nb_tensor *y = nb_matmul(la, lb);
+      nb_tensor *w = nb_cast(nbt_randn(990 + c, nb_ndim(y), nb_shape(y), NB_F64), dts[d]);
+      nb_backward(nb_sum(nb_mul(y, w), 0, NULL, 0), NULL);
+      /* the batched reference: per-batch products, summed to each shape */
+      nb_tensor *ra = nb_sum_to_shape(nb_matmul(w, nb_transpose(b, -1, -2)), nb_ndim(a), nb_shape(a));
+      nb_tensor *rb = nb_sum_to_shape(nb_matmul(nb_transpose(a, -1, -2), w), nb_ndim(b), nb_shape(b));
+      double tol = dts[d] == NB_F64 ? 1e-12 : 2e-5, *va = nbt_f64(ra), *vb = nbt_f64(rb);
+      char name[96];
+      snprintf(name, sizeof name, "folded matmul grad case %zu %s: da", c, nb_dtype_name(dts[d]));
+      NBT_CHECK(nb_grad(la) != NULL, "%s: missing", name);
+      if (nb_grad(la)) nbt_check_close(name, nb_grad(la), va, tol, tol);
+      snprintf(name, sizeof name, "folded matmul grad case %zu %s: db", c, nb_dtype_name(dts[d]));
+      NBT_CHECK(nb_grad(lb) != NULL, "%s: missing", name);
+      if (nb_grad(lb)) nbt_check_close(name, nb_grad(lb), vb, tol, tol);
+      free(va);
+      free(vb);
+      nb_scope_end();
+    }
+}
+
 int main(void) {
   test_unary();
   test_binary();
@@ -767,6 +808,7 @@ int main(void) {
   test_views_misc();
   test_reductions();
   test_matmul();
+  test_matmul_folded_grads();
   test_join_and_view_grads();
   return nbt_finish();
 }

@@ -8,12 +8,55 @@
 
 #include "ops/ops.h"
 
+static int64_t batch_numel(const nb_tensor *t) { return nb_shape_numel(t->ndim - 2, t->shape); }
+
+/* t (.., R, C) with its batch axes folded into the rows: (batch R, C); a
+ * view where they merge, else a copy (recorded). */
+static nb_tensor *fold_rows(const nb_tensor *t) {
+  int nd = t->ndim;
+  return nb_reshape(t, 2, (const int64_t[]){batch_numel(t) * t->shape[nd - 2], t->shape[nd - 1]});
+}
+
+/* dB of a b broadcast along every batch axis ((B.., M, K) @ (K, N), the
+ * common case): sum_i a_i^T g_i = fold(a)^T @ fold(g), one GEMM with the
+ * batch folded into K, instead of batched products summed over the batch. */
+static nb_tensor *fold_db(const nb_tensor *a, const nb_tensor *g, const nb_tensor *b) {
+  nb_tensor *d = nb_matmul(nb_transpose(fold_rows(a), 0, 1), fold_rows(g));
+  return nb_op_grad_to(nb_reshape(d, b->ndim, b->shape), b);
+}
+
+/* dA of an a broadcast along every batch axis (M, K) @ (B.., K, N):
+ * sum_i g_i b_i^T = g' @ b'' with g' (M, batch N) and b'' (batch N, K),
+ * both copies (the batch axis moves inside), one GEMM. */
+static nb_tensor *fold_da(const nb_tensor *a, const nb_tensor *g, const nb_tensor *b) {
+  int nd = g->ndim;
+  int64_t M = g->shape[nd - 2], N = g->shape[nd - 1], K = b->shape[b->ndim - 2];
+  int64_t nb = batch_numel(g);
+  nb_tensor *g3 = nb_reshape(g, 3, (const int64_t[]){nb, M, N});
+  nb_tensor *gm = nb_reshape(nb_permute(g3, (const int[]){1, 0, 2}), 2, (const int64_t[]){M, nb * N});
+  nb_tensor *b3 = nb_reshape(b, 3, (const int64_t[]){nb, K, N});
+  nb_tensor *bm = nb_reshape(nb_transpose(b3, 1, 2), 2, (const int64_t[]){nb * N, K});
+  nb_tensor *d = nb_matmul(gm, bm);
+  return nb_op_grad_to(nb_reshape(d, a->ndim, a->shape), a);
+}
+
 /* dA = g @ B^T, dB = A^T @ g, each summed over the batch axes it was
- * broadcast along. Both products read transposed views, without copies. */
+ * broadcast along. Both products read transposed views, without copies.
+ * An operand broadcast along every batch axis while the other has them all
+ * gets its gradient as one GEMM over the folded batch (fold_db, fold_da:
+ * for dA only when its two copies are smaller than the batched products'
+ * (batch, M, K) result). */
 static nb_status matmul_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   const nb_tensor *a = n->inputs[0], *b = n->inputs[1];
-  if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(nb_matmul(g, nb_transpose(b, -1, -2)), a);
-  if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(nb_matmul(nb_transpose(a, -1, -2), g), b);
+  int64_t nbo = batch_numel(g), nba = batch_numel(a), nbb = batch_numel(b);
+  int fold_b = nbo > 1 && nbb == 1 && nba == nbo, fold_a = nbo > 1 && nba == 1 && nbb == nbo;
+  if (fold_a && (double)nb_numel(g) + (double)nb_numel(b) >
+                    (double)nbo * (double)nb_numel(a))
+    fold_a = 0;
+  if (nb_node_needs_grad(n, 0))
+    gin[0] = fold_a ? fold_da(a, g, b) : nb_op_grad_to(nb_matmul(g, nb_transpose(b, -1, -2)), a);
+  if (nb_node_needs_grad(n, 1))
+    gin[1] = fold_b ? fold_db(a, g, b) : nb_op_grad_to(nb_matmul(nb_transpose(a, -1, -2), g), b);
   return NB_OK;
 }
 
