@@ -142,6 +142,10 @@ if [ "$built" -eq 0 ]; then
       step train-compare-bf16 0 timeout 600 env PRECISION=bf16 scripts/train-compare.sh "$BUILD"
       step train-compare-gpt2 0 timeout 600 env PRESET=gpt2 PRECISION=bf16 scripts/train-compare.sh "$BUILD" 30
     fi
+    # issue 17's convergence condition: held-out loss of 2,000 steps of the
+    # character model in bf16 and f16 within 2% of f32, three curves in one SVG
+    step precision-curves 0 timeout 900 python3 bench/precision_curves.py --nabla "$BUILD/nabla" \
+      --data "$OUT/profile-text.txt" --steps 2000 --eval-every 100 --parallel --svg "$OUT/precision.svg"
     # GPT-2 small's shape (f32): 5 steps, to show it fits and its peak memory
     step gpt2-shape 0 timeout 300 "$BUILD/nabla" train --device cuda --data "$OUT/profile-text.txt" \
       --layers 12 --heads 12 --dim 768 --context 1024 --batch 16 --steps 5 --eval-every 0 \
@@ -177,6 +181,7 @@ for i in "${!names[@]}"; do
       train-compare*) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \(([a-z0-9]+, [a-z0-9]+)[^)]*\): /\1: /') ;;
       train) detail=$(grep -E '^throughput|^held-out accuracy' "$OUT/$n.log" | tr '\n' ' ') ;;
       train-profile) detail=$(grep -E '^profile: ' "$OUT/$n.log") ;;
+      precision-curves) detail=$(grep -E "^precision curves" "$OUT/$n.log") ;;
       gpt2-shape) detail=$(grep -iE '^throughput|peak|out of memory' "$OUT/$n.log" | tr '\n' ' ') ;;
     esac
     case "$n" in
