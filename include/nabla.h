@@ -79,6 +79,19 @@ nb_status nb_device_parse(const char *s, nb_device *out);
 typedef struct { int64_t allocated, reserved, peak, n_cuda_malloc, n_cache_hits; } nb_memory_stats;
 nb_status nb_cuda_memory_stats(int device, nb_memory_stats *out);
 nb_status nb_cuda_empty_cache(int device);
+/* What a CUDA device is, and its peak dense throughput for model-FLOPs
+ * utilisation: SMs x FLOPs per SM per clock (by compute capability) x the
+ * reported peak clock; 0 where the capability is not in nabla's table.
+ * peak_flops_low: bf16/f16 products on tensor cores with f32 accumulation;
+ * peak_flops_f32: the FMA units (nabla's f32 products are exact f32, not
+ * TF32). */
+typedef struct {
+  char name[96];
+  int cc_major, cc_minor, n_sm, clock_mhz;
+  int64_t memory_bytes;
+  double peak_flops_low, peak_flops_f32;
+} nb_cuda_info;
+nb_status nb_cuda_device_info(int device, nb_cuda_info *out);
 /* Device-side timing: an event is recorded in the device's stream (a host
  * timestamp on the CPU); elapsed waits for the end event. For benchmarks. */
 typedef struct nb_event nb_event;
@@ -250,16 +263,17 @@ const char *nb_grad_fn_name(const nb_tensor *t);
  * in the dtype of its precision class (docs/ARCHITECTURE.md, "Mixed
  * precision"): contractions (matmul, linear, conv2d, attention) in the low
  * dtype with f32 accumulation; statistics (norms, softmax, log_softmax,
- * cross-entropy, reductions) in f32, returning f32; the rest as their inputs
- * come. f64 tensors are never cast. A parameter (a leaf requiring grad) is
- * cast once per region. Gradients flow back through the casts to the f32
- * tensors. */
+ * reductions) in f32, returning f32; cross-entropy reads f16/bf16 logits as
+ * they are (no cast), computes in f32 and returns an f32 loss; the rest as
+ * their inputs come. f64 tensors are never cast. A parameter (a leaf
+ * requiring grad) is cast once per region. Gradients flow back through the
+ * casts to the f32 tensors. */
 nb_status nb_autocast_begin(nb_dtype low);
 void nb_autocast_end(void);
 nb_dtype nb_autocast_dtype(void); /* the low dtype inside a region, else NB_F32 */
 
 /* The op table, read-only: every primitive op (src/ops/op_list.h) with its
- * kind, precision class under autocast ("low", "f32", "follow") and
+ * kind, precision class under autocast ("low", "f32", "wide", "follow") and
  * determinism note (NULL: the same bits every run). Strings are static. */
 typedef struct {
   const char *name, *kind, *precision, *determinism;
@@ -351,7 +365,10 @@ nb_tensor *nb_layer_norm(const nb_tensor *x, int n_norm, const nb_tensor *weight
                          const nb_tensor *bias, double eps);
 nb_tensor *nb_rms_norm(const nb_tensor *x, int n_norm, const nb_tensor *weight, double eps);
 typedef enum { NB_REDUCE_MEAN, NB_REDUCE_SUM, NB_REDUCE_NONE } nb_reduction;
-/* logits (N, C) or (C); targets i64 (N) or (). */
+/* logits (N, C) or (C); targets i64 (N) or (). Computed in f32 (f64 for
+ * f64 logits) from logits of any float dtype; the loss has the logits'
+ * dtype, except that f16/bf16 logits give an f32 loss inside an autocast
+ * region; the logits' gradient has their dtype, rounded once. */
 nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
                             nb_reduction red, int64_t ignore_index, double label_smoothing);
 nb_tensor *nb_nll_loss(const nb_tensor *logp, const nb_tensor *targets, nb_reduction red,
@@ -385,6 +402,14 @@ nb_tensor *nb_scaled_dot_product_attention(const nb_tensor *q, const nb_tensor *
                                            const nb_tensor *v, const nb_tensor *mask,
                                            int causal, double dropout_p, nb_rng *rng,
                                            double scale);
+/* Self-attention on a packed projection (FlashAttention's qkv-packed form):
+ * qkv (..., T, 3 H D) holds q, k and v as the three thirds of its last axis,
+ * each (H, D), head major (q[.., t, h, d] = qkv[.., t, h D + d], k and v
+ * H D and 2 H D further); returns (..., T, H D), the heads side by side the
+ * same way. heads = H; scale <= 0 means 1/sqrt(D). The same kernels as
+ * nb_scaled_dot_product_attention on (..., H, T, D) views, with no copy of
+ * q, k, v or the output, and one (..., T, 3 H D) gradient. */
+nb_tensor *nb_attention_qkv(const nb_tensor *qkv, int heads, int causal, double scale);
 nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t num_classes); /* i64 */
 nb_tensor *nb_triu(const nb_tensor *x, int64_t k);
 nb_tensor *nb_tril(const nb_tensor *x, int64_t k);

@@ -89,10 +89,11 @@ int nb_tool_info(int argc, char **argv) {
   int n = nb_cuda_available();
   printf("cuda devices: %d\n", n);
   for (int i = 0; i < n; i++) {
-    nb_memory_stats st;
-    if (nb_cuda_memory_stats(i, &st) == NB_OK)
-      printf("  cuda:%d  cached %.1f MiB, peak %.1f MiB\n", i, st.reserved / 1048576.0,
-             st.peak / 1048576.0);
+    nb_cuda_info d;
+    if (nb_cuda_device_info(i, &d) == NB_OK)
+      printf("  cuda:%d  %s, sm_%d%d, %d SMs at %d MHz, %.1f GiB; peak %.0f TFLOP/s bf16/f16, "
+             "%.1f f32\n", i, d.name, d.cc_major, d.cc_minor, d.n_sm, d.clock_mhz,
+             d.memory_bytes / 1073741824.0, d.peak_flops_low / 1e12, d.peak_flops_f32 / 1e12);
   }
   printf("deterministic kernels: %s\n", nb_deterministic() ? "on" : "off");
   printf("dtypes:");

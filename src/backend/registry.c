@@ -40,6 +40,10 @@ nb_status nb_cuda_memory_stats(int device, nb_memory_stats *out) {
 nb_status nb_cuda_empty_cache(int device) {
   return nb_error_set(NB_ERR_DEVICE, "nb_cuda_empty_cache: nabla was built without CUDA");
 }
+nb_status nb_cuda_device_info(int device, nb_cuda_info *out) {
+  if (out) memset(out, 0, sizeof *out);
+  return nb_error_set(NB_ERR_DEVICE, "nb_cuda_device_info(%d): nabla was built without CUDA", device);
+}
 #endif
 
 nb_status nb_device_synchronize(nb_device dev) {

@@ -279,6 +279,41 @@ extern "C" nb_status nb_cuda_memory_stats(int device, nb_memory_stats *out) {
   return NB_OK;
 }
 
+/* Dense FLOPs per SM per clock: tensor-core bf16/f16 products with f32
+ * accumulation, and f32 FMA (2 per lane). From NVIDIA's architecture
+ * documents (e.g. sm_80: 312 TFLOP/s = 108 SMs x 2048 x 1.41 GHz; sm_90:
+ * 4096 per SM); GeForce parts of sm_86/89 accumulate f32 at the lower rate
+ * given here. 0: not in the table. */
+static void peak_rates(int major, int minor, double *low, double *f32) {
+  int cc = 10 * major + minor;
+  *low = cc == 70 ? 1024 : cc == 75 ? 512 : cc == 80 ? 2048 : cc == 86 || cc == 89 ? 512
+       : cc == 90 ? 4096 : cc == 100 ? 8192 : 0;
+  *f32 = cc == 70 || cc == 75 || cc == 80 ? 128 : cc == 86 || cc == 89 || cc == 90 || cc == 100 ? 256 : 0;
+}
+
+extern "C" nb_status nb_cuda_device_info(int device, nb_cuda_info *out) {
+  if (!out) return nb_error_null("nb_cuda_device_info", "out");
+  memset(out, 0, sizeof *out);
+  nb_status st = dev_use(device, "nb_cuda_device_info");
+  if (st) return st;
+  cudaDeviceProp p;
+  int clock_khz = 0;
+  NB_CUDA_TRY(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  NB_CUDA_TRY(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device),
+              "cudaDeviceGetAttribute(clock)");
+  snprintf(out->name, sizeof out->name, "%s", p.name);
+  out->cc_major = p.major;
+  out->cc_minor = p.minor;
+  out->n_sm = p.multiProcessorCount;
+  out->clock_mhz = clock_khz / 1000;
+  out->memory_bytes = (int64_t)p.totalGlobalMem;
+  double low, f32;
+  peak_rates(p.major, p.minor, &low, &f32);
+  out->peak_flops_low = low * out->n_sm * clock_khz * 1e3;
+  out->peak_flops_f32 = f32 * out->n_sm * clock_khz * 1e3;
+  return NB_OK;
+}
+
 extern "C" nb_status nb_cuda_empty_cache(int device) {
   nb_status st = dev_use(device, "nb_cuda_empty_cache");
   if (st) return st;
