@@ -416,9 +416,22 @@ static void check_coverage(void) {
   }
 }
 
+/* Whether a table row lists name as a whole name: delimited by ", " or
+ * "| " before and ", " or " |" after. */
+static int row_lists(const char *row, const char *name) {
+  size_t l = strlen(name);
+  for (const char *p = row; (p = strstr(p, name)) != NULL; p++) {
+    int start = p - row >= 2 && p[-1] == ' ' && (p[-2] == ',' || p[-2] == '|');
+    int end = p[l] == ',' || (p[l] == ' ' && p[l + 1] == '|');
+    if (start && end) return 1;
+  }
+  return 0;
+}
+
 /* docs/ARCHITECTURE.md's "Mixed precision" table names every entry under
- * its class: the table stays true to the code. The docs directory is
- * NABLA_DOCS (set by ctest); without it the check is skipped. */
+ * its class, and under no other: the table stays true to the code. The
+ * docs directory is NABLA_DOCS (set by ctest); without it the check is
+ * skipped. */
 static void check_docs(void) {
   const char *docs = getenv("NABLA_DOCS");
   if (!docs || !*docs) {
@@ -430,33 +443,33 @@ static void check_docs(void) {
   FILE *f = fopen(path, "r");
   NBT_CHECK(f != NULL, "cannot read %s", path);
   if (!f) return;
-  static char line[16384], rows[3][16384];
-  static const char *const CLS[3] = {"low", "f32", "follow"};
+  enum { NCLS = 4 };
+  static char line[16384], rows[NCLS][16384];
+  static const char *const CLS[NCLS] = {"low", "f32", "wide", "follow"};
   int in_section = 0;
-  rows[0][0] = rows[1][0] = rows[2][0] = '\0';
+  for (int c = 0; c < NCLS; c++) rows[c][0] = '\0';
   while (fgets(line, sizeof line, f)) {
     if (!strncmp(line, "## ", 3)) in_section = !strncmp(line, "## Mixed precision", 18);
-    for (int c = 0; in_section && c < 3; c++) {
+    for (int c = 0; in_section && c < NCLS; c++) {
       char head[32];
       snprintf(head, sizeof head, "| %s |", CLS[c]);
       if (!strncmp(line, head, strlen(head))) snprintf(rows[c], sizeof rows[c], "%s", line);
     }
   }
   fclose(f);
+  for (int c = 0; c < NCLS; c++)
+    NBT_CHECK(rows[c][0], "docs/ARCHITECTURE.md, Mixed precision: no row for class %s", CLS[c]);
   for (int i = 0; i < nb_op_count; i++) {
     const nb_op *op = nb_op_table[i];
     const char *cls = nb_prec_class_name(op->prec);
-    int c = !strcmp(cls, "low") ? 0 : !strcmp(cls, "f32") ? 1 : 2, found = 0;
-    char name[96];
-    for (const char *p = rows[c]; (p = strstr(p, op->name)) != NULL; p++) {
-      /* a whole name: delimited by ", " or "| " before and ", " or " |" after */
-      size_t l = strlen(op->name);
-      int start = p > rows[c] && (p[-1] == ' ') && (p[-2] == ',' || p[-2] == '|');
-      int end = p[l] == ',' || (p[l] == ' ' && p[l + 1] == '|');
-      if (start && end) { found = 1; break; }
+    int known = 0;
+    for (int c = 0; c < NCLS; c++) {
+      int mine = !strcmp(CLS[c], cls), listed = row_lists(rows[c], op->name);
+      known |= mine;
+      NBT_CHECK(listed == mine, "docs/ARCHITECTURE.md, Mixed precision: '%s' (class %s) is %s under "
+                "class %s", op->name, cls, listed ? "listed" : "not listed", CLS[c]);
     }
-    snprintf(name, sizeof name, "%s", op->name);
-    NBT_CHECK(found, "docs/ARCHITECTURE.md, Mixed precision: '%s' is not listed under class %s", name, cls);
+    NBT_CHECK(known, "'%s': precision class %s is not one this check knows", op->name, cls);
   }
 }
 

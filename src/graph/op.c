@@ -53,5 +53,5 @@ const char *nb_op_kind_name(nb_op_kind k) {
 }
 
 const char *nb_prec_class_name(nb_prec_class p) {
-  return p == NB_PREC_LOW ? "low" : p == NB_PREC_F32 ? "f32" : "follow";
+  return p == NB_PREC_LOW ? "low" : p == NB_PREC_F32 ? "f32" : p == NB_PREC_WIDE ? "wide" : "follow";
 }

@@ -39,6 +39,9 @@ typedef enum {
   NB_PREC_FOLLOW, /* runs in its inputs' dtype */
   NB_PREC_LOW,    /* contractions: run in the low dtype, accumulate in f32 */
   NB_PREC_F32,    /* statistics (norms, softmax, losses, reductions): compute in f32 */
+  NB_PREC_WIDE,   /* kernels that read bf16/f16 and compute in f32 themselves: inputs
+                   * taken as they come (no cast); the entry chooses its outputs'
+                   * dtypes (a loss f32, a gradient in its input's dtype) */
 } nb_prec_class;
 
 /* A call: the op, its inputs (NULL entries for absent optional inputs) and

@@ -69,22 +69,37 @@ static nb_tensor *reduce_rows(nb_tensor *rows, const nb_tensor *trow, const nb_t
 /* ---- cross_entropy ------------------------------------------------------
  * One op from logits and targets to the reduced loss; prepare makes them
  * rows (M, C) and (M) i64 (recorded views), and the node is on the rows.
+ * The kernels read f64, f32, f16 and bf16 logits directly and compute in
+ * f32 (f64 for f64 logits), so the entry's precision class is wide: under
+ * autocast the logits are not cast (no f32 copy of them is made).
+ *
+ * Dtypes. The loss (each row's, and the reduction) is computed in f32 (f64
+ * for f64 logits) and rounded once to the loss dtype: the logits' dtype,
+ * except that f16/bf16 logits give an f32 loss when the call is made inside
+ * an autocast region (what PyTorch's autocast returns for cross_entropy).
+ * dlogits always have the logits' dtype, each element computed in f32 and
+ * rounded once.
+ *
  * With a gradient wanted (grad mode on, logits requiring grad) forward runs
  * the fused kernel, which also writes dlogits for an upstream gradient of
  * exactly 1 (the row gradient is then 1/N_valid for mean, 1 for sum and
  * none); dlogits is the node's saved tensor. The backward returns it as is
  * when the incoming gradient is the engine's all-ones seed (known on the
- * host, no device read), else runs cross_entropy_backward, which scales it
- * by the incoming gradient (one elementwise pass). Without a gradient
- * wanted the forward-only kernel runs and nothing is saved. */
+ * host, no device read); any other gradient (a loss scale, 1/accum, a
+ * weighting of the rows) runs cross_entropy_backward, which recomputes
+ * dlogits from the logits with that gradient inside the kernel: one read
+ * of the logits, one write, one rounding (an f16 unit gradient times the
+ * scale would have underflowed first). Without a gradient wanted the
+ * forward-only kernel runs and nothing is saved. */
 typedef struct {
   nb_reduction red;
+  int f32_loss;         /* f16/bf16 logits give an f32 loss (set under autocast) */
   int64_t ignore_index; /* rows with this target count for nothing */
   double smoothing;     /* label smoothing in [0, 1] */
 } xent_params;
 
 /* The benchmark's call: GPT-2 small's logits (16384 rows, vocabulary 50304). */
-static const xent_params xent_bench = {NB_REDUCE_MEAN, -100, 0.0};
+static const xent_params xent_bench = {NB_REDUCE_MEAN, 0, -100, 0.0};
 
 static nb_status xent_infer(const nb_op_call *c, nb_meta *out) {
   const xent_params *p = c->p;
@@ -95,7 +110,7 @@ static nb_status xent_infer(const nb_op_call *c, nb_meta *out) {
                         p->smoothing);
   out->ndim = p->red == NB_REDUCE_NONE ? t->ndim : 0;
   memcpy(out->shape, t->shape, sizeof out->shape);
-  out->dtype = x->dtype;
+  out->dtype = p->f32_loss && (x->dtype == NB_F16 || x->dtype == NB_BF16) ? NB_F32 : x->dtype;
   out->device = nb_device_of(x);
   return NB_OK;
 }
@@ -116,9 +131,13 @@ static void kview_flat(const nb_tensor *t, nb_kview *v) {
   v->strides[0] = 1;
 }
 
+/* The dtype the kernels compute and write row losses in: f64 for f64
+ * logits, else f32. */
+static nb_dtype xent_sdt(const nb_tensor *x) { return x->dtype == NB_F64 ? NB_F64 : NB_F32; }
+
 /* Where the last step writes: out itself when it has the loss dtype sdt,
  * else a temporary in sdt of out's shape that xent_finish casts into out
- * (the losses are rounded once to the logits' dtype). */
+ * (the losses are rounded once to out's dtype). */
 static nb_tensor *xent_dst(nb_tensor *out, nb_dtype sdt) {
   if (out->dtype == sdt) return out;
   return nb_autorelease(nb_tensor_alloc(out->ndim, out->shape, sdt, nb_device_of(out)));
@@ -139,13 +158,13 @@ static nb_tensor *xent_count(const nb_tensor *t, int64_t ignore, nb_dtype sdt) {
 }
 
 /* Forward only: per-row losses (f32; f64 for f64 logits) of x (M, C) and
- * targets t (M) i64, reduced in the loss dtype (by the sum and div kernels),
- * then rounded once to the logits' dtype. */
+ * targets t (M) i64, reduced in that dtype (by the sum and div kernels),
+ * then rounded once to the loss dtype. */
 static nb_status xent_forward_only(const nb_op_call *c, nb_tensor *out) {
   const xent_params *p = c->p;
   const nb_tensor *x = c->in[0], *t = c->in[1];
   int64_t M = x->shape[0];
-  nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
+  nb_dtype sdt = xent_sdt(x);
   nb_device dev = nb_device_of(x);
   const nb_backend *be = nb_backend_for(dev);
   nb_tensor *dst = xent_dst(out, sdt);
@@ -175,15 +194,15 @@ static nb_status xent_forward_only(const nb_op_call *c, nb_tensor *out) {
   return st ? st : xent_finish(out, dst);
 }
 
-/* Forward and dlogits (*dx) in one backend call: the row gradient is 1
- * (1/N_valid for a mean, counted by the kernel), and for mean and sum the
- * kernel also writes the reduced loss in the logits' dtype into out, so the
- * whole forward is one launch. */
+/* Forward and dlogits (*dx, the logits' dtype) in one backend call: the row
+ * gradient is 1 (1/N_valid for a mean, counted by the kernel), and for mean
+ * and sum the kernel also writes the reduced loss in the loss dtype into
+ * out, so the whole forward is one launch. */
 static nb_status xent_forward_grad(const nb_op_call *c, nb_tensor *out, nb_tensor **dx) {
   const xent_params *p = c->p;
   const nb_tensor *x = c->in[0], *t = c->in[1];
   int64_t M = x->shape[0];
-  nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
+  nb_dtype sdt = xent_sdt(x);
   nb_device dev = nb_device_of(x);
   const nb_backend *be = nb_backend_for(dev);
   int none = p->red == NB_REDUCE_NONE;
@@ -223,82 +242,94 @@ static void xent_cost(const nb_op_call *c, const nb_meta *out, double *bytes, do
   *flops = 5.0 * (double)nb_numel(x);
 }
 
-/* cross_entropy_backward: dlogits = dlogits_1 * dy, with inputs (dy, the
- * saved dlogits_1 (M, C), the logits rows). dy is the loss's gradient: 0-d
- * for mean and sum, one per row for none. The logits are not read; they
- * are an input so that a second derivative through them is refused (the
- * saved dlogits are detached). */
-enum { XB_DY, XB_DX, XB_LOGITS };
+/* cross_entropy_backward(dy, logits, targets): dlogits of the rows (M, C)
+ * for the loss's gradient dy (0-d for mean and sum, one per row for none,
+ * any float dtype), recomputed by the fused kernel with dy as its row
+ * gradient (over N_valid for a mean): one read of the logits, one write of
+ * dlogits in the logits' dtype, f32 inside (f64 for f64 logits). */
+enum { XB_DY, XB_LOGITS, XB_TGT };
 
 static nb_status xent_backward_infer(const nb_op_call *c, nb_meta *out) {
   const xent_params *p = c->p;
-  const nb_tensor *dy = c->in[XB_DY], *dx = c->in[XB_DX];
-  int64_t want = p->red == NB_REDUCE_NONE && dx->ndim == 2 ? dx->shape[0] : 1;
-  if (dx->ndim != 2 || !nb_dtype_is_float(dx->dtype) || !nb_dtype_is_float(dy->dtype) ||
-      nb_numel(dy) != want) {
-    char b1[200], b2[200];
-    return nb_error_set(NB_ERR_SHAPE, "cross_entropy_backward: dy %s and dlogits %s (expected "
-                        "float dlogits (M, C) and dy of %lld elements)", nb_describe(dy, b1, sizeof b1),
-                        nb_describe(dx, b2, sizeof b2), (long long)want);
+  const nb_tensor *dy = c->in[XB_DY], *x = c->in[XB_LOGITS], *t = c->in[XB_TGT];
+  int rows = x->ndim == 2 && t->ndim == 1 && t->shape[0] == x->shape[0];
+  int64_t want = p->red == NB_REDUCE_NONE && x->ndim == 2 ? x->shape[0] : 1;
+  if (!rows || !nb_dtype_is_float(x->dtype) || !nb_dtype_is_float(dy->dtype) ||
+      t->dtype != NB_I64 || nb_numel(dy) != want) {
+    char b1[200], b2[200], b3[200];
+    return nb_error_set(NB_ERR_SHAPE, "cross_entropy_backward: dy %s, logits %s and targets %s "
+                        "(expected float logits (M, C), i64 targets (M) and a float dy of %lld "
+                        "elements)", nb_describe(dy, b1, sizeof b1), nb_describe(x, b2, sizeof b2),
+                        nb_describe(t, b3, sizeof b3), (long long)want);
   }
-  nb_meta_of(dx, out);
+  nb_meta_of(x, out);
   return NB_OK;
 }
 
-/* dy as a column (M, 1) for none, in dlogits' dtype. */
+/* dy as (M) for none, else 0-d (the kernel reads row r's gradient at r
+ * times its stride). */
 static nb_status xent_backward_prepare(const nb_op_call *c, const nb_tensor **in) {
   const xent_params *p = c->p;
-  const nb_tensor *dy = c->in[XB_DY], *dx = c->in[XB_DX];
-  if (p->red == NB_REDUCE_NONE) dy = nb_reshape(dy, 2, (int64_t[]){dx->shape[0], 1});
-  in[XB_DY] = dy ? nb_cast(dy, dx->dtype) : NULL;
+  int64_t M = c->in[XB_LOGITS]->shape[0];
+  const nb_tensor *dy = c->in[XB_DY];
+  in[XB_DY] = p->red == NB_REDUCE_NONE ? nb_reshape(dy, 1, &M) : nb_reshape(dy, 0, NULL);
   return in[XB_DY] ? NB_OK : nb_last_status();
 }
 
 static nb_status xent_backward_forward(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) {
   (void)aux;
-  nb_kview ko, kdx, kdy;
+  const xent_params *p = c->p;
+  const nb_tensor *x = c->in[XB_LOGITS];
+  int64_t M = x->shape[0];
+  nb_device dev = nb_device_of(x);
+  nb_tensor *loss = nb_autorelease(nb_tensor_alloc(1, &M, xent_sdt(x), dev)); /* not used */
+  if (!loss) return nb_last_status();
+  nb_kview kloss, ko, kdy, kx, kt;
+  nb_kview_of(loss, &kloss);
   nb_kview_of(out, &ko);
-  nb_kview_broadcast(c->in[XB_DX], out->ndim, out->shape, &kdx);
-  nb_kview_broadcast(c->in[XB_DY], out->ndim, out->shape, &kdy);
-  return nb_backend_for(nb_device_of(out))->binary(NB_BOP_MUL, &ko, &kdx, &kdy);
+  nb_kview_of(c->in[XB_DY], &kdy);
+  nb_kview_of(x, &kx);
+  nb_kview_of(c->in[XB_TGT], &kt);
+  return nb_backend_for(dev)->xent_fused(&kloss, NULL, &ko, &kdy, NULL, p->red == NB_REDUCE_MEAN,
+                                          &kx, &kt, p->ignore_index, p->smoothing);
 }
 
-/* dlogits_1 and dy read, dlogits written; one multiply each */
+/* logits, targets and dy read, dlogits written; as the forward's flops */
 static void xent_backward_cost(const nb_op_call *c, const nb_meta *out, double *bytes, double *flops) {
+  const nb_tensor *dy = c->in[XB_DY], *t = c->in[XB_TGT];
   double n = (double)nb_shape_numel(out->ndim, out->shape);
   *bytes = 2 * n * (double)nb_dtype_size(out->dtype) +
-           (double)nb_numel(c->in[XB_DY]) * (double)nb_dtype_size(c->in[XB_DY]->dtype);
-  *flops = n;
+           (double)nb_numel(t) * (double)nb_dtype_size(t->dtype) +
+           (double)nb_numel(dy) * (double)nb_dtype_size(dy->dtype);
+  *flops = 5.0 * n;
 }
 
 const nb_op nb_op_cross_entropy_backward = {
     .name = "cross_entropy_backward", .kind = NB_OPK_ROW, .n_in = 3,
-    .in_names = {"dy", "dlogits", "logits"}, .psize = sizeof(xent_params), .prec = NB_PREC_F32,
+    .in_names = {"dy", "logits", "targets"}, .psize = sizeof(xent_params), .prec = NB_PREC_WIDE,
     .infer = xent_backward_infer, .prepare = xent_backward_prepare,
     .forward = xent_backward_forward, .backward = nb_no_double_backward,
-    .cost = xent_backward_cost, .bench_in = "r:,r:16384x50304,r:16384x50304",
+    .cost = xent_backward_cost, .bench_in = "r:,r:16384x50304,i50304:16384",
     .bench_p = &xent_bench};
 
 static nb_status xent_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   nb_tensor *dx = n->saved[0];
-  if (!dx)
-    return nb_error_set(NB_ERR_UNSUPPORTED, "backward: '%s' saved no gradient (its logits did not "
-                        "require grad when it ran)", n->name);
   const nb_storage *gs = g->storage;
   /* the fast path hands out the saved buffer; under create_graph the result
-   * must be a fresh tensor carrying a node, so it scales instead */
-  if (gs->filled && gs->fill_value == 1.0 && !g->requires_grad && !nb_grad_enabled()) {
+   * must be a fresh tensor carrying a node, so it recomputes instead */
+  if (dx && gs->filled && gs->fill_value == 1.0 && !g->requires_grad && !nb_grad_enabled()) {
     gin[0] = nb_retain(dx);
     return NB_OK;
   }
   gin[0] = nb_retain(nb_op_run(&nb_op_cross_entropy_backward, 3,
-                               (const nb_tensor *const[]){g, dx, n->inputs[0]}, nb_node_params(n)));
+                               (const nb_tensor *const[]){g, n->inputs[0], n->inputs[1]},
+                               nb_node_params(n)));
   return gin[0] ? NB_OK : nb_last_status();
 }
 
 const nb_op nb_op_cross_entropy = {
     .name = "cross_entropy", .kind = NB_OPK_ROW, .n_in = 2, .in_names = {"logits", "targets"},
-    .psize = sizeof(xent_params), .prec = NB_PREC_F32,
+    .psize = sizeof(xent_params), .prec = NB_PREC_WIDE,
     .determinism = "the reduced loss comes from the fused kernel (f64, fixed order) when a "
                    "gradient is wanted, else from the sum kernel (see sum) and a division: the "
                    "two may differ in the last bit",
@@ -308,7 +339,7 @@ const nb_op nb_op_cross_entropy = {
 
 nb_tensor *nb_cross_entropy(const nb_tensor *logits, const nb_tensor *targets,
                             nb_reduction red, int64_t ignore_index, double label_smoothing) {
-  xent_params p = {red, ignore_index, label_smoothing};
+  xent_params p = {red, nb_autocast_dtype() != NB_F32, ignore_index, label_smoothing};
   return nb_op_run(&nb_op_cross_entropy, 2, (const nb_tensor *const[]){logits, targets}, &p);
 }
 

@@ -84,8 +84,11 @@ static const nb_tensor *ac_cast(const nb_tensor *x, nb_dtype dt) {
   return y;
 }
 
+/* NB_PREC_WIDE ops (cross_entropy) read bf16/f16 themselves and compute in
+ * f32: their inputs are left as they come, so no cast (nor its f32 copy)
+ * is made or recorded. */
 static nb_status autocast_inputs(const nb_op *op, int n, const nb_tensor **in) {
-  if (!ac.depth || op->prec == NB_PREC_FOLLOW) return NB_OK;
+  if (!ac.depth || op->prec == NB_PREC_FOLLOW || op->prec == NB_PREC_WIDE) return NB_OK;
   nb_dtype want = op->prec == NB_PREC_LOW ? ac.low : NB_F32;
   for (int i = 0; i < n; i++) {
     const nb_tensor *x = in[i];
