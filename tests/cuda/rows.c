@@ -6,6 +6,7 @@
 
 #include "testutil.h"
 #include "cuda_test.h"
+#include "graph/node.h" /* the autocast cases look for cast nodes */
 
 /* ---- row kernels: softmax / norm fast paths (cuda_softmax.cu, cuda_norm.cu) --------------------
  * Sizes on each side of the register plans: D = 1, 7 and 769 take single-
@@ -236,6 +237,140 @@ static void xent_case(const char *what, const nb_tensor *logits, const nb_tensor
   nb_scope_end();
 }
 
+/* ---- cross-entropy on f16/bf16 logits under autocast (precision class wide)
+ * The logits are read as they are (no cast node, no f32 copy), the loss is
+ * f32, dlogits keep the logits' dtype and are the f32 gradient rounded once:
+ * within one ulp of the CPU's (which rounds its f64 gradient once;
+ * test_xent16 checks it against float64) plus the f32 math's error. For the
+ * seed (the forward's fused kernel), a scaled loss (2^16 for f16: loss
+ * scaling; its unit gradient would underflow in f16) and per-row weights
+ * (both recomputed by cross_entropy_backward). */
+
+/* Spacing of dt's values at |v| (subnormals included). */
+static double xa_ulp(nb_dtype dt, double v) {
+  int e = v == 0 ? -2000 : ilogb(v);
+  if (dt == NB_F16) return ldexp(1.0, (e < -14 ? -14 : e) - 10);
+  if (dt == NB_BF16) return ldexp(1.0, (e < -126 ? -126 : e) - 7);
+  return ldexp(1.0, (e < -126 ? -126 : e) - 23);
+}
+
+static int xa_has_cast(const nb_tensor *t, int depth) {
+  const nb_node *n = t ? t->grad_fn : NULL;
+  if (!n || depth > 100) return 0;
+  if (!strcmp(n->name, "cast")) return 1;
+  for (int i = 0; i < n->n_inputs; i++)
+    if (xa_has_cast(n->inputs[i], depth + 1)) return 1;
+  return 0;
+}
+
+/* |cu - cpu| <= ulps ulps of the dtype at cpu's value + 4e-6 |cpu|. */
+static void xa_cmp_ulp(const char *name, const nb_tensor *cpu, const nb_tensor *cu, double ulps) {
+  if (!cpu || !cu || nb_numel(cpu) != nb_numel(cu) || nb_dtype_of(cpu) != nb_dtype_of(cu)) {
+    NBT_CHECK(0, "%s: results missing or of other shapes/dtypes (%s)", name, nb_last_error());
+    nb_clear_error();
+    return;
+  }
+  double *a = nbt_f64(cpu), *b = nbt_f64(cu), worst = 0;
+  int64_t at = 0;
+  for (int64_t i = 0; i < nb_numel(cpu); i++) {
+    if (b[i] == a[i]) continue; /* infinities included */
+    double e = fabs(b[i] - a[i]) / (ulps * xa_ulp(nb_dtype_of(cpu), a[i]) + 4e-6 * fabs(a[i]));
+    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e, at = i; /* a NaN stays the worst */
+  }
+  NBT_CHECK(worst <= 1.0, "%s [%s]: element %lld cuda %.9g cpu %.9g (%g times %g ulps)", name,
+            nb_dtype_name(nb_dtype_of(cpu)), (long long)at, b[at], a[at], worst, ulps);
+  free(a);
+  free(b);
+}
+
+/* One run on device dv under autocast of dt; *grad gets the logits' gradient. */
+static nb_tensor *xa_run(int dv, const nb_tensor *logits, const nb_tensor *tg, nb_dtype dt,
+                         nb_reduction red, double sm, double scale, nb_tensor **grad, const char *what) {
+  nb_tensor *x = nb_detach(dv ? gpu(logits) : nb_clone(logits));
+  nb_tensor *t = dv ? gpu(tg) : nb_clone(tg);
+  nb_set_requires_grad(x, 1);
+  nb_autocast_begin(dt);
+  nb_tensor *y = nb_cross_entropy(x, t, red, -100, sm);
+  nb_autocast_end();
+  *grad = NULL;
+  NBT_CHECK(y && nb_dtype_of(y) == NB_F32, "%s dev %d: loss %s under autocast (expected f32)", what, dv,
+            y ? nb_dtype_name(nb_dtype_of(y)) : "NULL");
+  NBT_CHECK(!xa_has_cast(y, 0), "%s dev %d: a cast is recorded", what, dv);
+  if (!y) return NULL;
+  const nb_node *n = y->grad_fn;
+  NBT_CHECK(n && n->saved[0] && nb_dtype_of(n->saved[0]) == dt, "%s dev %d: saved dlogits not %s", what, dv,
+            nb_dtype_name(dt));
+  nb_status st;
+  if (red == NB_REDUCE_NONE) {
+    nb_tensor *w = nb_ones_like(y); /* the seed, filled on y's device */
+    if (scale) { /* row weights scale * [0.5, 1.5), the same on both devices */
+      nb_rng wr = nb_rng_new(99);
+      w = nb_mul_scalar(nb_rand(&wr, nb_ndim(y), nb_shape(y), 0.5, 1.5, NB_F32, NB_DEVICE_CPU), scale);
+      if (dv) w = gpu(w);
+    }
+    st = nb_backward(y, w);
+  } else {
+    st = nb_backward(scale ? nb_mul_scalar(y, scale) : y, NULL);
+  }
+  NBT_CHECK(st == NB_OK, "%s dev %d: backward: %s", what, dv, nb_last_error());
+  if (st) return NULL;
+  *grad = nb_grad(x);
+  return y;
+}
+
+static void xa_case(nb_dtype dt, const nb_tensor *x, const nb_tensor *tg, nb_reduction red, double sm,
+                    double scale, const char *lay) {
+  nb_scope_begin();
+  char nm[200];
+  snprintf(nm, sizeof nm, "xent autocast %s C=%lld %s %s sm=%g %s%g", nb_dtype_name(dt),
+           (long long)nb_size(x, 1), lay, XRED[red == NB_REDUCE_MEAN ? 0 : red == NB_REDUCE_SUM ? 1 : 2], sm,
+           scale ? "scale " : "seed", scale);
+  nb_tensor *g0, *g1;
+  nb_tensor *y0 = xa_run(0, x, tg, dt, red, sm, scale, &g0, nm);
+  nb_tensor *y1 = xa_run(1, x, tg, dt, red, sm, scale, &g1, nm);
+  size_t l = strlen(nm);
+  snprintf(nm + l, sizeof nm - l, " loss");
+  cmp(nm, NB_F32, y0, y1, 1.0);
+  snprintf(nm + l, sizeof nm - l, " dlogits");
+  xa_cmp_ulp(nm, g0, g1, 1.0);
+  nb_scope_end();
+}
+
+static void xent_autocast_cases(void) {
+  const nb_dtype dts[] = {NB_BF16, NB_F16};
+  const nb_reduction reds[] = {NB_REDUCE_MEAN, NB_REDUCE_SUM, NB_REDUCE_NONE};
+  const int64_t Cs[] = {1001, 50304};
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < 2; k++) {
+      nb_scope_begin();
+      int64_t C = Cs[k], N = k ? (quick ? 3 : 9) : 33;
+      nb_rng rng = nb_rng_new(70 + k);
+      nb_tensor *tg = nb_randint(&rng, 1, &N, 0, C, NB_I64, NB_DEVICE_CPU);
+      nb_fill_(nb_slice(tg, 0, 1, N, 4), -100);
+      for (int lay = 0; lay < 2; lay++) { /* contiguous (vector kernels) and transposed (general) */
+        if (lay && k) continue;
+        nb_tensor *x = nb_mul_scalar(layout(340 + k, N, C, dts[d], lay), 3.0);
+        for (int r = 0; r < 3; r++) {
+          /* f16: the loss scale 2^16 on a mean (a sum's target entries, ~ -2^16, overflow f16) */
+          double scale = dts[d] != NB_F16 ? 3.0 : reds[r] == NB_REDUCE_MEAN ? 65536.0 : 16.0;
+          xa_case(dts[d], x, tg, reds[r], r == 1 ? 0.1 : 0.0, 0.0, LAYOUT[lay]);
+          xa_case(dts[d], x, tg, reds[r], r == 2 ? 0.1 : 0.0, r == 2 ? 1.0 : scale, LAYOUT[lay]);
+        }
+      }
+      nb_scope_end();
+    }
+  /* GPT-2's row length with many rows: every block counts N_valid, the last one reduces */
+  nb_scope_begin();
+  int64_t N = quick ? 400 : 1500, C = 50304;
+  nb_rng rng = nb_rng_new(77);
+  nb_tensor *tg = nb_randint(&rng, 1, &N, 0, C, NB_I64, NB_DEVICE_CPU);
+  nb_fill_(nb_slice(tg, 0, 0, N, 9), -100);
+  nb_tensor *x = nb_mul_scalar(randn(348, 2, (int64_t[]){N, C}, NB_BF16), 3.0);
+  xa_case(NB_BF16, x, tg, NB_REDUCE_MEAN, 0.0, 0.0, "many rows");
+  xa_case(NB_BF16, x, tg, NB_REDUCE_MEAN, 0.0, 0.25, "many rows");
+  nb_scope_end();
+}
+
 void test_xent_fused(void) {
   const int64_t Cs[] = {1, 7, 64, 1001, 4096, 16384, 50304, 70000};
   const nb_dtype dts[] = {NB_BF16, NB_F32, NB_F16};
@@ -313,4 +448,5 @@ void test_xent_fused(void) {
             "xent fused: target out of range is NB_ERR_INDEX");
   nb_clear_error();
   nb_scope_end();
+  xent_autocast_cases();
 }
