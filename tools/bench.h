@@ -31,8 +31,8 @@ enum { BC_NONE, BC_COPY, BC_GEMM_CUDA, BC_GEMM_CPU };
  *                             parameter list (124.5M at 50304, 12, 768, 1024)
  *   matmul                    {M, N, K}: (M, K) @ (K, N)
  *   matmul_bias_gelu          {M, N, K}: gelu_tanh((M, K) @ (K, N) + bias (N,)),
- *                             on CUDA one GEMM with the epilogue fused
- *                             (nb_cuda_gemm_ex); _unfused: matmul, add, gelu
+ *                             one GEMM with the epilogue fused (the
+ *                             backend's gemm_ex); _unfused: matmul, add, gelu
  *   attention_fwd(bwd)        {B, H, N, D}: scaled_dot_product_attention of
  *                             (B, H, N, D) q, k, v; layout "causal" or NULL
  * gpu: the shapes of the issue; cpu: smaller; quick: smaller still (CPU). */

@@ -359,24 +359,22 @@ void bench_teardown(bench_case *c) {
 /* ---- one run of a case -------------------------------------------------- */
 static nb_status bench_ok(const nb_tensor *t) { return t ? NB_OK : bench_fail(); }
 
-/* gelu_tanh(t[2] @ t[3] + t[4]): on CUDA one GEMM with the bias and GELU in
- * its epilogue (an internal entry: the public API has no fused op yet). */
+/* gelu_tanh(t[2] @ t[3] + t[4]) as one GEMM with the bias and GELU in its
+ * epilogue: the backend table's gemm_ex entry (an internal entry: the
+ * public API has no fused op yet). */
 static nb_status bench_mm_bias_gelu(nb_tensor **t) {
-#ifdef NABLA_HAVE_CUDA
-  if (nb_device_of(t[2]).type == NB_CUDA) {
-    int64_t shape[2] = {nb_size(t[2], 0), nb_size(t[3], 1)};
-    nb_tensor *out = nb_empty(2, shape, nb_dtype_of(t[2]), nb_device_of(t[2]));
-    if (!out) return bench_fail();
-    nb_kview ko, ka, kb, kbias;
-    nb_kview_of(out, &ko);
-    nb_kview_of(t[2], &ka);
-    nb_kview_of(t[3], &kb);
-    nb_kview_of(t[4], &kbias);
-    nb_gemm_epilogue ep = {&kbias, NULL, NULL, 1.0f, 0.0f, 1};
-    return nb_cuda_gemm_ex(&ko, &ka, &kb, &ep);
-  }
-#endif
-  return bench_ok(nb_gelu_tanh(nb_add(nb_matmul(t[2], t[3]), t[4])));
+  const nb_backend *be = nb_backend_for(nb_device_of(t[2]));
+  if (!be) return bench_fail();
+  int64_t shape[2] = {nb_size(t[2], 0), nb_size(t[3], 1)};
+  nb_tensor *out = nb_empty(2, shape, nb_dtype_of(t[2]), nb_device_of(t[2]));
+  if (!out) return bench_fail();
+  nb_kview ko, ka, kb, kbias;
+  nb_kview_of(out, &ko);
+  nb_kview_of(t[2], &ka);
+  nb_kview_of(t[3], &kb);
+  nb_kview_of(t[4], &kbias);
+  nb_gemm_epilogue ep = {&kbias, NULL, NULL, 1.0f, 0.0f, 1};
+  return be->gemm_ex(&ko, &ka, &kb, &ep);
 }
 
 nb_status bench_step(bench_case *c, int s) {

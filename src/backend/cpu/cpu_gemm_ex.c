@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_vmath.h"
 #include "core/core.h"
+#include "core/half.h"
 
 static int gx_float(nb_dtype d) { return d == NB_F64 || d == NB_F32 || d == NB_F16 || d == NB_BF16; }
 
@@ -81,9 +82,32 @@ static nb_status gx_widen(const nb_kview *x, nb_dtype acc, nb_kview *w, void **m
 }
 
 /* Element (r, c) of a 2-D view; element c of a 1-D one (r = 0). */
-static void *gx_at(const nb_kview *v, int64_t r, int64_t c) {
+static char *gx_at(const nb_kview *v, int64_t r, int64_t c) {
   int64_t off = v->ndim == 1 ? c * v->strides[0] : r * v->strides[0] + c * v->strides[1];
   return (char *)v->data + (size_t)off * nb_dtype_size(v->dtype);
+}
+
+/* Columns n0 .. n0 + cnt - 1 of row r (the last stride) into or out of d. */
+static void gx_load(double *d, const nb_kview *v, int64_t r, int64_t n0, int cnt) {
+  const char *p = gx_at(v, r, n0);
+  int64_t s = v->strides[v->ndim - 1];
+  switch (v->dtype) {
+  case NB_F64: for (int j = 0; j < cnt; j++) d[j] = ((const double *)p)[j * s]; break;
+  case NB_F32: for (int j = 0; j < cnt; j++) d[j] = ((const float *)p)[j * s]; break;
+  case NB_F16: for (int j = 0; j < cnt; j++) d[j] = nb_f16_to_f32(((const uint16_t *)p)[j * s]); break;
+  default: for (int j = 0; j < cnt; j++) d[j] = nb_bf16_to_f32(((const uint16_t *)p)[j * s]); break;
+  }
+}
+
+static void gx_store(const nb_kview *v, int64_t r, int64_t n0, int cnt, const double *d) {
+  char *p = gx_at(v, r, n0);
+  int64_t s = v->strides[v->ndim - 1];
+  switch (v->dtype) {
+  case NB_F64: for (int j = 0; j < cnt; j++) ((double *)p)[j * s] = d[j]; break;
+  case NB_F32: for (int j = 0; j < cnt; j++) ((float *)p)[j * s] = (float)d[j]; break;
+  case NB_F16: for (int j = 0; j < cnt; j++) ((uint16_t *)p)[j * s] = nb_f64_to_f16(d[j]); break;
+  default: for (int j = 0; j < cnt; j++) ((uint16_t *)p)[j * s] = nb_f64_to_bf16(d[j]); break;
+  }
 }
 
 /* The tanh form of the elementwise gelu_tanh kernel (cpu_elementwise.c):
@@ -94,30 +118,62 @@ static double gx_gelu_d(double x) {
   return x * (u2 >= 0 ? big : a * big);
 }
 
-/* pre = alpha P + beta c + bias in float (f64 when f64), aux = pre, out =
- * gelu(pre) or pre; rows split over threads (each element independent). */
+/* One chunk of a row: v holds P; pre = alpha P + beta c + bias, computed in
+ * float (each step rounded to f32, as a float kernel computes) or in double
+ * for f64; aux = pre; v becomes gelu(pre) or pre. */
+#define GX_CHUNK 256
+static void gx_chunk(double *v, const double *cv, const double *bv, int cnt, int f64,
+                     const nb_gemm_epilogue *ep, double *aux) {
+  for (int j = 0; j < cnt; j++) {
+    double x;
+    if (f64) {
+      x = (double)ep->alpha * v[j];
+      if (cv) x += (double)ep->beta * cv[j];
+      if (bv) x += bv[j];
+    } else {
+      float f = ep->alpha * (float)v[j];
+      if (cv) f += ep->beta * (float)cv[j];
+      if (bv) f += (float)bv[j];
+      x = f;
+    }
+    if (aux) aux[j] = x;
+    v[j] = !ep->gelu ? x : f64 ? gx_gelu_d(x) : (double)nb_vm_gelu_tanhf((float)x);
+  }
+}
+
+/* linear's case: out (f32, unit column stride) already holds P, += bias. */
+static int gx_bias_only(const nb_kview *out, const nb_kview *P, const nb_gemm_epilogue *ep) {
+  if (P->data != out->data || out->dtype != NB_F32 || out->strides[1] != 1 || !ep->bias ||
+      ep->bias->dtype != NB_F32 || ep->alpha != 1.0f || ep->beta != 0.0f || ep->aux || ep->gelu)
+    return 0;
+  int64_t M = out->shape[0], N = out->shape[1], bs = ep->bias->strides[0];
+  const float *b = ep->bias->data;
+#pragma omp parallel for schedule(static) if (M * N >= 32768)
+  for (int64_t r = 0; r < M; r++) {
+    float *o = (float *)out->data + r * out->strides[0];
+    for (int64_t n = 0; n < N; n++) o[n] += b[n * bs];
+  }
+  return 1;
+}
+
+/* The epilogue over every row, in chunks of GX_CHUNK columns; rows split
+ * over threads (each element independent of the others). */
 static void gx_epilogue(const nb_kview *out, const nb_kview *P, const nb_gemm_epilogue *ep) {
+  if (gx_bias_only(out, P, ep)) return;
   int64_t M = out->shape[0], N = out->shape[1];
   int f64 = P->dtype == NB_F64;
   const nb_kview *c = ep->beta != 0.0f ? ep->c : NULL;
-#pragma omp parallel for schedule(static) if (M * N > (1 << 16))
+#pragma omp parallel for schedule(static) if (M * N >= 32768)
   for (int64_t r = 0; r < M; r++)
-    for (int64_t n = 0; n < N; n++) {
-      double p = nb_load_f64(gx_at(P, r, n), P->dtype), v;
-      if (f64) {
-        v = (double)ep->alpha * p;
-        if (c) v += (double)ep->beta * nb_load_f64(gx_at(c, r, n), c->dtype);
-        if (ep->bias) v += nb_load_f64(gx_at(ep->bias, 0, n), ep->bias->dtype);
-        if (ep->aux) nb_store_f64(gx_at(ep->aux, r, n), ep->aux->dtype, v);
-        if (ep->gelu) v = gx_gelu_d(v);
-      } else { /* each step rounded to f32, as a float kernel computes */
-        float f = ep->alpha * (float)p;
-        if (c) f += ep->beta * (float)nb_load_f64(gx_at(c, r, n), c->dtype);
-        if (ep->bias) f += (float)nb_load_f64(gx_at(ep->bias, 0, n), ep->bias->dtype);
-        if (ep->aux) nb_store_f64(gx_at(ep->aux, r, n), ep->aux->dtype, f);
-        v = ep->gelu ? (double)nb_vm_gelu_tanhf(f) : f;
-      }
-      nb_store_f64(gx_at(out, r, n), out->dtype, v);
+    for (int64_t n0 = 0; n0 < N; n0 += GX_CHUNK) {
+      double v[GX_CHUNK], cv[GX_CHUNK], bv[GX_CHUNK], av[GX_CHUNK];
+      int cnt = (int)(N - n0 < GX_CHUNK ? N - n0 : GX_CHUNK);
+      gx_load(v, P, r, n0, cnt);
+      if (c) gx_load(cv, c, r, n0, cnt);
+      if (ep->bias) gx_load(bv, ep->bias, 0, n0, cnt);
+      gx_chunk(v, c ? cv : NULL, ep->bias ? bv : NULL, cnt, f64, ep, ep->aux ? av : NULL);
+      if (ep->aux) gx_store(ep->aux, r, n0, cnt, av);
+      gx_store(out, r, n0, cnt, v);
     }
 }
 
