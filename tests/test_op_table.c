@@ -108,6 +108,7 @@ static nb_tensor *c_dropout(nb_tensor *const *x) { return nb_dropout(x[0], 0.3, 
 static nb_tensor *c_sdpa(nb_tensor *const *x) {
   return nb_scaled_dot_product_attention(x[0], x[1], x[2], NULL, 1, 0.0, NULL, -1.0);
 }
+static nb_tensor *c_attention_qkv(nb_tensor *const *x) { return nb_attention_qkv(x[0], 2, 1, -1.0); }
 
 #define C(op, f, in, flags) {op, f, in, flags, 0}
 #define CT(op, f, in, flags, tol) {op, f, in, flags, tol}
@@ -174,6 +175,7 @@ static const op_case CASES[] = {
   /* attention and dropout */
   C("dropout", c_dropout, "r:6x37", GRAD),
   CT("scaled_dot_product_attention", c_sdpa, "r:2x3x9x8,r:2x3x11x8,r:2x3x11x8", GRAD, 4),
+  CT("attention_qkv", c_attention_qkv, "r:2x9x48", GRAD, 4), /* 2 heads of 8 */
 };
 #define N_CASES ((int)(sizeof CASES / sizeof CASES[0]))
 

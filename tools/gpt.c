@@ -150,14 +150,8 @@ void gpt_free(gpt_model *m) {
 
 /* Causal multi-head self-attention on x (B, T, C). */
 static nb_tensor *gpt_attention(const gpt_model *m, const gpt_block *b, const nb_tensor *x) {
-  int64_t B = nb_size(x, 0), T = nb_size(x, 1), C = m->cfg.dim, H = m->cfg.heads;
-  nb_tensor *qkv = nb_linear(x, b->qkv_w, b->qkv_b);                   /* (B,T,3C) */
-  qkv = nb_reshape(qkv, 5, (int64_t[]){B, T, 3, H, C / H});            /* (B,T,3,H,D) */
-  qkv = nb_permute(qkv, (int[]){2, 0, 3, 1, 4});                      /* (3,B,H,T,D) */
-  nb_tensor *q = nb_select(qkv, 0, 0), *k = nb_select(qkv, 0, 1), *v = nb_select(qkv, 0, 2);
-  nb_tensor *y = nb_scaled_dot_product_attention(q, k, v, NULL, 1, 0.0, NULL, 0.0);
-  y = nb_permute(y, (int[]){0, 2, 1, 3});                             /* (B,T,H,D) */
-  y = nb_reshape(y, 3, (int64_t[]){B, T, C});
+  nb_tensor *qkv = nb_linear(x, b->qkv_w, b->qkv_b); /* (B,T,3C): q, k, v, each (H,D) */
+  nb_tensor *y = nb_attention_qkv(qkv, m->cfg.heads, 1, 0.0); /* (B,T,C), no copies */
   return nb_linear(y, b->proj_w, b->proj_b);
 }
 

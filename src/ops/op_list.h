@@ -39,8 +39,8 @@
   /* row ops */                                                                  \
   X(softmax) X(log_softmax) X(softmax_backward) X(log_softmax_backward)          \
   X(layer_norm) X(rms_norm) X(layer_norm_backward) X(rms_norm_backward)         \
-  /* attention and dropout (op_attention.c) */                                   \
+  /* attention and dropout (op_attention.c, op_attention_qkv.c) */               \
   X(scaled_dot_product_attention) X(scaled_dot_product_attention_backward)       \
-  X(dropout)
+  X(attention_qkv) X(attention_qkv_backward) X(dropout)
 
 #endif

@@ -15,7 +15,10 @@
  * Every output element is summed by one thread in a fixed order: no
  * atomics, the same bits every run. Causal (key j for query i when j <= i,
  * top-left) skips the tiles a block cannot see. Statistics and sums in f32
- * (f64 for f64), standard expf/logf.
+ * (f64 for f64), standard expf/logf. Every view read or written (q, k, v,
+ * dout, o, dq, dk, dv) may have any batch and row strides with unit column
+ * stride: the (B, H, T, D) views of a packed (B, T, 3 H D) projection and
+ * its gradient need no copy; lse and delta are contiguous (B, Lq).
  *
  * bf16 and f16 calls with head dimension 64, 96 or 128 and 16-byte aligned
  * rows take the tensor-core kernels of cuda_attention_mma.cu instead. The
@@ -45,8 +48,8 @@ struct att_args {
   int64_t B, Lq, Lk;
   int D, Dv;
   att_view q, k, v, o, g; /* g: dout */
+  att_view dq, dk, dv;    /* written (any strides, as o) */
   void *lse, *delta;      /* (B, Lq) of the compute type */
-  void *dq, *dk, *dv;     /* contiguous */
   double scale;
   int causal;
 };
@@ -210,7 +213,8 @@ __global__ void __launch_bounds__(ATT_W * 32) nb_attn_bwd_kv_kernel(const att_ar
     }
   }
   if (!col) return;
-  T *dk = (T *)a.dk + (b * a.Lk + j) * a.D, *dv = (T *)a.dv + (b * a.Lk + j) * a.Dv;
+  T *dk = (T *)a.dk.p + att_off(a, a.dk, b) + j * a.dk.rs;
+  T *dv = (T *)a.dv.p + att_off(a, a.dv, b) + j * a.dv.rs;
 #pragma unroll
   for (int c = 0; c < NC; c++) {
     const int d = lane + 32 * c;
@@ -266,7 +270,7 @@ __global__ void __launch_bounds__(ATT_W * 32) nb_attn_bwd_q_kernel(const att_arg
     }
   }
   if (!row) return;
-  T *dq = (T *)a.dq + (b * a.Lq + i) * a.D;
+  T *dq = (T *)a.dq.p + att_off(a, a.dq, b) + i * a.dq.rs;
 #pragma unroll
   for (int c = 0; c < NC; c++) {
     const int d = lane + 32 * c;
@@ -352,7 +356,7 @@ extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq, const nb_kview *dk, co
                                       double scale, int causal) {
   att_args a = att_make(q, k, v, o, dout, scale, causal);
   a.lse = lse->data;
-  a.dq = dq->data; a.dk = dk->data; a.dv = dv->data;
+  a.dq = att_view_of(dq, a.nb); a.dk = att_view_of(dk, a.nb); a.dv = att_view_of(dv, a.nb);
   int nc = att_chunks(a);
   if (!nc)
     return nb_error_set(NB_ERR_UNSUPPORTED, "attention backward (cuda): head dimensions %d, %d "

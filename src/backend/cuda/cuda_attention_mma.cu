@@ -30,7 +30,9 @@
  * S, P, dP and dS, dQ += dS K. Warps per CTA: see fa_fwd_warps. Every
  * output element is accumulated by one thread in a fixed order (no
  * atomics): the same bits on every run. Shapes: q (.., Lq, D), k, v (.., Lk, D), o, dout (.., Lq, D),
- * lse (.., Lq) f32; dq, dk, dv contiguous. */
+ * lse (.., Lq) f32, dq, dk, dv as q, k, v; every view but lse (and the
+ * delta scratch) strided as fa_view_ok allows (the (B, H, T, D) views of a
+ * packed (B, T, 3 H D) projection and of its gradient included). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,8 +59,8 @@ struct fa_view {
 
 struct fa_params {
   fa_view q, k, v, o, g; /* g: dout; o is written by the forward */
+  fa_view dq, dk, dv;    /* written by the backward (strided like o) */
   float *lse, *delta;    /* (B, Lq) */
-  uint16_t *dq, *dk, *dv; /* contiguous (B, L, D) */
   int nb;
   int64_t bshape[FA_MAXB];
   int B, Lq, Lk, nblk; /* nblk: row blocks per (batch, head) */
@@ -429,9 +431,10 @@ __global__ void __launch_bounds__(NW * 32) fa_bwd_kv_kernel(const fa_params p) {
   }
   nb_mma_wait<0>();
   const float one[2] = {1.0f, 1.0f}, sc[2] = {p.scale, p.scale};
-  const int64_t off = (int64_t)b * p.Lk * D;
-  fa_store<T, D>((T *)p.dk + off, D, key, p.Lk, dk, sc, lane);
-  fa_store<T, D>((T *)p.dv + off, D, key, p.Lk, dv, one, lane);
+  /* the outputs' batch offsets here, at the end (computed with the prologue's,
+   * they made ptxas spill inside the loop at D = 128) */
+  fa_store<T, D>((T *)(p.dk.p + fa_off(p, p.dk, b)), p.dk.rs, key, p.Lk, dk, sc, lane);
+  fa_store<T, D>((T *)(p.dv.p + fa_off(p, p.dv, b)), p.dv.rs, key, p.Lk, dv, one, lane);
 }
 
 // dq (B, Lq, D): a CTA per 16 NW queries, a warp per 16 of them
@@ -445,6 +448,10 @@ __global__ void __launch_bounds__(NW * 32) fa_bwd_q_kernel(const fa_params p) {
   const int kend = p.causal ? min(p.Lk, min(i0 + BQ, p.Lq)) : p.Lk;
   const int ntiles = (kend + FA_BN - 1) / FA_BN;
   uint16_t *sk0 = fa_smem + 2 * QT * TILE; /* stage s: K, V at 2s, 2s + 1 */
+  /* dq's batch offset, computed here once: at the end, with the
+   * accumulators live, the division routine's calls made ptxas spill */
+  __shared__ int64_t out_off;
+  if (threadIdx.x == 0) out_off = fa_off(p, p.dq, b);
   fa_load<D, BQ, TH>(fa_smem, p.q.p + fa_off(p, p.q, b), p.q.rs, i0, p.Lq);
   fa_load<D, BQ, TH>(fa_smem + QT * TILE, p.g.p + fa_off(p, p.g, b), p.g.rs, i0, p.Lq);
   if (ntiles) {
@@ -494,7 +501,8 @@ __global__ void __launch_bounds__(NW * 32) fa_bwd_q_kernel(const fa_params p) {
   }
   nb_mma_wait<0>();
   const float sc[2] = {p.scale, p.scale};
-  fa_store<T, D>((T *)p.dq + (int64_t)b * p.Lq * D, D, row, p.Lq, dq, sc, lane);
+  __syncthreads(); /* out_off (the loop may have run no iteration) */
+  fa_store<T, D>((T *)(p.dq.p + out_off), p.dq.rs, row, p.Lq, dq, sc, lane);
 }
 
 /* ---- host side --------------------------------------------------------- */
@@ -651,10 +659,11 @@ int nb_cuda_attn_mma_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kv
                          const nb_kview *lse, double scale, int causal, nb_status *st) {
   fa_params p;
   if (!fa_make(&p, ctx, q, k, v, o, dout, scale, causal)) return 0;
-  if (((uintptr_t)dq->data | (uintptr_t)dk->data | (uintptr_t)dv->data) & 15) return 0;
-  p.lse = (float *)lse->data;
-  p.dq = (uint16_t *)dq->data; p.dk = (uint16_t *)dk->data; p.dv = (uint16_t *)dv->data;
   const int D = (int)q->shape[q->ndim - 1];
+  if (!fa_view_ok(dq, q->dtype, D) || !fa_view_ok(dk, q->dtype, D) || !fa_view_ok(dv, q->dtype, D))
+    return 0;
+  p.lse = (float *)lse->data;
+  p.dq = fa_view_of(dq, p.nb); p.dk = fa_view_of(dk, p.nb); p.dv = fa_view_of(dv, p.nb);
   const size_t dbytes = (size_t)p.B * p.Lq * sizeof(float);
   p.delta = dbytes ? (float *)nb_cuda_scratch(ctx, dbytes) : NULL;
   if (dbytes && !p.delta) {
