@@ -461,17 +461,23 @@ double nb_clip_grad_norm(nb_params *params, double max_norm);
  * GradScaler: the loss is multiplied by the scale before backward
  * (nb_scaler_scale); nb_scaler_step then takes the global norm of the
  * scaled gradients (the non-finite check is the same pass), and when every
- * gradient is finite multiplies them by 1/scale (and the clip coefficient
- * for max_norm >= 0, as nb_clip_grad_norm; max_norm < 0: no clipping) and
- * runs each optimizer's step; when one is not finite, it leaves gradients,
- * parameters and optimizer state (step counts included) as they were, and
- * the scale backs off. Scale: times backoff_factor and the growth counter
- * reset on a skipped step; times growth_factor after growth_interval
- * consecutive steps that were not skipped (the scale an f32 value, as in
- * torch). Defaults NB_SCALER_DEFAULTS (2^16, x2 after 2000 steps, x0.5);
- * growth and backoff 1 keep the scale fixed (e.g. 1 for bf16: the check and
- * the skip only). The skip is decided on the host (the norm's one value is
- * read back, one synchronisation, as nb_clip_grad_norm has). */
+ * gradient is finite runs each optimizer's step on the gradients times
+ * 1/scale (and the clip coefficient for max_norm >= 0, as
+ * nb_clip_grad_norm; max_norm < 0: no clipping); when one is not finite, it
+ * leaves parameters and optimizer state (step counts included) as they
+ * were, and the scale backs off. Scale: times backoff_factor and the growth
+ * counter reset on a skipped step; times growth_factor after
+ * growth_interval consecutive steps that were not skipped (the scale an f32
+ * value, as in torch). Defaults NB_SCALER_DEFAULTS (2^16, x2 after 2000
+ * steps, x0.5); growth and backoff 1 keep the scale fixed (e.g. 1 for bf16:
+ * the check and the skip only). With AdamW optimizers and the gradients on
+ * one device, all of it is decided on that device and nothing waits for
+ * the host (the scale and counters live there; the gradients keep the
+ * scale, the AdamW pass applies the factor as it reads them); the getters,
+ * nb_optim_steps and a non-NULL res read the state back (a
+ * synchronisation). Otherwise (SGD, no optimizers) the norm is read on the
+ * host and the gradients are multiplied in place (docs/ARCHITECTURE.md,
+ * "Mixed precision"). */
 typedef struct nb_scaler nb_scaler;
 #define NB_SCALER_DEFAULTS 65536.0, 2.0, 0.5, 2000
 nb_scaler *nb_scaler_new(double init_scale, double growth_factor, double backoff_factor,
@@ -492,6 +498,7 @@ nb_status nb_scaler_step(nb_scaler *s, nb_params *params, double max_norm, int n
 double nb_scaler_get_scale(const nb_scaler *s);
 int64_t nb_scaler_growth_tracker(const nb_scaler *s);
 nb_status nb_scaler_set_state(nb_scaler *s, double scale, int64_t growth_tracker);
+int64_t nb_scaler_skipped(const nb_scaler *s); /* steps skipped so far (-1 on error) */
 /* Learning-rate schedules. */
 double nb_lr_constant(int64_t step, double lr);
 double nb_lr_warmup_linear(int64_t step, int64_t warmup, double lr);

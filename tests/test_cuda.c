@@ -149,7 +149,7 @@ int main(void) {
     {"gemm sm90", test_gemm_sm90},
     {"gemm sm80", test_gemm_sm80},
     {"gemm tune", test_gemm_tune},
-    {"pinned", test_pinned},
+    {"pinned", test_pinned}, {"amp", test_amp},
     {"gpt step", test_gpt_step},
   };
   const char *only = getenv("NABLA_TEST_ONLY"); /* run the sections whose name contains it */

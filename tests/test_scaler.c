@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "core/core.h"
+#include "amp_cases.h"
 
 #define N 5
 
@@ -239,7 +241,7 @@ static void test_bad_args(void) {
 }
 
 /* Every tensor and the scaler's metadata of checkpoint a equal b's. */
-static void same_checkpoints(const char *pa, const char *pb) {
+static void same_checkpoints(const char *pa, const char *pb, const char *prec) {
   nb_st_file *a = nb_safetensors_load(pa), *b = nb_safetensors_load(pb);
   NBT_CHECK(a && b, "checkpoints load: %s", nb_last_error());
   if (!a || !b) {
@@ -258,40 +260,45 @@ static void same_checkpoints(const char *pa, const char *pb) {
     free(ba), free(bb);
     nb_release(ta), nb_release(tb);
   }
-  NBT_CHECK(n > 20 && differ == 0, "resumed f16 run: %d of %d tensors differ", differ, n);
-  const char *keys[] = {"precision", "scaler_scale", "scaler_growth", "optim_steps", "step"};
-  for (int i = 0; i < 5; i++) {
+  NBT_CHECK(n > 20 && differ == 0, "resumed %s run: %d of %d tensors differ", prec, differ, n);
+  const char *keys[] = {"precision", "optim_steps", "step", "scaler_scale", "scaler_growth"};
+  for (int i = 0; i < (strcmp(prec, "f16") ? 3 : 5); i++) {
     const char *x = nb_st_metadata(a, keys[i]), *y = nb_st_metadata(b, keys[i]);
     NBT_CHECK(x && y && !strcmp(x, y), "metadata %s: '%s' and '%s'", keys[i], x ? x : "(none)",
               y ? y : "(none)");
   }
-  NBT_CHECK(!strcmp(nb_st_metadata(a, "precision"), "f16"), "checkpoint records f16");
+  NBT_CHECK(!strcmp(nb_st_metadata(a, "precision"), prec), "checkpoint records %s", prec);
   nb_st_close(a), nb_st_close(b);
 }
 
-/* nabla train --precision f16: 12 steps at once, or 6 and 6 more resumed
- * from the checkpoint (precision and scaler state from its metadata). */
-static void test_train_resume(const char *bin) {
+/* nabla train --precision f16 (bf16): 12 steps at once, or 6 and 6 more
+ * resumed from the checkpoint (precision and scaler state from its
+ * metadata): the same bits, working copies and device-side scaling
+ * included. */
+static void test_train_resume(const char *bin, const char *prec) {
   char dir[256], args[2048], a[300], b1[300], b2[300];
   static char out[64 * 1024];
   if (!nbt_tmpdir(dir, sizeof dir, "scaler")) return;
   snprintf(a, sizeof a, "%s/a.safetensors", dir);
   snprintf(b1, sizeof b1, "%s/b1.safetensors", dir);
   snprintf(b2, sizeof b2, "%s/b2.safetensors", dir);
-  const char *base = "train --device cpu --digits 2 --layers 1 --dim 32 --batch 16 --quiet --no-svg "
-                     "--eval-every 0 --steps 12 --precision f16";
+  char base[300];
+  snprintf(base, sizeof base, "train --device cpu --digits 2 --layers 1 --dim 32 --batch 16 --quiet "
+           "--no-svg --eval-every 0 --steps 12 --precision %s", prec);
+  int f16 = !strcmp(prec, "f16");
   snprintf(args, sizeof args, "%s --save %s", base, a);
   int st = nbt_run(bin, args, dir, out, sizeof out);
-  NBT_CHECK(st == 0 && strstr(out, "f16 autocast with loss scaling") && strstr(out, "skipped steps: 0 of 12"),
-            "f16 run exits 0 and reports its scaler, got %d:\n%s", st, out);
+  NBT_CHECK(st == 0 && strstr(out, f16 ? "f16 autocast with loss scaling" : "bf16 autocast") &&
+            (!f16 || strstr(out, "skipped steps: 0 of 12")),
+            "%s run exits 0 and reports its precision, got %d:\n%s", prec, st, out);
   snprintf(args, sizeof args, "%s --stop-at 6 --save %s", base, b1);
   st = nbt_run(bin, args, dir, out, sizeof out);
   NBT_CHECK(st == 0, "first half exits 0, got %d:\n%s", st, out);
   snprintf(args, sizeof args, "train --device cpu --quiet --no-svg --resume %s --save %s", b1, b2);
   st = nbt_run(bin, args, dir, out, sizeof out);
-  NBT_CHECK(st == 0 && strstr(out, "f16 autocast"), "resumed half (f16 from the checkpoint) exits 0, "
-            "got %d:\n%s", st, out);
-  same_checkpoints(a, b2);
+  NBT_CHECK(st == 0 && strstr(out, f16 ? "f16 autocast" : "bf16 autocast"), "resumed half (%s from "
+            "the checkpoint) exits 0, got %d:\n%s", prec, st, out);
+  same_checkpoints(a, b2, prec);
   nbt_rmtree(dir);
 }
 
@@ -301,8 +308,12 @@ int main(void) {
   test_unscale_clip();
   test_state_round_trip();
   test_bad_args();
+  amp_cases(NB_DEVICE_CPU);
   const char *bin = getenv("NABLA_BIN");
-  if (bin && *bin && access(bin, X_OK) == 0) test_train_resume(bin);
+  if (bin && *bin && access(bin, X_OK) == 0) {
+    test_train_resume(bin, "f16");
+    test_train_resume(bin, "bf16");
+  }
   else printf("NABLA_BIN not set: the nabla train resume check is left out (ctest sets it)\n");
   return nbt_finish();
 }

@@ -243,71 +243,83 @@ static nb_tensor *train_loss_of(const trainer *tr, int B, const int64_t *x, cons
  * Each micro-batch's mean loss is scaled by 1/accum, so the gradients that
  * backward accumulates in the leaves sum to the full batch's mean-loss
  * gradient, while only one micro-batch's activations are alive at a time.
- * With a scaler (f16) backward starts from the loss times the scale, so
- * the gradients carry it until nb_scaler_step takes it out. Stores the
- * batch's (unscaled) loss in *value. Returns 1 on success. */
-static int train_accumulate(trainer *tr, const int64_t *x, const int64_t *y, double *value) {
+ * With f16 backward starts from the loss times the scaler's scale (on the
+ * device), so the gradients carry it until the update takes it out. The
+ * batch's (unscaled) loss goes into loss_dev[step] on the device: nothing
+ * here waits for it. Returns 1 on success. */
+static int train_accumulate(trainer *tr, const int64_t *x, const int64_t *y) {
   const train_opts *o = &tr->o;
   int micro = o->batch / o->accum, ok = 1;
   int64_t stride = (int64_t)micro * train_seq_len(tr);
-  double sum = 0;
+  int scaled = !strcmp(o->precision, "f16"); /* bf16, f32: scale 1 */
+  nb_tensor *sum = NULL;
   for (int m = 0; ok && m < o->accum; m++) {
     nb_scope_begin();
     nb_tensor *loss = train_loss_of(tr, micro, x + m * stride, y + m * stride);
     if (loss && o->accum > 1) loss = nb_mul_scalar(loss, 1.0 / o->accum);
-    int scaled = tr->scaler && nb_scaler_get_scale(tr->scaler) != 1.0; /* bf16: scale 1 */
     nb_tensor *seed = loss && scaled ? nb_scaler_scale(tr->scaler, loss) : loss;
     ok = seed && nb_backward(seed, NULL) == NB_OK;
-    if (ok) sum += nb_item(loss);
+    if (ok) {
+      nb_tensor *l = nb_detach(loss), *s = sum ? nb_add(sum, l) : l;
+      ok = s != NULL;
+      nb_release(sum);
+      sum = nb_keep(s);
+    }
     nb_scope_end();
   }
-  *value = sum;
+  nb_scope_begin();
+  ok = ok && nb_copy_(nb_select(tr->loss_dev, 0, tr->step), sum) == NB_OK;
+  nb_scope_end();
+  nb_release(sum);
   return ok;
 }
 
-/* bf16, f16: the clip, the non-finite check and both optimizers' steps
- * through the scaler; a skipped step is said on stderr. Returns 1 on
- * success (stepped or skipped). */
-static int train_scaled_update(trainer *tr) {
-  nb_optim *opts[2] = {tr->opt_decay, tr->opt_plain};
-  nb_scaler_result r;
-  if (nb_scaler_step(tr->scaler, tr->model->all, TRAIN_CLIP, 2, opts, &r)) return 0;
-  if (r.stepped) return 1;
-  tr->skipped++;
-  if (tr->o.quiet) return 1;
-  const char *clear = tr->tty ? "\r\033[K" : "";
-  if (!strcmp(tr->o.precision, "f16"))
-    fprintf(stderr, "%sstep %lld: gradients not finite at scale %g; skipped, scale -> %g\n", clear,
-            (long long)tr->step + 1, r.scale, r.new_scale);
-  else
-    fprintf(stderr, "%sstep %lld: gradients not finite (%s, no loss scaling); skipped\n", clear,
-            (long long)tr->step + 1, tr->o.precision);
-  return 1;
+/* Brings the losses of the steps done so far to loss[] (one read), and the
+ * count of skipped steps; says on stderr how many were skipped since the
+ * last time. Returns 0, or -1 on a library error. */
+static int train_sync(trainer *tr) {
+  int64_t n = tr->step - tr->loss_read;
+  if (n > 0) {
+    nb_scope_begin();
+    nb_tensor *part = nb_contiguous(nb_slice(tr->loss_dev, 0, tr->loss_read, tr->step, 1));
+    nb_status st = part ? nb_to_host(part, tr->loss + tr->loss_read, (size_t)n * sizeof(float))
+                        : nb_last_status();
+    nb_scope_end();
+    if (st) return -1;
+    tr->loss_read = tr->step;
+  }
+  int64_t skipped = nb_scaler_skipped(tr->scaler);
+  if (skipped < 0) return -1;
+  if (skipped > tr->skipped && !tr->o.quiet) {
+    const char *clear = tr->tty ? "\r\033[K" : "";
+    if (!strcmp(tr->o.precision, "f16"))
+      fprintf(stderr, "%sby step %lld: %lld step%s skipped (gradients not finite), loss scale now %g\n",
+              clear, (long long)tr->step, (long long)(skipped - tr->skipped),
+              skipped - tr->skipped > 1 ? "s" : "", nb_scaler_get_scale(tr->scaler));
+    else
+      fprintf(stderr, "%sby step %lld: %lld step%s skipped (gradients not finite, %s, no loss "
+              "scaling)\n", clear, (long long)tr->step, (long long)(skipped - tr->skipped),
+              skipped - tr->skipped > 1 ? "s" : "", tr->o.precision);
+  }
+  tr->skipped = skipped;
+  return 0;
 }
 
-/* One optimizer step; stores the batch's loss. Returns 0, or -1 on a
- * library error. */
-static int train_step(trainer *tr, int64_t *x, int64_t *y, double *value) {
+/* One optimizer step: the clip (at TRAIN_CLIP, global norm), the
+ * non-finite check and both optimizers' updates through the scaler, all
+ * decided on the device (f16: with loss scaling; bf16, f32: at a fixed
+ * scale of 1, the check and the skip only): nothing waits for the host.
+ * Returns 0, or -1 on a library error. */
+static int train_step(trainer *tr, int64_t *x, int64_t *y) {
   const train_opts *o = &tr->o;
   train_batch(tr, &tr->data_rng, o->batch, 0, x, y);
   double lr = nb_lr_cosine(tr->step, o->warmup, o->steps, o->lr, o->lr / 10);
-  int ok = 0;
+  nb_optim *opts[2] = {tr->opt_decay, tr->opt_plain};
   nb_scope_begin();
-  double norm = NAN;
-  if (tr->scaler) {
-    nb_optim_set_lr(tr->opt_decay, lr);
-    nb_optim_set_lr(tr->opt_plain, lr);
-    ok = train_accumulate(tr, x, y, value) && train_scaled_update(tr);
-  } else if (train_accumulate(tr, x, y, value) &&
-             (norm = nb_clip_grad_norm(tr->model->all, TRAIN_CLIP)) >= 0) {
-    nb_optim_set_lr(tr->opt_decay, lr);
-    nb_optim_set_lr(tr->opt_plain, lr);
-    ok = nb_optim_step(tr->opt_decay) == NB_OK && nb_optim_step(tr->opt_plain) == NB_OK;
-  } else if (!*nb_last_error()) {
-    /* no library error: the numbers went wrong; say which, and where */
-    fprintf(stderr, "nabla train: step %lld: loss %g, gradient norm %g (not finite)\n",
-            (long long)tr->step + 1, *value, norm);
-  }
+  nb_optim_set_lr(tr->opt_decay, lr);
+  nb_optim_set_lr(tr->opt_plain, lr);
+  int ok = train_accumulate(tr, x, y) &&
+           nb_scaler_step(tr->scaler, tr->model->all, TRAIN_CLIP, 2, opts, NULL) == NB_OK;
   nb_params_zero_grad(tr->model->all);
   nb_scope_end();
   return ok ? 0 : -1;
@@ -388,13 +400,17 @@ static void train_fmt_time(double s, char *buf, size_t n) {
   else snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
 }
 
-static void train_progress(const trainer *tr, train_clock *c, double loss, int64_t last) {
+/* The progress line, when one is due: the only place a step's loss is read
+ * back (train_sync). Returns 0, or -1 on a library error. */
+static int train_progress(trainer *tr, train_clock *c, int64_t last) {
   double now = tool_now(), el = now - c->t0;
   int64_t done = tr->step - c->first_step;
   int end = tr->step == last;
-  if (tr->o.quiet) return;
+  if (tr->o.quiet) return 0;
   if (c->tty ? (!end && now - c->last_print < 0.1) : (!end && tr->step % tr->o.log_every))
-    return;
+    return 0;
+  if (train_sync(tr)) return -1;
+  double loss = tr->loss[tr->step - 1];
   c->last_print = now;
   double tps = done * (double)tr->o.batch * train_seq_len(tr) / (el > 0 ? el : 1e-9);
   char eta[32], peak[48] = "";
@@ -406,6 +422,7 @@ static void train_progress(const trainer *tr, train_clock *c, double loss, int64
           nb_optim_lr(tr->opt_decay), tps / 1000, peak, eta,
           c->tty ? (end ? "\033[K\n" : "\033[K") : "\n");
   fflush(stderr);
+  return 0;
 }
 
 /* ---- set-up ------------------------------------------------------------------ */
@@ -467,12 +484,14 @@ static int train_build(trainer *tr) {
                                TRAIN_WEIGHT_DECAY);
   tr->opt_plain = nb_adamw_new(tr->model->no_decay, o->lr, TRAIN_BETA1, TRAIN_BETA2, TRAIN_EPS, 0.0);
   if (!tr->opt_decay || !tr->opt_plain) return train_fail("creating the optimizer");
-  /* f16: GradScaler's defaults; bf16: a fixed scale of 1 (its range is
-   * f32's: no scaling, but a step whose gradients are not finite is still
-   * skipped) */
+  /* f16: GradScaler's defaults; bf16 and f32: a fixed scale of 1 (their
+   * range needs no scaling), so that the clip and the non-finite check
+   * (a step whose gradients are not finite is skipped) run on the device */
   if (!strcmp(o->precision, "f16")) tr->scaler = nb_scaler_new(NB_SCALER_DEFAULTS);
-  else if (!strcmp(o->precision, "bf16")) tr->scaler = nb_scaler_new(1.0, 1.0, 1.0, 1);
-  if (strcmp(o->precision, "f32") && !tr->scaler) return train_fail("creating the loss scaler");
+  else tr->scaler = nb_scaler_new(1.0, 1.0, 1.0, 1);
+  if (!tr->scaler) return train_fail("creating the loss scaler");
+  tr->loss_dev = nb_keep(nb_zeros(1, (int64_t[]){o->steps}, NB_F32, tr->device));
+  if (!tr->loss_dev) return train_fail("allocating the loss history");
   tr->loss = calloc((size_t)o->steps, sizeof *tr->loss);
   tr->cap_eval = 1024 + (o->eval_every ? (int)(o->steps / o->eval_every) + 2 : 2);
   tr->eval_step = calloc((size_t)tr->cap_eval, sizeof *tr->eval_step);
@@ -632,7 +651,7 @@ static int train_evaluate_unprofiled(trainer *tr, int64_t *x, int64_t *y) {
  * (the final one is written by train_report). */
 static int train_save_periodic(trainer *tr) {
   int paused = nb_profile_running() && nb_profile_pause(1) == NB_OK;
-  int rc = train_ckpt_save(tr, tr->o.save);
+  int rc = train_sync(tr) ? train_fail("reading the loss") : train_ckpt_save(tr, tr->o.save);
   if (!rc && !tr->o.quiet)
     fprintf(stderr, "%scheckpoint: %s (step %lld)\n", tr->tty ? "\r\033[K" : "", tr->o.save,
             (long long)tr->step);
@@ -643,14 +662,14 @@ static int train_save_periodic(trainer *tr) {
 static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
   int64_t last = tr->o.stop_at ? tr->o.stop_at : tr->o.steps;
   train_clock c = {tool_now(), 0, tr->step, tr->tty};
+  tr->loss_read = tr->step; /* before it: from the checkpoint */
   while (tr->step < last) {
-    double loss = NAN;
     /* the first step allocates and warms up: profile the ones after it */
     if (tr->o.profile && tr->step == c.first_step + 1 && nb_profile_start())
       return train_fail("starting the profiler");
-    if (train_step(tr, x, y, &loss)) return train_fail("training step");
-    tr->loss[tr->step++] = (float)loss;
-    train_progress(tr, &c, loss, last);
+    if (train_step(tr, x, y)) return train_fail("training step");
+    tr->step++;
+    if (train_progress(tr, &c, last)) return train_fail("reading the loss");
     if (tr->o.eval_every && tr->step % tr->o.eval_every == 0 && tr->step < last &&
         train_evaluate_unprofiled(tr, x, y))
       return NB_TOOL_EXIT_RUNTIME;
@@ -658,6 +677,7 @@ static int train_loop(trainer *tr, int64_t *x, int64_t *y, double *seconds) {
         train_save_periodic(tr))
       return NB_TOOL_EXIT_RUNTIME;
   }
+  if (train_sync(tr)) return train_fail("reading the loss"); /* before the clock stops */
   *seconds = tool_now() - c.t0;
   return tr->o.profile ? train_profile_report(tr->step - c.first_step) : 0;
 }
@@ -716,7 +736,7 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
   printf("throughput: %.0f tokens/s (%lld steps in %.1f s)\n",
          n * (double)tr->o.batch * train_seq_len(tr) / (seconds > 0 ? seconds : 1e-9),
          (long long)n, seconds);
-  if (tr->scaler && (tr->skipped || !strcmp(tr->o.precision, "f16"))) {
+  if (tr->skipped || !strcmp(tr->o.precision, "f16")) {
     printf("skipped steps: %lld of %lld (gradients not finite)", (long long)tr->skipped, (long long)n);
     if (!strcmp(tr->o.precision, "f16")) printf("; loss scale now %g", nb_scaler_get_scale(tr->scaler));
     printf("\n");
@@ -765,6 +785,7 @@ static void train_cleanup(trainer *tr) {
   nb_optim_free(tr->opt_decay);
   nb_optim_free(tr->opt_plain);
   nb_scaler_free(tr->scaler);
+  nb_release(tr->loss_dev);
   gpt_free(tr->model);
   if (tr->resume) nb_st_close(tr->resume);
   free(tr->data_path);

@@ -71,8 +71,10 @@ typedef struct {
   text_data text;
   gpt_model *model;
   nb_optim *opt_decay, *opt_plain; /* AdamW with and without weight decay */
-  nb_scaler *scaler;               /* bf16, f16: the non-finite check (f16: loss scaling) */
-  int64_t skipped;                 /* steps skipped this run (gradients not finite) */
+  nb_scaler *scaler;               /* the clip and the non-finite check on the device (f16: loss scaling) */
+  int64_t skipped;                 /* steps skipped this run (gradients not finite), as last read */
+  nb_tensor *loss_dev;             /* per-step loss on the device (o.steps), read when printed */
+  int64_t loss_read;               /* steps whose loss is in loss[] */
   nb_rng data_rng;                 /* draws training batches; checkpointed */
   int64_t step;                    /* optimizer steps done */
   float *loss;                     /* per-step training loss, o.steps entries */

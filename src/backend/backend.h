@@ -38,7 +38,8 @@ typedef enum {
 #define NB_EW_ENUM(ID, ...) NB_BOP_##ID,
 typedef enum {
   NB_BOP_LIST(NB_EW_ENUM)
-  NB_CMP_LIST(NB_EW_ENUM) /* comparisons: bool results */
+  NB_BOP_DERIVATIVE_LIST(NB_EW_ENUM) /* g * f'(x) of backward rules */
+  NB_CMP_LIST(NB_EW_ENUM) /* comparisons: bool results (last: op >= NB_BOP_EQ) */
   NB_BOP_COUNT
 } nb_bop;
 #undef NB_EW_ENUM
@@ -83,6 +84,7 @@ enum {
   NB_AMP_NORM,    /* the unscaled gradients' global norm before clipping */
   NB_AMP_GOOD,    /* steps taken so far (not skipped) */
   NB_AMP_SKIPS,   /* steps skipped so far */
+  NB_AMP_LAST,    /* the scale this step's gradients carried */
   NB_AMP_N
 };
 

@@ -207,8 +207,8 @@ NB_BACKEND_KERNEL(adamw_multi_ex, (int n, const nb_kview *p, const nb_kview *g, 
  * (FOUND, GSCALE, NORM: norm = sqrt(sumsq) / scale; GSCALE = min(1,
  * max_norm / (norm + 1e-6)) / scale) and the scale's update (FOUND: scale
  * *= backoff, tracker 0, SKIPS + 1; else GOOD + 1, and after interval good
- * steps scale *= growth if finite in f32, tracker 0); scale32 (a 0-d f32,
- * what the loss is multiplied by) gets the new scale. */
+ * steps scale *= growth if finite in f32, tracker 0; LAST the old scale);
+ * scale32 (a 0-d f32, what the loss is multiplied by) gets the new scale. */
 NB_BACKEND_KERNEL(amp_update, (const nb_kview *ctl, const nb_kview *scale32, const nb_amp_args *a),
                   (ctl, scale32, a), "amp_update")
 /* Gradient clipping's two passes over n tensors in one or a few launches.

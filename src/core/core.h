@@ -33,6 +33,12 @@ typedef struct nb_storage {
    * backward rule recognise the engine's all-ones seed without a device read. */
   int filled;
   double fill_value;
+  /* Write stamp: a value no other storage ever had, renewed
+   * (nb_storage_touch) by every in-place write the library makes (nb_copy_,
+   * nb_fill_, the optimizers' kernels). 0 for good once nb_data_ptr has
+   * handed out a writable host pointer, and for data-less headers: such
+   * storage is never known unchanged. */
+  uint64_t stamp;
 } nb_storage;
 
 struct nb_node;
@@ -48,7 +54,16 @@ struct nb_tensor {
   int requires_grad;        /* leaf flag, or result of a recorded op */
   struct nb_node *grad_fn;  /* op that produced it (owned ref), NULL for leaves */
   nb_tensor *grad;          /* accumulated gradient of a leaf (owned ref) */
+  /* A parameter's low-precision working copy (owned ref; bf16 or f16,
+   * contiguous, its shape), written by the optimizer's AdamW pass and read
+   * by autocast instead of a cast; it holds this tensor's values rounded
+   * while work_stamp equals storage->stamp (ops/op_run.c, nn/optim.c). */
+  nb_tensor *work;
+  uint64_t work_stamp;
 };
+
+/* Renews s's write stamp (kept 0 once 0) and returns it. */
+uint64_t nb_storage_touch(nb_storage *s);
 
 /* errors: sets the thread's message; returns st. Formats like printf. */
 #if defined(__GNUC__)

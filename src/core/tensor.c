@@ -81,6 +81,15 @@ void nb_set_allocator(nb_device_type type, const nb_allocator *a) {
 }
 
 /* ---- storage and tensor lifetime --------------------------------------- */
+static uint64_t stamp_last; /* write stamps: each value handed out once */
+
+static uint64_t stamp_next(void) { return __atomic_add_fetch(&stamp_last, 1, __ATOMIC_RELAXED); }
+
+uint64_t nb_storage_touch(nb_storage *s) {
+  if (s->stamp) s->stamp = stamp_next();
+  return s->stamp;
+}
+
 static nb_storage *storage_new(size_t nbytes, nb_device dev) {
   const nb_allocator *al = nb_allocator_for(dev);
   if (!al) return NULL;
@@ -92,6 +101,7 @@ static nb_storage *storage_new(size_t nbytes, nb_device dev) {
   s->refcount = 1;
   s->nbytes = nbytes;
   s->device = dev;
+  s->stamp = stamp_next();
   __atomic_add_fetch(&live_bytes[dev.type != NB_CPU], (int64_t)nbytes, __ATOMIC_RELAXED);
   return s;
 }
@@ -217,10 +227,11 @@ void nb_release(nb_tensor *t) {
     nb_tensor *x = work[--len];
     storage_release(x->storage);
     struct nb_node *fn = x->grad_fn;
-    nb_tensor *g = x->grad;
+    nb_tensor *g = x->grad, *w = x->work;
     free(x);
     __atomic_sub_fetch(&live_tensors, 1, __ATOMIC_RELAXED);
     nb_release(g);
+    nb_release(w);
     nb_node_release(fn);
   }
   active = 0;

@@ -16,4 +16,14 @@
 nb_status nb_nn_grad_unscale_clip(nb_params *params, double inv_scale, double max_norm,
                                   int keep_nonfinite, double *norm);
 
+/* out (a 0-d f64 on the gradients' device) = the gradients' sum of
+ * squares, in one multi-tensor pass, with no host wait; *done = 0 (and
+ * nothing run) unless every gradient of params is contiguous, of a float
+ * dtype, on out's device, whose backend has device control. */
+nb_status nb_nn_grad_sumsq_device(nb_params *params, nb_tensor *out, int *done);
+/* The optimizer's step under the loss scaler's device control block ctl
+ * (nn/scaler.c; ops/op_optim.h): AdamW only (nb_nn_optim_device_ctl). */
+nb_status nb_nn_optim_step_ctl(nb_optim *o, nb_tensor *ctl);
+int nb_nn_optim_device_ctl(const nb_optim *o);
+
 #endif

@@ -16,7 +16,20 @@
  *   AdamW: p -= lr*wd*p; m, v exponential averages of g and g*g (f32);
  *          p -= lr * (m/(1-beta1^t)) / (sqrt(v/(1-beta2^t)) + eps).
  * The step count t is the optimizer's (nb_optim_steps), shared by all
- * parameters, which is what a checkpoint stores. */
+ * parameters, which is what a checkpoint stores.
+ *
+ * Working copies (master weights): a parameter that autocast has cast to
+ * bf16/f16 keeps that cast as its working copy (nb_tensor.work, see
+ * ops/op_run.c); AdamW's pass writes the copy with the new values rounded,
+ * in the same kernel, and registers it by the parameter's write stamp, so
+ * the next step under autocast uses it instead of a cast kernel. A copy
+ * that something else still holds (a live graph, a tensor of the user's)
+ * is not overwritten: the pass writes a fresh one.
+ *
+ * Under the loss scaler's device control (nn/scaler.c) the step count
+ * lives on the device too: t = the block's good steps - step_base, where
+ * step_base is set once when the optimizer first steps under that block;
+ * the host's count is brought back (one read) only when asked. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,9 +53,11 @@ struct nb_optim {
   nb_params *params;     /* borrowed: must outlive the optimizer */
   double lr, beta1, beta2, eps, weight_decay, momentum, dampening;
   int nesterov;
-  int64_t steps;
+  int64_t steps;         /* unless steps_on_device: then ctl's good steps - step_base */
   int n_slots;
   optim_slot *slots;
+  nb_tensor *ctl, *step_base; /* the device control block last stepped under (owned) */
+  int steps_on_device;
 };
 
 static const char *optim_name(const nb_optim *o) { return o->kind == OPTIM_SGD ? "sgd" : "adamw"; }
@@ -189,13 +204,16 @@ nb_tensor *nb_optim_state_get(const nb_optim *o, int i, const char **name) {
 
 /* ---- one step -------------------------------------------------------------- */
 
-static nb_adamw_hparams optim_adamw_hparams(const nb_optim *o) {
-  return (nb_adamw_hparams){o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->steps};
+static nb_adamw_hparams optim_adamw_hparams(const nb_optim *o, const nb_tensor *ctl) {
+  return (nb_adamw_hparams){o->lr,   o->beta1, o->beta2, o->eps, o->weight_decay, o->steps,
+                            ctl,     ctl ? o->step_base : NULL};
 }
 
-static nb_status optim_kernel(nb_optim *o, optim_slot *s, nb_tensor *pc, nb_tensor *gc) {
+static nb_status optim_kernel(nb_optim *o, optim_slot *s, nb_tensor *pc, nb_tensor *gc,
+                              const nb_tensor *ctl) {
   if (o->kind == OPTIM_ADAMW) {
-    nb_adamw_hparams h = optim_adamw_hparams(o);
+    nb_adamw_hparams h = optim_adamw_hparams(o, ctl);
+    if (ctl) return nb_op_adamw_multi(1, &pc, &gc, &s->state[0], &s->state[1], NULL, &h);
     return nb_op_adamw_step(pc, gc, s->state[0], s->state[1], &h);
   }
   /* torch starts the buffer at the first (decayed) gradient: with a zero
@@ -234,10 +252,10 @@ static nb_status optim_prepare(nb_optim *o, int i, nb_tensor **pc, nb_tensor **g
 }
 
 /* The update of one prepared parameter, copied back if p is strided. */
-static nb_status optim_apply(nb_optim *o, int i, nb_tensor *pc, nb_tensor *gc) {
+static nb_status optim_apply(nb_optim *o, int i, nb_tensor *pc, nb_tensor *gc, const nb_tensor *ctl) {
   nb_tensor *p = nb_params_get(o->params, i);
   nb_status st;
-  if (nb_numel(p) && (st = optim_kernel(o, &o->slots[i], pc, gc))) return st;
+  if (nb_numel(p) && (st = optim_kernel(o, &o->slots[i], pc, gc, ctl))) return st;
   o->slots[i].started = 1;
   return pc == p ? NB_OK : nb_copy_(p, pc);
 }
@@ -248,26 +266,55 @@ static nb_status optim_update(nb_optim *o, int i) {
   int caps;
   nb_status st = optim_prepare(o, i, &pc, &gc, &caps);
   if (st || !pc) return st;
-  return optim_apply(o, i, pc, gc);
+  return optim_apply(o, i, pc, gc, NULL);
 }
 
 /* ---- AdamW over many parameters at once ------------------------------------- */
 
+/* p's working copy for this step (nb_tensor.work: bf16/f16, contiguous,
+ * p's shape), or NULL when autocast has made none. A copy whose bytes are
+ * held elsewhere too (a graph still alive, a tensor of the user's) is
+ * replaced by a fresh one rather than overwritten under its holder. */
+static nb_tensor *optim_work(nb_tensor *p) {
+  nb_tensor *w = p->work;
+  if (!w || (w->dtype != NB_BF16 && w->dtype != NB_F16) || !nb_is_contiguous(w) ||
+      w->ndim != p->ndim || memcmp(w->shape, p->shape, (size_t)p->ndim * sizeof *p->shape) ||
+      !nb_same_device(nb_device_of(w), nb_device_of(p)))
+    return NULL;
+  if (w->storage->refcount == 1 && w->refcount == 1) return w;
+  nb_tensor *fresh = nb_tensor_alloc(p->ndim, p->shape, w->dtype, nb_device_of(p));
+  if (!fresh) {
+    nb_clear_error(); /* no copy this step: autocast casts */
+    return NULL;
+  }
+  nb_release(p->work);
+  return p->work = fresh;
+}
+
+/* After the pass: the parameters' bytes changed (new stamps); the copies
+ * written with them stand for them. */
+static void optim_stamp(int k, nb_tensor *const *p, nb_tensor *const *w) {
+  for (int j = 0; j < k; j++) nb_storage_touch(p[j]->storage);
+  for (int j = 0; j < k; j++)
+    if (w[j]) p[j]->work_stamp = p[j]->storage->stamp;
+}
+
 /* AdamW step of every parameter: contiguous, non-empty parameters on the
  * first such parameter's device go to one nb_op_adamw_multi call (one or a
- * few launches instead of one per tensor, the same bits); the rest (strided
+ * few launches instead of one per tensor, the same bits), with their
+ * working copies where the backend writes them; the rest (strided
  * parameters, other devices, backends without the multi-tensor kernel) one
- * by one. */
-static nb_status optim_adamw_all(nb_optim *o) {
+ * by one. ctl: the device control block, or NULL. */
+static nb_status optim_adamw_all(nb_optim *o, const nb_tensor *ctl) {
   int n = o->n_slots, k = 0;
-  nb_tensor **tv = malloc((size_t)(n ? n : 1) * 4 * sizeof *tv);
+  nb_tensor **tv = malloc((size_t)(n ? n : 1) * 5 * sizeof *tv);
   int *slot = malloc((size_t)(n ? n : 1) * sizeof *slot);
   if (!tv || !slot) {
     free(tv);
     free(slot);
     return nb_error_set(NB_ERR_OOM, "adamw: out of memory for the parameter table");
   }
-  int have0 = 0;
+  int have0 = 0, nw = 0;
   nb_device dev0 = NB_DEVICE_CPU;
   nb_status st = NB_OK;
   for (int i = 0; i < n && !st; i++) {
@@ -277,7 +324,7 @@ static nb_status optim_adamw_all(nb_optim *o) {
     int batch = pc == p && nb_numel(p) && (caps & NB_OPTIM_ADAMW_MULTI) &&
                 (!have0 || nb_same_device(nb_device_of(p), dev0));
     if (!batch) {
-      st = optim_apply(o, i, pc, gc);
+      st = optim_apply(o, i, pc, gc, ctl);
       continue;
     }
     have0 = 1;
@@ -286,12 +333,15 @@ static nb_status optim_adamw_all(nb_optim *o) {
     tv[n + k] = gc;
     tv[2 * n + k] = o->slots[i].state[0];
     tv[3 * n + k] = o->slots[i].state[1];
+    tv[4 * n + k] = (caps & NB_OPTIM_DEVICE_CTL) ? optim_work(p) : NULL;
+    nw += tv[4 * n + k] != NULL;
     slot[k++] = i;
   }
   if (!st && k) {
-    nb_adamw_hparams h = optim_adamw_hparams(o);
-    st = nb_op_adamw_multi(k, tv, tv + n, tv + 2 * n, tv + 3 * n, &h);
+    nb_adamw_hparams h = optim_adamw_hparams(o, ctl);
+    st = nb_op_adamw_multi(k, tv, tv + n, tv + 2 * n, tv + 3 * n, nw ? tv + 4 * n : NULL, &h);
     for (int j = 0; j < k && !st; j++) o->slots[slot[j]].started = 1;
+    if (!st) optim_stamp(k, tv, tv + 4 * n);
   }
   free(tv);
   free(slot);
@@ -302,20 +352,53 @@ static nb_status optim_adamw_all(nb_optim *o) {
  * their contents (a constant fill, from nb_zeros or nb_ones) no longer holds. */
 static void optim_forget_fills(nb_optim *o) {
   for (int i = 0; i < o->n_slots; i++) {
-    nb_params_get(o->params, i)->storage->filled = 0;
+    nb_params_get(o->params, i)->storage->filled = 0; /* (stamps: optim_stamp, nb_copy_) */
     for (int k = 0; k < 2; k++)
       if (o->slots[i].state[k]) o->slots[i].state[k]->storage->filled = 0;
   }
 }
 
-nb_status nb_optim_step(nb_optim *o) {
-  if (!o) return nb_error_null("nb_optim_step", "o");
+/* The host's step count again (one read of the device's). */
+static void optim_steps_to_host(nb_optim *o) {
+  if (!o->steps_on_device) return;
+  nb_scope_begin();
+  double t = nb_item(nb_sub(nb_select(o->ctl, 0, NB_AMP_GOOD), o->step_base));
+  nb_scope_end();
+  if (isfinite(t)) o->steps = (int64_t)t;
+  o->steps_on_device = 0;
+}
+
+/* Under the control block ctl (after its amp_update of this step): the
+ * step count moves to the device, step_base = good + found - 1 - steps, so
+ * that good - step_base counts this step when it is taken. */
+static nb_status optim_attach(nb_optim *o, nb_tensor *ctl) {
+  if (o->ctl == ctl && o->steps_on_device) return NB_OK;
+  optim_steps_to_host(o);
+  nb_scope_begin();
+  nb_tensor *b = nb_add_scalar(nb_add(nb_select(ctl, 0, NB_AMP_GOOD), nb_select(ctl, 0, NB_AMP_FOUND)),
+                               -1.0 - (double)o->steps);
+  b = b ? nb_contiguous(b) : NULL;
+  if (b) {
+    nb_release(o->step_base);
+    o->step_base = nb_keep(b);
+    nb_release(o->ctl);
+    o->ctl = nb_keep(ctl);
+    o->steps_on_device = 1;
+  }
+  nb_scope_end();
+  return b ? NB_OK : nb_last_status();
+}
+
+static nb_status optim_step_with(nb_optim *o, nb_tensor *ctl) {
   nb_status st = optim_sync_slots(o);
   if (st) return st;
-  o->steps++;
+  if (ctl) st = optim_attach(o, ctl);
+  else optim_steps_to_host(o);
+  if (st) return st;
+  o->steps++; /* the host's count (stale under device control) */
   nb_scope_begin();
   nb_no_grad_begin();
-  if (o->kind == OPTIM_ADAMW) st = optim_adamw_all(o);
+  if (o->kind == OPTIM_ADAMW) st = optim_adamw_all(o, ctl);
   else
     for (int i = 0; i < o->n_slots && !st; i++) st = optim_update(o, i);
   nb_no_grad_end();
@@ -324,16 +407,34 @@ nb_status nb_optim_step(nb_optim *o) {
   return st;
 }
 
+nb_status nb_optim_step(nb_optim *o) {
+  if (!o) return nb_error_null("nb_optim_step", "o");
+  return optim_step_with(o, NULL);
+}
+
+nb_status nb_nn_optim_step_ctl(nb_optim *o, nb_tensor *ctl) {
+  if (o->kind != OPTIM_ADAMW)
+    return nb_error_set(NB_ERR_UNSUPPORTED, "%s: no device control (AdamW only)", optim_name(o));
+  return optim_step_with(o, ctl);
+}
+
+int nb_nn_optim_device_ctl(const nb_optim *o) { return o && o->kind == OPTIM_ADAMW; }
+
 void nb_optim_set_lr(nb_optim *o, double lr) {
   if (o) o->lr = lr;
 }
 double nb_optim_lr(const nb_optim *o) { return o ? o->lr : NAN; }
-int64_t nb_optim_steps(const nb_optim *o) { return o ? o->steps : 0; }
+int64_t nb_optim_steps(const nb_optim *o) {
+  if (!o) return 0;
+  optim_steps_to_host((nb_optim *)o); /* the count is logically const */
+  return o->steps;
+}
 
 /* Restoring a step count restores a run: state that exists now (restored
  * from a checkpoint through nb_optim_state_get) counts as history. */
 void nb_optim_set_steps(nb_optim *o, int64_t steps) {
   if (!o) return;
+  o->steps_on_device = 0; /* the count set here is the host's */
   o->steps = steps < 0 ? 0 : steps;
   for (int i = 0; i < o->n_slots; i++)
     o->slots[i].started = o->steps > 0 && o->slots[i].state[0] != NULL;
@@ -347,6 +448,8 @@ void nb_optim_free(nb_optim *o) {
       free(o->slots[i].name[k]);
     }
   free(o->slots);
+  nb_release(o->ctl);
+  nb_release(o->step_base);
   free(o);
 }
 
@@ -386,6 +489,34 @@ static int clip_batch(nb_params *params, char *batched, nb_tensor **gs, nb_devic
     gs[k++] = g;
   }
   return k;
+}
+
+nb_status nb_nn_grad_sumsq_device(nb_params *params, nb_tensor *out, int *done) {
+  int n = nb_params_count(params), grads = 0;
+  *done = 0;
+  char *batched = malloc((size_t)(n ? n : 1));
+  nb_tensor **gs = malloc((size_t)(n ? n : 1) * sizeof *gs);
+  if (!batched || !gs) {
+    free(batched);
+    free(gs);
+    return nb_error_set(NB_ERR_OOM, "nb_scaler_step: out of memory for the gradient table");
+  }
+  for (int i = 0; i < n; i++) grads += nb_grad(nb_params_get(params, i)) != NULL;
+  nb_device dev = NB_DEVICE_CPU;
+  int k = clip_batch(params, batched, gs, &dev);
+  int caps = k ? nb_op_optim_caps(dev) : -1;
+  if (caps < 0) nb_clear_error(); /* the caller goes the host's way */
+  nb_status st = NB_OK;
+  if (k && k == grads && caps >= 0 && (caps & NB_OPTIM_DEVICE_CTL) &&
+      nb_same_device(dev, nb_device_of(out))) {
+    st = nb_op_sumsq_multi(k, gs, out);
+    *done = !st;
+    out->storage->filled = 0;
+    nb_storage_touch(out->storage);
+  }
+  free(batched);
+  free(gs);
+  return st;
 }
 
 /* Sum of squares over all gradients in f64: the batch in one backend call

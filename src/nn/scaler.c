@@ -1,36 +1,48 @@
 /* Dynamic loss scaling with the rules of torch.amp.GradScaler.
  *
  * A step (nb_scaler_step) is GradScaler's unscale_, clip_grad_norm_, step
- * and update in one: the global norm of the scaled gradients is one
- * multi-tensor pass (squares summed in f64, so the sum is finite iff every
- * gradient element is: that is the non-finite check); when it is finite,
- * one more pass multiplies the gradients by 1/scale times the clip
- * coefficient and the optimizers step; when it is not, nothing is written
- * (parameters, optimizer state and step counts keep their bits) and the
- * scale backs off.
+ * and update in one, decided on the device, so that it never waits for the
+ * host: the state (scale, growth counter, counts of good and skipped steps)
+ * lives in a small f64 control block on the gradients' device (NB_AMP_* of
+ * backend/backend.h, through ops/op_optim.h), and the loss is multiplied by
+ * a 0-d f32 tensor there (nb_scaler_scale). A step is three stages, all
+ * queued on the device: the gradients' sum of squares in one multi-tensor
+ * pass (summed in f64, so it is finite iff every gradient element is: that
+ * is the non-finite check) into the block; amp_update, one thread, which
+ * derives the skip flag, the norm and the factor the gradients are to be
+ * multiplied by (1/scale times the clip coefficient), and updates the scale
+ * and counter; and the AdamW passes, which read the flag (a skipped step
+ * leaves parameters, moments and the step count with their bits; only the
+ * working copies are rewritten, from the unchanged parameters) and multiply
+ * each gradient by the factor as they read it (the gradients themselves
+ * keep the scale). The host reads the block only when asked: the getters
+ * (nb_scaler_get_scale, nb_scaler_growth_tracker, nb_scaler_skipped), a
+ * result (nb_scaler_result) and nb_optim_steps.
  *
- * The scale follows torch's _amp_update_scale_: on a step with a
- * non-finite gradient, scale *= backoff and the growth counter goes to 0;
- * otherwise the counter counts up, and when it reaches the interval,
- * scale *= growth (kept only if finite in f32) and the counter goes to 0.
- * The scale is an f32 value, as torch's scale tensor is.
- *
- * Where the decision is made: the norm pass already brings its sum to the
- * host (one value, one synchronisation per step, as nb_clip_grad_norm
- * does), so the skip is decided there. What remains for a step without a
- * host wait: the sum and a found-inf flag kept on the device, read by the
- * AdamW kernel, which would leave its tensors alone when it is set, and the
- * scale updated by a one-thread kernel. */
+ * Where the device path cannot be taken (an SGD optimizer, no optimizers,
+ * gradients on several devices or on a backend without the entries), the
+ * host's: the norm comes to the host (one synchronisation), the gradients
+ * are multiplied in place when it is finite, and the optimizers step or
+ * not. Both follow torch's _amp_update_scale_: on a step with a non-finite
+ * gradient, scale *= backoff and the counter goes to 0; otherwise the
+ * counter counts up, and when it reaches the interval, scale *= growth
+ * (kept only if finite in f32) and the counter goes to 0. The scale is an
+ * f32 value, as torch's scale tensor is. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "core/core.h"
 #include "nn/grads.h"
+#include "ops/op_optim.h"
 
 struct nb_scaler {
-  double scale, growth_factor, backoff_factor;
-  int64_t growth_interval, growth_tracker;
+  double scale, growth_factor, backoff_factor;  /* scale: the host's copy */
+  int64_t growth_interval, growth_tracker, skipped, good;
+  /* On the device (owned; NULL until the first use there): the control
+   * block f64[NB_AMP_N] and the scale as a 0-d f32. When ctl is set, it
+   * holds the state and the host fields are a copy of its last read. */
+  nb_tensor *ctl, *scale32;
 };
 
 /* The value torch's f32 scale tensor would hold. */
@@ -59,11 +71,77 @@ nb_scaler *nb_scaler_new(double init_scale, double growth_factor, double backoff
   return s;
 }
 
-void nb_scaler_free(nb_scaler *s) { free(s); }
+/* The host's copy of the device state (one read: a synchronisation). */
+static nb_status scaler_read(nb_scaler *s) {
+  if (!s->ctl) return NB_OK;
+  double c[NB_AMP_N];
+  nb_status st = nb_to_host(s->ctl, c, sizeof c);
+  if (st) return st;
+  s->scale = c[NB_AMP_SCALE];
+  s->growth_tracker = (int64_t)c[NB_AMP_TRACKER];
+  s->good = (int64_t)c[NB_AMP_GOOD];
+  s->skipped = (int64_t)c[NB_AMP_SKIPS];
+  return NB_OK;
+}
 
-double nb_scaler_get_scale(const nb_scaler *s) { return s ? s->scale : NAN; }
+/* The state back on the host only (the device copy dropped). */
+static nb_status scaler_to_host(nb_scaler *s) {
+  nb_status st = scaler_read(s);
+  if (st) return st;
+  nb_release(s->ctl);
+  nb_release(s->scale32);
+  s->ctl = s->scale32 = NULL;
+  return NB_OK;
+}
 
-int64_t nb_scaler_growth_tracker(const nb_scaler *s) { return s ? s->growth_tracker : -1; }
+/* The state on dev (made there from the host's copy when absent). */
+static nb_status scaler_to_device(nb_scaler *s, nb_device dev) {
+  if (s->ctl && nb_same_device(nb_device_of(s->ctl), dev)) return NB_OK;
+  nb_status st = scaler_to_host(s);
+  if (st) return st;
+  double c[NB_AMP_N] = {0};
+  c[NB_AMP_SCALE] = c[NB_AMP_LAST] = s->scale;
+  c[NB_AMP_TRACKER] = (double)s->growth_tracker;
+  c[NB_AMP_GSCALE] = 1;
+  c[NB_AMP_GOOD] = (double)s->good;
+  c[NB_AMP_SKIPS] = (double)s->skipped;
+  float f = (float)s->scale;
+  nb_scope_begin();
+  nb_tensor *ctl = nb_to_device(nb_from_buffer(c, 1, (int64_t[]){NB_AMP_N}, NB_F64, NB_DEVICE_CPU), dev);
+  nb_tensor *s32 = nb_to_device(nb_from_buffer(&f, 0, NULL, NB_F32, NB_DEVICE_CPU), dev);
+  /* copies of their own: to_device returns its input on the same device */
+  if (ctl) ctl = nb_clone(ctl);
+  if (s32) s32 = nb_clone(s32);
+  if (ctl && s32) {
+    s->ctl = nb_keep(ctl);
+    s->scale32 = nb_keep(s32);
+  }
+  nb_scope_end();
+  return s->ctl ? NB_OK : nb_last_status();
+}
+
+void nb_scaler_free(nb_scaler *s) {
+  if (!s) return;
+  nb_release(s->ctl);
+  nb_release(s->scale32);
+  free(s);
+}
+
+/* The getters read the device's state: logically const. */
+double nb_scaler_get_scale(const nb_scaler *s) {
+  if (!s) return NAN;
+  return scaler_read((nb_scaler *)s) ? NAN : s->scale;
+}
+
+int64_t nb_scaler_growth_tracker(const nb_scaler *s) {
+  if (!s) return -1;
+  return scaler_read((nb_scaler *)s) ? -1 : s->growth_tracker;
+}
+
+int64_t nb_scaler_skipped(const nb_scaler *s) {
+  if (!s) return -1;
+  return scaler_read((nb_scaler *)s) ? -1 : s->skipped;
+}
 
 nb_status nb_scaler_set_state(nb_scaler *s, double scale, int64_t growth_tracker) {
   if (!s) return nb_error_null("nb_scaler_set_state", "s");
@@ -72,6 +150,8 @@ nb_status nb_scaler_set_state(nb_scaler *s, double scale, int64_t growth_tracker
     return nb_error_set(NB_ERR_VALUE, "nb_scaler_set_state: scale %g, growth tracker %lld (expected "
                         "scale > 0 and finite in f32, tracker in [0, %lld))", scale,
                         (long long)growth_tracker, (long long)s->growth_interval);
+  nb_status st = scaler_to_host(s); /* the device's copy is made again from these */
+  if (st) return st;
   s->scale = scaler_f32(scale);
   s->growth_tracker = growth_tracker;
   return NB_OK;
@@ -82,7 +162,15 @@ nb_tensor *nb_scaler_scale(const nb_scaler *s, nb_tensor *loss) {
     nb_error_null("nb_scaler_scale", "s");
     return NULL;
   }
-  return nb_mul_scalar(loss, s->scale);
+  if (!loss) {
+    nb_error_null("nb_scaler_scale", "loss");
+    return NULL;
+  }
+  /* the device's scale, so that no step waits for the host: the state is
+   * logically const (moved, not changed) */
+  if (scaler_to_device((nb_scaler *)s, nb_device_of(loss))) return NULL;
+  nb_dtype dt = nb_dtype_is_float(nb_dtype_of(loss)) ? nb_dtype_of(loss) : NB_F32;
+  return nb_mul(loss, nb_cast(s->scale32, dt));
 }
 
 /* torch's update rule after a step that found (or did not find) a
@@ -91,12 +179,62 @@ static void scaler_update(nb_scaler *s, int found_inf) {
   if (found_inf) {
     s->scale = scaler_f32(s->scale * s->backoff_factor);
     s->growth_tracker = 0;
+    s->skipped++;
     return;
   }
+  s->good++;
   if (++s->growth_tracker < s->growth_interval) return;
   double grown = scaler_f32(s->scale * s->growth_factor);
   if (isfinite(grown)) s->scale = grown;
   s->growth_tracker = 0;
+}
+
+/* The device's way: the sum of squares into the block, amp_update, the
+ * optimizers under the block. *done = 0 when it does not apply. */
+static nb_status scaler_step_device(nb_scaler *s, nb_params *params, double max_norm, int n_optims,
+                                    nb_optim *const *optims, int *done) {
+  *done = 0;
+  nb_device dev = NB_DEVICE_CPU;
+  int have = 0;
+  for (int i = 0; i < nb_params_count(params) && !have; i++) {
+    nb_tensor *g = nb_grad(nb_params_get(params, i));
+    if (g) dev = nb_device_of(g), have = 1;
+  }
+  int ok = have && n_optims > 0;
+  for (int i = 0; i < n_optims && ok; i++) ok = nb_nn_optim_device_ctl(optims[i]);
+  if (!ok) return NB_OK;
+  int caps = nb_op_optim_caps(dev);
+  if (caps < 0 || !(caps & NB_OPTIM_DEVICE_CTL)) {
+    nb_clear_error();
+    return NB_OK;
+  }
+  nb_status st = scaler_to_device(s, dev);
+  if (st) return st;
+  nb_scope_begin();
+  nb_tensor *sumsq = nb_select(s->ctl, 0, NB_AMP_SUMSQ);
+  st = sumsq ? nb_nn_grad_sumsq_device(params, sumsq, done) : nb_last_status();
+  if (!st && *done)
+    st = nb_op_amp_update(s->ctl, s->scale32, max_norm >= 0 ? max_norm : -1.0, s->growth_factor,
+                          s->backoff_factor, s->growth_interval);
+  for (int i = 0; i < n_optims && !st && *done; i++) st = nb_nn_optim_step_ctl(optims[i], s->ctl);
+  nb_scope_end();
+  return st;
+}
+
+/* The host's way (see the top of the file). */
+static nb_status scaler_step_host(nb_scaler *s, nb_params *params, double max_norm, int n_optims,
+                                  nb_optim *const *optims, nb_scaler_result *r) {
+  nb_status st = scaler_to_host(s);
+  if (st) return st;
+  r->scale = s->scale;
+  st = nb_nn_grad_unscale_clip(params, 1.0 / s->scale, max_norm, 1, &r->norm);
+  if (st) return st;
+  r->stepped = isfinite(r->norm);
+  for (int i = 0; i < n_optims && r->stepped && !st; i++) st = nb_optim_step(optims[i]);
+  if (st) return st;
+  scaler_update(s, !r->stepped);
+  r->new_scale = s->scale;
+  return NB_OK;
 }
 
 nb_status nb_scaler_step(nb_scaler *s, nb_params *params, double max_norm, int n_optims,
@@ -111,14 +249,20 @@ nb_status nb_scaler_step(nb_scaler *s, nb_params *params, double max_norm, int n
                         max_norm, n_optims, n_optims && !optims ? " and no array" : "");
   for (int i = 0; i < n_optims; i++)
     if (!optims[i]) return nb_error_null("nb_scaler_step", "optims[i]");
-  r.scale = s->scale;
-  nb_status st = nb_nn_grad_unscale_clip(params, 1.0 / s->scale, max_norm, 1, &r.norm);
+  int done = 0;
+  nb_status st = scaler_step_device(s, params, max_norm, n_optims, optims, &done);
   if (st) return st;
-  r.stepped = isfinite(r.norm);
-  for (int i = 0; i < n_optims && r.stepped && !st; i++) st = nb_optim_step(optims[i]);
-  if (st) return st;
-  scaler_update(s, !r.stepped);
-  r.new_scale = s->scale;
-  if (res) *res = r;
+  if (!done) {
+    st = scaler_step_host(s, params, max_norm, n_optims, optims, &r);
+    if (!st && res) *res = r;
+    return st;
+  }
+  if (!res) return NB_OK; /* nothing read back: no wait */
+  double c[NB_AMP_N];
+  if ((st = nb_to_host(s->ctl, c, sizeof c))) return st;
+  res->stepped = c[NB_AMP_FOUND] == 0;
+  res->norm = c[NB_AMP_NORM];
+  res->scale = c[NB_AMP_LAST];
+  res->new_scale = c[NB_AMP_SCALE];
   return NB_OK;
 }

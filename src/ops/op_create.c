@@ -192,7 +192,8 @@ double nb_item(const nb_tensor *t) {
 
 void *nb_data_ptr(const nb_tensor *t) {
   if (!t || nb_device_of(t).type != NB_CPU) return NULL;
-  t->storage->filled = 0; /* the caller may write through it */
+  t->storage->filled = 0; /* the caller may write through it, at any time: */
+  t->storage->stamp = 0;  /* never again known unchanged */
   return (char *)t->storage->data + t->offset * (int64_t)nb_dtype_size(t->dtype);
 }
 
@@ -209,6 +210,7 @@ nb_status nb_fill_(nb_tensor *dst, double value) {
   nb_status st = check_inplace("nb_fill_", dst);
   if (st || !nb_numel(dst)) return st;
   dst->storage->filled = 0;
+  nb_storage_touch(dst->storage);
   nb_kview kv;
   nb_kview_of(dst, &kv);
   return nb_backend_for(nb_device_of(dst))->fill(&kv, value);
@@ -220,6 +222,7 @@ nb_status nb_copy_(nb_tensor *dst, const nb_tensor *src) {
   nb_status st = check_inplace("nb_copy_", dst);
   if (st) return st;
   dst->storage->filled = 0;
+  nb_storage_touch(dst->storage);
   char b1[200], b2[200];
   nb_kview d, s;
   nb_kview_of(dst, &d);

@@ -10,7 +10,8 @@ int nb_op_optim_caps(nb_device dev) {
   const nb_backend *be = nb_backend_for(dev);
   if (!be) return -1;
   return (be->adamw_multi ? NB_OPTIM_ADAMW_MULTI : 0) |
-         (be->sumsq_multi && be->scale_multi ? NB_OPTIM_CLIP_MULTI : 0);
+         (be->sumsq_multi && be->scale_multi ? NB_OPTIM_CLIP_MULTI : 0) |
+         (be->adamw_multi_ex && be->amp_update ? NB_OPTIM_DEVICE_CTL : 0);
 }
 
 nb_status nb_op_adamw_step(nb_tensor *p, const nb_tensor *g, nb_tensor *m, nb_tensor *v,
@@ -74,24 +75,56 @@ static nb_kview *views_of(const char *op, int n, int k, nb_tensor *const *const 
   return kv;
 }
 
+/* The address of a tensor's first element (device memory for the kernels). */
+static const double *optim_f64_ptr(const nb_tensor *t) {
+  return t ? (const double *)((const char *)t->storage->data + t->offset * (int64_t)sizeof(double))
+           : NULL;
+}
+
 nb_status nb_op_adamw_multi(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                            nb_tensor *const *v, const nb_adamw_hparams *h) {
+                            nb_tensor *const *v, nb_tensor *const *w, const nb_adamw_hparams *h) {
   if (n <= 0) return NB_OK;
   const nb_backend *be = nb_backend_for(nb_device_of(p[0]));
   if (!be) return nb_last_status();
-  nb_kview *kv = views_of("adamw", n, 4, (nb_tensor *const *const[]){p, g, m, v});
+  int ex = w || h->ctl;
+  if (ex && !be->adamw_multi_ex)
+    return nb_error_set(NB_ERR_UNSUPPORTED, "adamw: the %s backend has no working copies or device "
+                        "control (adamw_multi_ex)", be->name);
+  nb_kview *kv = views_of("adamw", n, 5, (nb_tensor *const *const[]){p, g, m, v, p});
   if (!kv) return nb_last_status();
-  nb_kview *kp = kv, *kg = kv + n, *km = kv + 2 * n, *kw = kv + 3 * n;
+  nb_kview *kp = kv, *kg = kv + n, *km = kv + 2 * n, *kw = kv + 3 * n, *kc = kv + 4 * n;
+  for (int j = 0; j < n; j++) {
+    if (w && w[j]) nb_kview_of(w[j], &kc[j]);
+    else kc[j].data = NULL;
+  }
+  nb_adamw_args a = {h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, h->step,
+                     optim_f64_ptr(h->ctl), optim_f64_ptr(h->step_base)};
+  int one_call = !nb_op_tensors_overlap(n, p);
   nb_status st = NB_OK;
-  if (!nb_op_tensors_overlap(n, p))
-    st = be->adamw_multi(n, kp, kg, km, kw, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
-                         h->step);
-  else
-    for (int j = 0; j < n && !st; j++)
-      st = be->adamw_step(&kp[j], &kg[j], &km[j], &kw[j], h->lr, h->beta1, h->beta2, h->eps,
-                          h->weight_decay, h->step);
+  if (one_call)
+    st = ex ? be->adamw_multi_ex(n, kp, kg, km, kw, kc, &a)
+            : be->adamw_multi(n, kp, kg, km, kw, h->lr, h->beta1, h->beta2, h->eps,
+                              h->weight_decay, h->step);
+  for (int j = 0; j < n && !one_call && !st; j++)
+    st = ex ? be->adamw_multi_ex(1, &kp[j], &kg[j], &km[j], &kw[j], &kc[j], &a)
+            : be->adamw_step(&kp[j], &kg[j], &km[j], &kw[j], h->lr, h->beta1, h->beta2, h->eps,
+                             h->weight_decay, h->step);
   free(kv);
   return st;
+}
+
+nb_status nb_op_amp_update(nb_tensor *ctl, nb_tensor *scale32, double max_norm, double growth,
+                           double backoff, int64_t interval) {
+  const nb_backend *be = nb_backend_for(nb_device_of(ctl));
+  if (!be) return nb_last_status();
+  nb_kview kc, ks;
+  nb_kview_of(ctl, &kc);
+  nb_kview_of(scale32, &ks);
+  nb_amp_args a = {max_norm, growth, backoff, interval};
+  ctl->storage->filled = scale32->storage->filled = 0;
+  nb_storage_touch(ctl->storage);
+  nb_storage_touch(scale32->storage);
+  return be->amp_update(&kc, &ks, &a);
 }
 
 nb_status nb_op_sumsq_multi(int n, nb_tensor *const *x, nb_tensor *out) {

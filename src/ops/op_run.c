@@ -63,6 +63,41 @@ void nb_autocast_end(void) {
 
 nb_dtype nb_autocast_dtype(void) { return ac.depth ? ac.low : NB_F32; }
 
+/* The working copy of a parameter (nb_tensor.work): the optimizer's AdamW
+ * pass writes x's values rounded to bf16/f16 into it as it updates x, so a
+ * step under autocast needs no cast kernel for its parameters. Validity is
+ * by write stamp: the copy stands for x only while x's storage carries the
+ * stamp it had right after the copy was written (x->work_stamp); any other
+ * in-place write (nb_copy_, nb_fill_: a checkpoint restored, a user's
+ * write; nb_data_ptr for good) renews or clears the stamp, and x is cast
+ * again. The cast stays a recorded node, on a new header sharing the
+ * copy's bytes, so the gradient flows back to the f32 leaf as through a
+ * cast; no kernel runs. NULL when x has no valid copy of dtype dt. */
+extern const nb_op nb_op_cast;
+
+static nb_tensor *ac_work(const nb_tensor *x, nb_dtype dt) {
+  const nb_tensor *w = x->work;
+  if (!w || w->dtype != dt || !x->work_stamp || x->work_stamp != x->storage->stamp) return NULL;
+  nb_tensor *y = nb_tensor_view_of(w, w->ndim, w->shape, w->strides, w->offset);
+  if (!y) return NULL; /* out of host memory: the cast still works */
+  nb_dtype p = dt;     /* the cast's parameters: { nb_dtype } */
+  nb_op_call c = {&nb_op_cast, 1, (const nb_tensor *const[]){x}, &p};
+  nb_op_record(&c, y, NULL);
+  return nb_autorelease(y);
+}
+
+/* The cast y = x in dt, made by a kernel, becomes x's working copy (a
+ * header sharing y's bytes, with no history, so that no cycle forms
+ * through y's node): the optimizer writes it from then on. */
+static void ac_adopt(const nb_tensor *x, nb_tensor *y) {
+  nb_tensor *w = nb_tensor_view_of(y, y->ndim, y->shape, y->strides, y->offset);
+  if (!w) return;
+  nb_tensor *px = (nb_tensor *)x; /* a leaf's bookkeeping, not its values */
+  nb_release(px->work);
+  px->work = w;
+  px->work_stamp = x->storage->stamp;
+}
+
 /* x in dtype dt: cached for leaves that require grad. */
 static const nb_tensor *ac_cast(const nb_tensor *x, nb_dtype dt) {
   /* a leaf requiring grad, with grad mode on: the cast's node keeps x alive,
@@ -70,8 +105,11 @@ static const nb_tensor *ac_cast(const nb_tensor *x, nb_dtype dt) {
   int leaf = x->requires_grad && !x->grad_fn && nb_grad_enabled();
   for (int i = 0; leaf && i < ac.n; i++)
     if (ac.cache[i].src == x && ac.cache[i].cast->dtype == dt) return ac.cache[i].cast;
-  nb_tensor *y = nb_cast(x, dt);
+  nb_tensor *y = ac_work(x, dt);
+  int fresh = !y;
+  if (!y) y = nb_cast(x, dt);
   if (!y || !leaf) return y;
+  if (fresh && nb_is_contiguous(y) && (dt == NB_BF16 || dt == NB_F16)) ac_adopt(x, y);
   if (ac.n == ac.cap) {
     int cap = ac.cap ? 2 * ac.cap : 64;
     ac_entry *e = realloc(ac.cache, (size_t)cap * sizeof *e);

@@ -72,6 +72,7 @@ void test_gemm_sm90(void);
 void test_gemm_sm80(void);
 void test_gemm_tune(void);
 void test_pinned(void);
+void test_amp(void);
 void test_gpt_step(void);
 
 #endif /* NB_CUDA_TEST_H */

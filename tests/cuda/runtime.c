@@ -1,6 +1,7 @@
-/* test_cuda sections "random", "optim", "fast paths", "errors/memory" and
- * "pinned": Philox draws, optimizers and gradient clipping, the vectorised
- * and multi-tensor paths, device errors, the allocator, pinned uploads. */
+/* test_cuda sections "random", "optim", "fast paths", "errors/memory",
+ * "pinned" and "amp": Philox draws, optimizers and gradient clipping, the
+ * vectorised and multi-tensor paths, device errors, the allocator, pinned
+ * uploads, master weights and device-side loss scaling. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "backend/backend.h" /* section "fast paths": adamw_multi */
 #include "core/core.h"
 #include "cuda_test.h"
+#include "../amp_cases.h" /* section "amp" */
 
 static nb_tensor *f_gelu_tanh_fast(nb_tensor *const *x, void *c) { (void)c; return nb_gelu_tanh(x[0]); }
 
@@ -297,3 +299,6 @@ void test_pinned(void) {
   NBT_CHECK(back && nb_item(nb_sum(nb_ne(back, src), 0, NULL, 0)) == 0, "pinned upload arrives intact");
   nb_scope_end();
 }
+
+/* ---- master weights and device-side loss scaling (tests/amp_cases.h) ----- */
+void test_amp(void) { amp_cases(G); }

@@ -31,32 +31,79 @@ static void op_store(const nb_kview *v, int64_t t, int64_t n, const double *buf)
   nb_cpu_store_f64(v->dtype, n, buf, op_tile(v, t), (int64_t)nb_dtype_size(v->dtype));
 }
 
+/* What one AdamW pass reads besides the tensors: the constants from the
+ * step count, and under device control (nb_adamw_args.ctl, here in host
+ * memory) the skip flag and the gradient multiplier. */
+typedef struct {
+  double beta1, beta2, eps, decay, step_size, inv_sqrt_c2, gscale;
+  int skip, scaled;
+} adamw_run;
+
+static adamw_run adamw_prepare(const nb_adamw_args *a) {
+  adamw_run r = {a->beta1, a->beta2, a->eps, 1.0 - a->lr * a->weight_decay, 0, 0, 1.0, 0, 0};
+  double t = (double)a->step;
+  if (a->ctl) {
+    r.skip = a->ctl[NB_AMP_FOUND] != 0;
+    r.scaled = 1;
+    r.gscale = a->ctl[NB_AMP_GSCALE];
+    t = a->ctl[NB_AMP_GOOD] - *a->step_base;
+  }
+  const double c1 = 1.0 - pow(a->beta1, t), c2 = 1.0 - pow(a->beta2, t);
+  r.step_size = a->lr / c1; /* one division per element */
+  r.inv_sqrt_c2 = 1.0 / sqrt(c2);
+  return r;
+}
+
+/* buf[0 .. k) rounded to dtype dt (as a store and a load would). */
+static void op_round(nb_dtype dt, int64_t k, double *buf) {
+  double tmp[NB_CPU_TILE];
+  nb_cpu_store_f64(dt, k, buf, (char *)tmp, (int64_t)nb_dtype_size(dt));
+  nb_cpu_load_f64(dt, k, (const char *)tmp, (int64_t)nb_dtype_size(dt), buf);
+}
+
 /* m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2; p -= lr*wd*p (decoupled);
- * p -= lr * (m/c1) / (sqrt(v/c2) + eps), c1, c2 the bias corrections. */
-nb_status nb_cpu_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview *m,
-                            const nb_kview *v, double lr, double beta1, double beta2,
-                            double eps, double weight_decay, int64_t step) {
+ * p -= lr * (m/c1) / (sqrt(v/c2) + eps), c1, c2 the bias corrections; w
+ * (may be NULL) = p rounded, from p as stored. */
+static void adamw_tensor(const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                         const nb_kview *v, const nb_kview *w, const adamw_run *r) {
   const int64_t n = op_numel(p), ntile = (n + NB_CPU_TILE - 1) / NB_CPU_TILE;
-  const double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
-  const double decay = 1.0 - lr * weight_decay;
-  const double step_size = lr / c1, inv_sqrt_c2 = 1.0 / sqrt(c2); /* one division per element */
+  const double beta1 = r->beta1, beta2 = r->beta2, eps = r->eps, decay = r->decay;
+  const double step_size = r->step_size, inv_sqrt_c2 = r->inv_sqrt_c2;
 #pragma omp parallel for schedule(static) if (n >= NB_CPU_PAR_MIN)
   for (int64_t t = 0; t < ntile; t++) {
     double tp[NB_CPU_TILE], tg[NB_CPU_TILE], tm[NB_CPU_TILE], tv[NB_CPU_TILE];
     const int64_t k = n - t * NB_CPU_TILE < NB_CPU_TILE ? n - t * NB_CPU_TILE : NB_CPU_TILE;
     op_load(p, t, k, tp);
-    op_load(g, t, k, tg);
-    op_load(m, t, k, tm);
-    op_load(v, t, k, tv);
-    for (int64_t j = 0; j < k; j++) {
-      tm[j] = beta1 * tm[j] + (1.0 - beta1) * tg[j];
-      tv[j] = beta2 * tv[j] + (1.0 - beta2) * tg[j] * tg[j];
-      tp[j] = tp[j] * decay - step_size * tm[j] / (sqrt(tv[j]) * inv_sqrt_c2 + eps);
+    if (!r->skip) {
+      op_load(g, t, k, tg);
+      op_load(m, t, k, tm);
+      op_load(v, t, k, tv);
+      if (r->scaled) {
+        for (int64_t j = 0; j < k; j++) tg[j] *= r->gscale;
+        op_round(g->dtype, k, tg);
+      }
+      for (int64_t j = 0; j < k; j++) {
+        tm[j] = beta1 * tm[j] + (1.0 - beta1) * tg[j];
+        tv[j] = beta2 * tv[j] + (1.0 - beta2) * tg[j] * tg[j];
+        tp[j] = tp[j] * decay - step_size * tm[j] / (sqrt(tv[j]) * inv_sqrt_c2 + eps);
+      }
+      op_store(p, t, k, tp);
+      op_store(m, t, k, tm);
+      op_store(v, t, k, tv);
     }
-    op_store(p, t, k, tp);
-    op_store(m, t, k, tm);
-    op_store(v, t, k, tv);
+    if (w && w->data) {
+      op_round(p->dtype, k, tp); /* the master as stored, then rounded once more */
+      op_store(w, t, k, tp);
+    }
   }
+}
+
+nb_status nb_cpu_adamw_step(const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                            const nb_kview *v, double lr, double beta1, double beta2,
+                            double eps, double weight_decay, int64_t step) {
+  nb_adamw_args a = {lr, beta1, beta2, eps, weight_decay, step, NULL, NULL};
+  adamw_run r = adamw_prepare(&a);
+  adamw_tensor(p, g, m, v, NULL, &r);
   return NB_OK;
 }
 
@@ -152,10 +199,46 @@ nb_status nb_cpu_scale_multi(int n, const nb_kview *x, double s) {
 nb_status nb_cpu_adamw_multi(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
                              const nb_kview *v, double lr, double beta1, double beta2, double eps,
                              double weight_decay, int64_t step) {
-  for (int i = 0; i < n; i++) {
-    nb_status st = nb_cpu_adamw_step(&p[i], &g[i], &m[i], &v[i], lr, beta1, beta2, eps,
-                                     weight_decay, step);
-    if (st) return st;
+  nb_adamw_args a = {lr, beta1, beta2, eps, weight_decay, step, NULL, NULL};
+  return nb_cpu_adamw_multi_ex(n, p, g, m, v, NULL, &a);
+}
+
+nb_status nb_cpu_adamw_multi_ex(int n, const nb_kview *p, const nb_kview *g, const nb_kview *m,
+                                const nb_kview *v, const nb_kview *w, const nb_adamw_args *a) {
+  adamw_run r = adamw_prepare(a);
+  for (int i = 0; i < n; i++) adamw_tensor(&p[i], &g[i], &m[i], &v[i], w ? &w[i] : NULL, &r);
+  return NB_OK;
+}
+
+/* The scaler's decision and update, as backend_entries.h states them. */
+static float amp_f32(double x) { return (float)x; }
+
+nb_status nb_cpu_amp_update(const nb_kview *ctl, const nb_kview *scale32, const nb_amp_args *a) {
+  double *c = (double *)ctl->data;
+  const double scale = c[NB_AMP_SCALE], inv = 1.0 / scale, sumsq = c[NB_AMP_SUMSQ];
+  const int found = !isfinite(sumsq);
+  const double norm = sqrt(sumsq) * inv;
+  double coef = a->max_norm >= 0 && isfinite(a->max_norm) ? a->max_norm / (norm + 1e-6) : 1.0;
+  if (!(coef < 1.0) && !isnan(coef)) coef = 1.0;
+  c[NB_AMP_FOUND] = found;
+  c[NB_AMP_GSCALE] = coef * inv;
+  c[NB_AMP_NORM] = norm;
+  c[NB_AMP_LAST] = scale;
+  double s = scale, tracker = c[NB_AMP_TRACKER];
+  if (found) {
+    s = amp_f32(scale * a->backoff);
+    tracker = 0;
+    c[NB_AMP_SKIPS] += 1;
+  } else {
+    c[NB_AMP_GOOD] += 1;
+    if (++tracker >= (double)a->interval) {
+      double grown = amp_f32(scale * a->growth);
+      if (isfinite(grown)) s = grown;
+      tracker = 0;
+    }
   }
+  c[NB_AMP_SCALE] = s;
+  c[NB_AMP_TRACKER] = tracker;
+  *(float *)scale32->data = (float)s;
   return NB_OK;
 }

@@ -24,9 +24,9 @@ template <typename C> struct nb_adamw_k {
 };
 
 template <typename C>
-static nb_adamw_k<C> nb_adamw_consts(double lr, double beta1, double beta2, double eps,
-                                     double weight_decay, int64_t step) {
-  double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
+static __host__ __device__ nb_adamw_k<C> nb_adamw_consts(double lr, double beta1, double beta2,
+                                                         double eps, double weight_decay, double t) {
+  double c1 = 1.0 - pow(beta1, t), c2 = 1.0 - pow(beta2, t);
   nb_adamw_k<C> k;
   k.b1 = (C)beta1;
   k.omb1 = (C)(1.0 - beta1);
@@ -82,7 +82,11 @@ __global__ void nb_adamw_kernel(T *p, const T *g, M *m, M *v, int64_t n,
  * Each block owns NB_AM_CHUNK consecutive elements of one tensor; blk[t] is
  * the first block of tensor t, found by binary search. A thread handles
  * NB_AM_UNROLL groups of 4 elements, every load issued before any update,
- * with 16-byte loads of f32 data where the tensor's pointers allow. */
+ * with 16-byte loads of f32 data where the tensor's pointers allow. A
+ * tensor may have a working copy w (bf16 or f16: wk 1 or 2), written with
+ * the new values rounded; under device control (nb_am_dev.ctl) the block's
+ * thread 0 reads the skip flag, the gradient multiplier and the step count
+ * and derives the constants, which the others take from shared memory. */
 #define NB_AM_MAX 64
 #define NB_AM_THREADS 256
 #define NB_AM_UNROLL 2
@@ -91,11 +95,19 @@ __global__ void nb_adamw_kernel(T *p, const T *g, M *m, M *v, int64_t n,
 template <typename T> struct nb_am_table {
   int n;
   int blk[NB_AM_MAX + 1];
-  unsigned char vec[NB_AM_MAX]; /* p, g aligned to 4 elements, m, v to 16 bytes */
+  unsigned char vec[NB_AM_MAX]; /* p, g aligned to 4 elements, m, v to 16 bytes, w to 8 */
+  unsigned char wk[NB_AM_MAX];  /* working copy: 0 none, 1 bf16, 2 f16 */
   int64_t numel[NB_AM_MAX];
   T *p[NB_AM_MAX];
   const T *g[NB_AM_MAX];
   float *m[NB_AM_MAX], *v[NB_AM_MAX];
+  void *w[NB_AM_MAX];
+};
+
+/* Device control (nb_adamw_args): NULL ctl, the host's constants. */
+struct nb_am_dev {
+  const double *ctl, *base;
+  double lr, beta1, beta2, eps, wd;
 };
 
 template <typename T> struct alignas(4 * sizeof(T)) nb_am4 { T x[4]; };
@@ -112,16 +124,78 @@ __device__ __forceinline__ int nb_mt_find(const int *blk, int n, int b) {
   return lo;
 }
 
+/* w[i] = x rounded to the working copy's dtype. */
+template <typename C>
+__device__ __forceinline__ void nb_am_store_w(void *w, int wk, int64_t i, C x) {
+  if (wk == 1) ((__nv_bfloat16 *)w)[i] = nb_from_d<__nv_bfloat16>(x);
+  else if (wk == 2) ((__half *)w)[i] = nb_from_d<__half>(x);
+}
+
+/* Four consecutive values into w + e (8-byte aligned) in one store. */
+template <typename C>
+__device__ __forceinline__ void nb_am_store_w4(void *w, int wk, int64_t e, const C *x) {
+  if (wk == 1) {
+    nb_am4<__nv_bfloat16> q;
+#pragma unroll
+    for (int j = 0; j < 4; j++) q.x[j] = nb_from_d<__nv_bfloat16>(x[j]);
+    *(nb_am4<__nv_bfloat16> *)((__nv_bfloat16 *)w + e) = q;
+  } else if (wk == 2) {
+    nb_am4<__half> q;
+#pragma unroll
+    for (int j = 0; j < 4; j++) q.x[j] = nb_from_d<__half>(x[j]);
+    *(nb_am4<__half> *)((__half *)w + e) = q;
+  }
+}
+
+/* The gradient as the update reads it: g, or g * gs rounded to T (what
+ * scale_multi would have stored) under device control. */
+template <typename T, typename C>
+__device__ __forceinline__ C nb_am_grad(T g, bool scaled, C gs) {
+  C x = (C)nb_to_f(g);
+  return scaled ? (C)nb_to_f(nb_from_d<T>(nb_am_mul(x, gs))) : x;
+}
+
+/* One element of tensor t, unvectorised: the update (unless skip) and the copy. */
+template <typename T, typename C>
+__device__ __forceinline__ void nb_am_one(const nb_am_table<T> &tab, int t, int64_t i,
+                                          const nb_adamw_k<C> &k, bool skip, bool scaled, C gs) {
+  T *p = tab.p[t];
+  if (!skip) {
+    C pi = (C)nb_to_f(p[i]), mi = (C)tab.m[t][i], vi = (C)tab.v[t][i];
+    nb_adamw_elem<C>(k, nb_am_grad<T, C>(tab.g[t][i], scaled, gs), pi, mi, vi);
+    tab.m[t][i] = (float)mi;
+    tab.v[t][i] = (float)vi;
+    p[i] = nb_from_d<T>(pi);
+  }
+  if (tab.wk[t]) nb_am_store_w<C>(tab.w[t], tab.wk[t], i, (C)nb_to_f(p[i]));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(NB_AM_THREADS)
 nb_adamw_multi_kernel(const __grid_constant__ nb_am_table<T> tab,
-                      nb_adamw_k<typename nb_acc<T>::type> k) {
+                      nb_adamw_k<typename nb_acc<T>::type> k0, nb_am_dev d) {
   typedef typename nb_acc<T>::type C;
+  __shared__ nb_adamw_k<C> ksh;
+  __shared__ int skip_sh;
+  __shared__ C gs_sh;
+  const bool scaled = d.ctl != NULL;
+  if (scaled) {
+    if (threadIdx.x == 0) {
+      skip_sh = d.ctl[NB_AMP_FOUND] != 0;
+      gs_sh = (C)d.ctl[NB_AMP_GSCALE];
+      ksh = nb_adamw_consts<C>(d.lr, d.beta1, d.beta2, d.eps, d.wd, d.ctl[NB_AMP_GOOD] - *d.base);
+    }
+    __syncthreads();
+  }
+  const nb_adamw_k<C> k = scaled ? ksh : k0;
+  const bool skip = scaled && skip_sh;
+  const C gs = scaled ? gs_sh : (C)1;
   const int b = (int)blockIdx.x, t = nb_mt_find(tab.blk, tab.n, b);
   const int64_t n = tab.numel[t], e0 = (int64_t)(b - tab.blk[t]) * NB_AM_CHUNK;
   T *p = tab.p[t];
   const T *g = tab.g[t];
   float *m = tab.m[t], *v = tab.v[t];
+  const int wk = tab.wk[t];
   if (tab.vec[t]) {
     nb_am4<T> pp[NB_AM_UNROLL], gg[NB_AM_UNROLL];
     float4 mm[NB_AM_UNROLL], vv[NB_AM_UNROLL];
@@ -130,46 +204,44 @@ nb_adamw_multi_kernel(const __grid_constant__ nb_am_table<T> tab,
       int64_t e = e0 + 4 * ((int64_t)u * NB_AM_THREADS + threadIdx.x);
       if (e + 4 <= n) {
         pp[u] = *(const nb_am4<T> *)(p + e);
-        gg[u] = *(const nb_am4<T> *)(g + e);
-        mm[u] = *(const float4 *)(m + e);
-        vv[u] = *(const float4 *)(v + e);
+        if (!skip) {
+          gg[u] = *(const nb_am4<T> *)(g + e);
+          mm[u] = *(const float4 *)(m + e);
+          vv[u] = *(const float4 *)(v + e);
+        }
       }
     }
 #pragma unroll
     for (int u = 0; u < NB_AM_UNROLL; u++) {
       int64_t e = e0 + 4 * ((int64_t)u * NB_AM_THREADS + threadIdx.x);
       if (e + 4 <= n) {
-        float *mf = &mm[u].x, *vf = &vv[u].x;
+        C out[4];
+        if (!skip) {
+          float *mf = &mm[u].x, *vf = &vv[u].x;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-          C pj = (C)nb_to_f(pp[u].x[j]), mj = (C)mf[j], vj = (C)vf[j];
-          nb_adamw_elem<C>(k, (C)nb_to_f(gg[u].x[j]), pj, mj, vj);
-          mf[j] = (float)mj;
-          vf[j] = (float)vj;
-          pp[u].x[j] = nb_from_d<T>(pj);
+          for (int j = 0; j < 4; j++) {
+            C pj = (C)nb_to_f(pp[u].x[j]), mj = (C)mf[j], vj = (C)vf[j];
+            nb_adamw_elem<C>(k, nb_am_grad<T, C>(gg[u].x[j], scaled, gs), pj, mj, vj);
+            mf[j] = (float)mj;
+            vf[j] = (float)vj;
+            pp[u].x[j] = nb_from_d<T>(pj);
+          }
+          *(nb_am4<T> *)(p + e) = pp[u];
+          *(float4 *)(m + e) = mm[u];
+          *(float4 *)(v + e) = vv[u];
         }
-        *(nb_am4<T> *)(p + e) = pp[u];
-        *(float4 *)(m + e) = mm[u];
-        *(float4 *)(v + e) = vv[u];
+#pragma unroll
+        for (int j = 0; j < 4; j++) out[j] = (C)nb_to_f(pp[u].x[j]);
+        if (wk) nb_am_store_w4<C>(tab.w[t], wk, e, out);
       } else {
-        for (int64_t i = e; i < n && i < e + 4; i++) { /* the tensor's last partial group */
-          C pi = (C)nb_to_f(p[i]), mi = (C)m[i], vi = (C)v[i];
-          nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
-          m[i] = (float)mi;
-          v[i] = (float)vi;
-          p[i] = nb_from_d<T>(pi);
-        }
+        for (int64_t i = e; i < n && i < e + 4; i++) /* the tensor's last partial group */
+          nb_am_one<T, C>(tab, t, i, k, skip, scaled, gs);
       }
     }
   } else {
     int64_t end = e0 + NB_AM_CHUNK < n ? e0 + NB_AM_CHUNK : n;
-    for (int64_t i = e0 + threadIdx.x; i < end; i += NB_AM_THREADS) {
-      C pi = (C)nb_to_f(p[i]), mi = (C)m[i], vi = (C)v[i];
-      nb_adamw_elem<C>(k, (C)nb_to_f(g[i]), pi, mi, vi);
-      m[i] = (float)mi;
-      v[i] = (float)vi;
-      p[i] = nb_from_d<T>(pi);
-    }
+    for (int64_t i = e0 + threadIdx.x; i < end; i += NB_AM_THREADS)
+      nb_am_one<T, C>(tab, t, i, k, skip, scaled, gs);
   }
 }
 
@@ -231,7 +303,7 @@ extern "C" nb_status nb_cuda_adamw_step(const nb_kview *p, const nb_kview *g, co
   NB_CUDA_FLOAT_SWITCH(p->dtype, T,
     return adamw_run<T>(&ctx, p, g, m, v, n,
                         nb_adamw_consts<typename nb_acc<T>::type>(lr, beta1, beta2, eps,
-                                                                  weight_decay, step)));
+                                                                  weight_decay, (double)step)));
   return NB_OK;
 }
 
@@ -252,10 +324,11 @@ static int64_t mt_block_starts(int *blk, const int64_t *numel, int n, int64_t ch
 /* Launches the table's kernel (blk[] filled here) and empties the table. */
 template <typename T>
 static nb_status adamw_multi_flush(const nb_cuda_ctx *ctx, nb_am_table<T> *tab,
-                                   const nb_adamw_k<typename nb_acc<T>::type> &k) {
+                                   const nb_adamw_k<typename nb_acc<T>::type> &k,
+                                   const nb_am_dev &d) {
   if (!tab->n) return NB_OK;
   int64_t blocks = mt_block_starts(tab->blk, tab->numel, tab->n, NB_AM_CHUNK);
-  nb_adamw_multi_kernel<T><<<(unsigned)blocks, NB_AM_THREADS, 0, ctx->stream>>>(*tab, k);
+  nb_adamw_multi_kernel<T><<<(unsigned)blocks, NB_AM_THREADS, 0, ctx->stream>>>(*tab, k, d);
   tab->n = 0;
   return nb_cuda_launch_check("adamw_multi");
 }
@@ -265,7 +338,8 @@ static nb_status adamw_multi_flush(const nb_cuda_ctx *ctx, nb_am_table<T> *tab,
 template <typename T>
 static nb_status adamw_multi_dtype(const nb_cuda_ctx *ctx, nb_dtype dt, int n, const nb_kview *p,
                                    const nb_kview *g, const nb_kview *m, const nb_kview *v,
-                                   const nb_adamw_k<typename nb_acc<T>::type> &k, char *done) {
+                                   const nb_kview *w, const nb_adamw_k<typename nb_acc<T>::type> &k,
+                                   const nb_am_dev &d, char *done) {
   nb_am_table<T> tab;
   tab.n = 0;
   int64_t blocks = 0;
@@ -276,20 +350,69 @@ static nb_status adamw_multi_dtype(const nb_cuda_ctx *ctx, nb_dtype dt, int n, c
     int64_t ne = nb_kview_numel(&p[i]), nb = (ne + NB_AM_CHUNK - 1) / NB_AM_CHUNK;
     if (ne == 0) continue;
     if (tab.n == NB_AM_MAX || blocks + nb >= ((int64_t)1 << 30)) {
-      st = adamw_multi_flush<T>(ctx, &tab, k);
+      st = adamw_multi_flush<T>(ctx, &tab, k, d);
       blocks = 0;
     }
     int t = tab.n++;
+    const void *wd = w && w[i].data ? w[i].data : NULL;
     tab.numel[t] = ne;
     tab.p[t] = (T *)p[i].data;
     tab.g[t] = (const T *)g[i].data;
     tab.m[t] = (float *)m[i].data;
     tab.v[t] = (float *)v[i].data;
+    tab.w[t] = (void *)wd;
+    tab.wk[t] = !wd ? 0 : w[i].dtype == NB_BF16 ? 1 : 2;
     tab.vec[t] = am_aligned(p[i].data, 4 * sizeof(T)) && am_aligned(g[i].data, 4 * sizeof(T)) &&
-                 am_aligned(m[i].data, 16) && am_aligned(v[i].data, 16);
+                 am_aligned(m[i].data, 16) && am_aligned(v[i].data, 16) && (!wd || am_aligned(wd, 8));
     blocks += nb;
   }
-  if (!st) st = adamw_multi_flush<T>(ctx, &tab, k);
+  if (!st) st = adamw_multi_flush<T>(ctx, &tab, k, d);
+  return st;
+}
+
+/* The working copies: bf16 or f16, with their parameter's element count. */
+static nb_status adamw_copies_ok(int n, const nb_kview *p, const nb_kview *w) {
+  for (int i = 0; w && i < n; i++) {
+    if (!w[i].data) continue;
+    if ((w[i].dtype != NB_BF16 && w[i].dtype != NB_F16) || nb_kview_numel(&w[i]) != nb_kview_numel(&p[i]))
+      return nb_error_set(NB_ERR_DTYPE, "cuda adamw_multi: working copy %d is %s of %lld elements "
+                          "(expected bf16 or f16 of %lld)", i, nb_dtype_name(w[i].dtype),
+                          (long long)nb_kview_numel(&w[i]), (long long)nb_kview_numel(&p[i]));
+  }
+  return NB_OK;
+}
+
+extern "C" nb_status nb_cuda_adamw_multi_ex(int n, const nb_kview *p, const nb_kview *g,
+                                            const nb_kview *m, const nb_kview *v, const nb_kview *w,
+                                            const nb_adamw_args *a) {
+  if (n <= 0) return NB_OK;
+  nb_status st = adamw_copies_ok(n, p, w);
+  for (int i = 0; i < n && !st; i++) st = adamw_state_ok("adamw_multi", &m[i], &v[i]);
+  if (st) return st;
+  nb_cuda_ctx ctx;
+  if ((st = nb_cuda_enter(p[0].data, "adamw_multi", &ctx))) return st;
+  char *done = (char *)calloc((size_t)n, 1);
+  if (!done) return nb_error_set(NB_ERR_OOM, "cuda adamw_multi: out of host memory");
+  double t = (double)a->step;
+  nb_adamw_k<float> kf = nb_adamw_consts<float>(a->lr, a->beta1, a->beta2, a->eps, a->weight_decay, t);
+  nb_adamw_k<double> kd = nb_adamw_consts<double>(a->lr, a->beta1, a->beta2, a->eps, a->weight_decay, t);
+  nb_am_dev d = {a->ctl, a->step_base, a->lr, a->beta1, a->beta2, a->eps, a->weight_decay};
+  st = adamw_multi_dtype<float>(&ctx, NB_F32, n, p, g, m, v, w, kf, d, done);
+  if (!st) st = adamw_multi_dtype<__nv_bfloat16>(&ctx, NB_BF16, n, p, g, m, v, w, kf, d, done);
+  if (!st) st = adamw_multi_dtype<__half>(&ctx, NB_F16, n, p, g, m, v, w, kf, d, done);
+  if (!st) st = adamw_multi_dtype<double>(&ctx, NB_F64, n, p, g, m, v, w, kd, d, done);
+  /* f64 state (not what the optimizer allocates): one kernel per tensor,
+   * without device control or copies */
+  for (int i = 0; i < n && !st; i++) {
+    if (done[i]) continue;
+    if (a->ctl || (w && w[i].data))
+      st = nb_error_set(NB_ERR_UNSUPPORTED, "cuda adamw_multi: f64 optimizer state with device "
+                        "control or a working copy (expected f32 state)");
+    else
+      st = nb_cuda_adamw_step(&p[i], &g[i], &m[i], &v[i], a->lr, a->beta1, a->beta2, a->eps,
+                              a->weight_decay, a->step);
+  }
+  free(done);
   return st;
 }
 
@@ -297,26 +420,44 @@ extern "C" nb_status nb_cuda_adamw_multi(int n, const nb_kview *p, const nb_kvie
                                          const nb_kview *m, const nb_kview *v, double lr,
                                          double beta1, double beta2, double eps,
                                          double weight_decay, int64_t step) {
-  if (n <= 0) return NB_OK;
-  nb_status st = NB_OK;
-  for (int i = 0; i < n && !st; i++) st = adamw_state_ok("adamw_multi", &m[i], &v[i]);
-  if (st) return st;
-  nb_cuda_ctx ctx;
-  if ((st = nb_cuda_enter(p[0].data, "adamw_multi", &ctx))) return st;
-  char *done = (char *)calloc((size_t)n, 1);
-  if (!done) return nb_error_set(NB_ERR_OOM, "cuda adamw_multi: out of host memory");
-  nb_adamw_k<float> kf = nb_adamw_consts<float>(lr, beta1, beta2, eps, weight_decay, step);
-  nb_adamw_k<double> kd = nb_adamw_consts<double>(lr, beta1, beta2, eps, weight_decay, step);
-  st = adamw_multi_dtype<float>(&ctx, NB_F32, n, p, g, m, v, kf, done);
-  if (!st) st = adamw_multi_dtype<__nv_bfloat16>(&ctx, NB_BF16, n, p, g, m, v, kf, done);
-  if (!st) st = adamw_multi_dtype<__half>(&ctx, NB_F16, n, p, g, m, v, kf, done);
-  if (!st) st = adamw_multi_dtype<double>(&ctx, NB_F64, n, p, g, m, v, kd, done);
-  /* f64 state (not what the optimizer allocates): one kernel per tensor */
-  for (int i = 0; i < n && !st; i++)
-    if (!done[i])
-      st = nb_cuda_adamw_step(&p[i], &g[i], &m[i], &v[i], lr, beta1, beta2, eps, weight_decay, step);
-  free(done);
-  return st;
+  nb_adamw_args a = {lr, beta1, beta2, eps, weight_decay, step, NULL, NULL};
+  return nb_cuda_adamw_multi_ex(n, p, g, m, v, NULL, &a);
+}
+
+/* ---- the loss scaler's decision (amp_update), one thread ------------------ */
+__global__ void nb_amp_update_kernel(double *c, float *scale32, nb_amp_args a) {
+  const double scale = c[NB_AMP_SCALE], inv = 1.0 / scale, sumsq = c[NB_AMP_SUMSQ];
+  const int found = !isfinite(sumsq);
+  const double norm = sqrt(sumsq) * inv;
+  double coef = a.max_norm >= 0 && isfinite(a.max_norm) ? a.max_norm / (norm + 1e-6) : 1.0;
+  if (!(coef < 1.0) && !isnan(coef)) coef = 1.0;
+  c[NB_AMP_FOUND] = found;
+  c[NB_AMP_GSCALE] = coef * inv;
+  c[NB_AMP_NORM] = norm;
+  c[NB_AMP_LAST] = scale;
+  double s = scale, tracker = c[NB_AMP_TRACKER];
+  if (found) {
+    s = (double)(float)(scale * a.backoff);
+    tracker = 0;
+    c[NB_AMP_SKIPS] += 1;
+  } else {
+    c[NB_AMP_GOOD] += 1;
+    if (++tracker >= (double)a.interval) {
+      double grown = (double)(float)(scale * a.growth);
+      if (isfinite(grown)) s = grown;
+      tracker = 0;
+    }
+  }
+  c[NB_AMP_SCALE] = s;
+  c[NB_AMP_TRACKER] = tracker;
+  *scale32 = (float)s;
+}
+
+extern "C" nb_status nb_cuda_amp_update(const nb_kview *ctl, const nb_kview *scale32,
+                                        const nb_amp_args *a) {
+  NB_CUDA_ENTER(ctx, st, ctl->data, "amp_update");
+  nb_amp_update_kernel<<<1, 1, 0, ctx.stream>>>((double *)ctl->data, (float *)scale32->data, *a);
+  return nb_cuda_launch_check("amp_update");
 }
 
 /* ---- gradient clipping: multi-tensor sum of squares and scale --------------
