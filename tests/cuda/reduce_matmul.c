@@ -1,13 +1,57 @@
-/* test_cuda sections "reduce" and "matmul". */
+/* test_cuda sections "reduce" and "matmul" (with the backend's gemm_ex). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "testutil.h"
 #include "cuda_test.h"
 
+/* Column sums (kept axes contiguous, reduced axes strided: a bias
+ * gradient) take cuda_reduce.cu's column kernel: 16-byte loads where the
+ * pointer, the row strides and the column count allow, one element a
+ * thread otherwise, split over rows with a second pass. Odd and even
+ * column counts, 1 to 16384 rows, a misaligned start, reduced axes that do
+ * not merge, every float dtype; against the CPU, and the same bits on a
+ * second run. */
+static void col_sums(void) {
+  const nb_dtype dts[4] = {NB_F64, NB_F32, NB_F16, NB_BF16};
+  const int64_t rows[4] = {1, 7, 1001, quick ? 4099 : 16384}, cols[4] = {37, 776, 3072, 2};
+  const int ax0[1] = {0}, ax01[2] = {0, 1};
+  for (int d = 0; d < 4; d++)
+    for (int r = 0; r < 4; r++)
+      for (int c = 0; c < 4; c++) {
+        nb_scope_begin();
+        nb_dtype dt = dts[d];
+        int64_t R = rows[r], O = cols[c];
+        nb_tensor *x = randn(70 + 4 * r + c, 2, (int64_t[]){R, O}, dt), *xg = gpu(x);
+        double sc = 2.0 + (double)R / 1024.0;
+        char name[96];
+        snprintf(name, sizeof name, "column sum %lldx%lld", (long long)R, (long long)O);
+        nb_tensor *y = nb_sum(xg, 1, ax0, 0);
+        cmp(name, dt, nb_sum(x, 1, ax0, 0), y, sc);
+        snprintf(name, sizeof name, "column sum %lldx%lld repeats", (long long)R, (long long)O);
+        cmp_bits(name, y, nb_sum(xg, 1, ax0, 0));
+        if (r == 2 && c < 3) { /* a start one element in: no 16-byte loads */
+          nb_tensor *w = randn(90 + c, 2, (int64_t[]){R, O + 1}, dt);
+          snprintf(name, sizeof name, "column sum %lldx%lld misaligned", (long long)R, (long long)O);
+          cmp(name, dt, nb_sum(nb_slice(w, 1, 1, O + 1, 1), 1, ax0, 1),
+              nb_sum(nb_slice(gpu(w), 1, 1, O + 1, 1), 1, ax0, 1), sc);
+        }
+        if (r == 2 && c > 0) { /* (4, 37 of 40, O) over (0, 1): the rows do not merge */
+          nb_tensor *v = nb_slice(randn(95 + c, 3, (int64_t[]){4, 40, O}, dt), 1, 2, 39, 1);
+          nb_tensor *vg = nb_slice(gpu(randn(95 + c, 3, (int64_t[]){4, 40, O}, dt)), 1, 2, 39, 1);
+          snprintf(name, sizeof name, "column sum (4, 37 of 40, %lld) over 2 axes", (long long)O);
+          cmp(name, dt, nb_sum(v, 2, ax01, 0), nb_sum(vg, 2, ax01, 0), 2.0);
+        }
+        nb_scope_end();
+      }
+}
+
 /* ---- reductions ----------------------------------------------------------- */
 void test_reduce(void) {
+  col_sums();
   int64_t s[3] = {5, quick ? 17 : 37, quick ? 13 : 29};
   for (size_t d = 0; d < sizeof FLOATS / sizeof *FLOATS; d++) {
     nb_dtype dt = FLOATS[d];
@@ -60,8 +104,45 @@ void test_reduce(void) {
   nb_scope_end();
 }
 
+/* The backend table's gemm_ex (linear's forward) against the CPU's entry:
+ * every float dtype (f64 through the cuBLASLt product and a double
+ * epilogue), plain, bias, alpha/beta with c, bias with aux and gelu;
+ * operands contiguous, transposed and sliced. */
+static void gemm_ex_vs_cpu(void) {
+  const nb_dtype dts[4] = {NB_F64, NB_F32, NB_F16, NB_BF16};
+  int64_t M = quick ? 17 : 129, N = quick ? 24 : 136, K = quick ? 33 : 200;
+  for (int d = 0; d < 4; d++)
+    for (int v = 0; v < 4; v++) {
+      nb_scope_begin();
+      nb_dtype dt = dts[d];
+      nb_tensor *in[4] = {layout(100 + v, M, K, dt, v % 3), layout(110 + v, K, N, dt, (v + 1) % 3),
+                          randn(120 + v, 1, (int64_t[]){N}, dt), randn(130 + v, 2, (int64_t[]){M, N}, dt)};
+      nb_tensor *out[2], *aux[2];
+      for (int g = 0; g < 2; g++) {
+        nb_device dev = g ? G : NB_DEVICE_CPU;
+        nb_kview k[4], ko, kx;
+        for (int i = 0; i < 4; i++) nb_kview_of(g ? gpu(in[i]) : in[i], &k[i]);
+        out[g] = nb_empty(2, (int64_t[]){M, N}, dt, dev);
+        aux[g] = nb_zeros(2, (int64_t[]){M, N}, dt, dev);
+        nb_kview_of(out[g], &ko);
+        nb_kview_of(aux[g], &kx);
+        nb_gemm_epilogue ep = {v ? &k[2] : NULL, v == 2 ? &k[3] : NULL, v == 3 ? &kx : NULL,
+                               v == 2 ? 0.75f : 1.0f, v == 2 ? -1.25f : 0.0f, v == 3};
+        nb_status st = nb_backend_for(dev)->gemm_ex(&ko, &k[0], &k[1], v ? &ep : NULL);
+        NBT_CHECK(st == NB_OK, "gemm_ex %s variant %d on %s: %s", nb_dtype_name(dt), v,
+                  g ? "the device" : "the cpu", nb_last_error());
+      }
+      char name[64];
+      snprintf(name, sizeof name, "gemm_ex variant %d (a %s, b %s)", v, LAYOUT[v % 3], LAYOUT[(v + 1) % 3]);
+      cmp(name, dt, out[0], out[1], sqrt((double)K) * (dt == NB_F32 ? 5.0 : 2.0));
+      if (v == 3) cmp("gemm_ex aux", dt, aux[0], aux[1], sqrt((double)K) * (dt == NB_F32 ? 5.0 : 2.0));
+      nb_scope_end();
+    }
+}
+
 /* ---- matmul ----------------------------------------------------------------- */
 void test_matmul(void) {
+  gemm_ex_vs_cpu();
   const nb_dtype dts[] = {NB_F64, NB_F32, NB_F16, NB_BF16};
   int64_t M = quick ? 9 : 33, K = quick ? 17 : 65, N = quick ? 7 : 47;
   for (int d = 0; d < 4; d++) {
