@@ -388,6 +388,26 @@ static double train_peak_mib(const trainer *tr) {
   return ms.peak / 1048576.0;
 }
 
+/* Model FLOPs utilisation of tps tokens/s, as a fraction of the device's
+ * peak (nb_cuda_device_info: tensor-core rate for bf16/f16, FMA rate for
+ * f32); -1 on the CPU or a device not in the table. A token costs 6 N
+ * FLOPs forward and backward for the N parameters used in products (all
+ * but the position table: the token table is also the output head) plus
+ * 6 L C T for causal attention's two products at sequence length T (PaLM's
+ * 12 L C T, halved for the causal mask, as llm.c counts). */
+static double train_mfu(const trainer *tr, double tps) {
+  nb_cuda_info d;
+  if (tr->device.type != NB_CUDA || nb_cuda_device_info(tr->device.index, &d) != NB_OK) {
+    nb_clear_error();
+    return -1;
+  }
+  double peak = strcmp(tr->o.precision, "f32") ? d.peak_flops_low : d.peak_flops_f32;
+  const gpt_config *g = &tr->model->cfg;
+  double n = (double)(nb_params_numel(tr->model->all) - nb_numel(tr->model->wpe));
+  double per_token = 6 * n + 6.0 * g->layers * g->dim * (double)train_seq_len(tr);
+  return peak > 0 ? tps * per_token / peak : -1;
+}
+
 typedef struct {
   double t0, last_print;
   int64_t first_step; /* step at the start of this run (after a resume) */
@@ -413,13 +433,14 @@ static int train_progress(trainer *tr, train_clock *c, int64_t last) {
   double loss = tr->loss[tr->step - 1];
   c->last_print = now;
   double tps = done * (double)tr->o.batch * train_seq_len(tr) / (el > 0 ? el : 1e-9);
-  char eta[32], peak[48] = "";
+  char eta[32], peak[48] = "", mfu[24] = "";
   train_fmt_time(done ? el / done * (double)(last - tr->step) : 0, eta, sizeof eta);
-  double mib = train_peak_mib(tr);
+  double mib = train_peak_mib(tr), u = train_mfu(tr, tps);
   if (mib >= 0) snprintf(peak, sizeof peak, "  peak %.0f MiB", mib);
-  fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  %.1fk tok/s%s  ETA %s%s",
+  if (u >= 0) snprintf(mfu, sizeof mfu, "  MFU %.1f%%", 100 * u);
+  fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  %.1fk tok/s%s%s  ETA %s%s",
           c->tty ? "\r" : "", (long long)tr->step, (long long)last, loss,
-          nb_optim_lr(tr->opt_decay), tps / 1000, peak, eta,
+          nb_optim_lr(tr->opt_decay), tps / 1000, mfu, peak, eta,
           c->tty ? (end ? "\033[K\n" : "\033[K") : "\n");
   fflush(stderr);
   return 0;
@@ -733,9 +754,15 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
   printf("loss %.4f -> %.4f (mean of the first and last %lld steps of this run)\n",
          train_mean_loss(tr, first, first + k), train_mean_loss(tr, tr->step - k, tr->step),
          (long long)k);
-  printf("throughput: %.0f tokens/s (%lld steps in %.1f s)\n",
-         n * (double)tr->o.batch * train_seq_len(tr) / (seconds > 0 ? seconds : 1e-9),
-         (long long)n, seconds);
+  double tps = n * (double)tr->o.batch * train_seq_len(tr) / (seconds > 0 ? seconds : 1e-9);
+  printf("throughput: %.0f tokens/s (%lld steps in %.1f s)\n", tps, (long long)n, seconds);
+  double u = train_mfu(tr, tps);
+  nb_cuda_info d;
+  if (u >= 0 && nb_cuda_device_info(tr->device.index, &d) == NB_OK)
+    printf("model FLOPs utilisation: %.1f%% of %.0f TFLOP/s (%s peak of %s: %d SMs at %d MHz)\n",
+           100 * u, (strcmp(tr->o.precision, "f32") ? d.peak_flops_low : d.peak_flops_f32) / 1e12,
+           strcmp(tr->o.precision, "f32") ? "bf16/f16 tensor-core" : "f32 FMA", d.name, d.n_sm,
+           d.clock_mhz);
   if (tr->skipped || !strcmp(tr->o.precision, "f16")) {
     printf("skipped steps: %lld of %lld (gradients not finite)", (long long)tr->skipped, (long long)n);
     if (!strcmp(tr->o.precision, "f16")) printf("; loss scale now %g", nb_scaler_get_scale(tr->scaler));
