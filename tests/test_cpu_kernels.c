@@ -249,6 +249,12 @@ static double ref_binary_f(nb_bop op, double x, double z) {
   case NB_BOP_LE: return x <= z;
   case NB_BOP_GT: return x > z;
   case NB_BOP_GE: return x >= z;
+  case NB_BOP_GELU_ERF_BW: return z * ref_unary(NB_UOP_GELU_ERF_D, x);
+  case NB_BOP_GELU_TANH_BW: { /* d/dx of 0.5 x (1 + tanh(k (x + c x^3))) */
+    const double k = sqrt(2.0 / KT_PI), c = 0.044715, t = tanh(k * (x + c * x * x * x));
+    return z * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x));
+  }
+  case NB_BOP_SILU_BW: return z * ref_unary(NB_UOP_SILU_D, x);
   default: return NAN;
   }
 }
@@ -276,6 +282,44 @@ static double to_dtype(nb_dtype dt, int64_t v) {
   case NB_I64: return (double)v;
   default: nb_store_f64(buf, dt, (double)v); return nb_load_f64(buf, dt);
   }
+}
+
+/* The fused backward kernels g * f'(x) (float only). */
+static int is_derivative(nb_bop op) {
+  return op == NB_BOP_GELU_ERF_BW || op == NB_BOP_GELU_TANH_BW || op == NB_BOP_SILU_BW;
+}
+
+/* g * f'(x) in bf16 and f16 is rounded once: within half an ulp of the
+ * float64 value (plus f32's own error), which a derivative rounded to the
+ * dtype and then multiplied (two roundings) exceeds. */
+static void test_derivative_rounding(void) {
+  static const nb_dtype dts[2] = {NB_BF16, NB_F16};
+  static const nb_bop ops[3] = {NB_BOP_GELU_ERF_BW, NB_BOP_GELU_TANH_BW, NB_BOP_SILU_BW};
+  enum { N = 4096 };
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < 3; k++) {
+      int64_t sh = N;
+      static uint16_t xb[N], gb[N], ob[N];
+      nb_kview x = contiguous(xb, dts[d], 1, &sh), g = contiguous(gb, dts[d], 1, &sh);
+      nb_kview o = contiguous(ob, dts[d], 1, &sh);
+      for (int64_t i = 0; i < N; i++) {
+        set(&x, i, -5.0 + 10.0 * (double)i / N);
+        set(&g, i, 0.3 + 1.7 * (double)((i * 37) % 101) / 101);
+      }
+      nb_status st = nb_cpu_binary(ops[k], &o, &x, &g);
+      double worst = 0;
+      int p = dts[d] == NB_BF16 ? 8 : 11; /* significand bits */
+      for (int64_t i = 0; i < N; i++) {
+        double ref = ref_binary_f(ops[k], get(&x, i), get(&g, i)), e;
+        int ex;
+        frexp(ref, &ex);
+        double ulp = ldexp(1.0, (ex - p) > -24 ? ex - p : -24);
+        e = fabs(get(&o, i) - ref) / ulp;
+        if (e > worst) worst = e;
+      }
+      CHECK(st == NB_OK && worst <= 0.501, "bop %d %s: %.3f ulp from f64 (one rounding: <= 0.5)",
+            (int)ops[k], nb_dtype_name(dts[d]), worst);
+    }
 }
 
 /* a (5, 6) transposed view of a (6, 5) buffer; b (5, 6) broadcast from (6,). */
@@ -324,7 +368,7 @@ static void check_binary(nb_bop op, nb_dtype dt) {
 static void test_binary(void) {
   for (int d = 0; d < 8; d++)
     for (int op = 0; op < NB_BOP_COUNT; op++) {
-      if (op == NB_BOP_DIV && !nb_dtype_is_float(ALL[d])) continue;
+      if ((op == NB_BOP_DIV || is_derivative((nb_bop)op)) && !nb_dtype_is_float(ALL[d])) continue;
       if (ALL[d] == NB_BOOL && op != NB_BOP_MUL && op != NB_BOP_MAX && op != NB_BOP_MIN &&
           !is_cmp((nb_bop)op))
         continue;
@@ -845,6 +889,7 @@ int main(void) {
   test_philox_kat();
   test_unary();
   test_binary();
+  test_derivative_rounding();
   test_where();
   test_copy_pairs();
   test_half_rounding();

@@ -20,10 +20,13 @@ static void test_tables(void) {
   /* the values the enums had before the list: kernels' callers and saved
    * profiles depend on them */
   CHECK("uop count", NB_UOP_COUNT == 26);
-  CHECK("bop count", NB_BOP_COUNT == 13);
+  CHECK("bop count", NB_BOP_COUNT == 16);
   CHECK("uop order", NB_UOP_NEG == 0 && NB_UOP_SQUARE == 8 && NB_UOP_RELU == 14 &&
                              NB_UOP_ROUND == 22 && NB_UOP_GELU_ERF_D == 23 && NB_UOP_SILU_D == 25);
-  CHECK("bop order", NB_BOP_ADD == 0 && NB_BOP_MIN == 6 && NB_BOP_EQ == 7 && NB_BOP_GE == 12);
+  CHECK("bop order", NB_BOP_ADD == 0 && NB_BOP_MIN == 6 && NB_BOP_GELU_ERF_BW == 7 &&
+                             NB_BOP_SILU_BW == 9 && NB_BOP_EQ == 10 && NB_BOP_GE == 15);
+  check_str("bop name gelu_tanh_bw", nb_bop_names[NB_BOP_GELU_TANH_BW], "gelu_tanh_bw");
+  check_str("bop text gelu_tanh_bw", nb_bop_expr_text[NB_BOP_GELU_TANH_BW], "z * E_GELU_TANH_D(x)");
   check_str("uop name gelu_erf", nb_uop_names[NB_UOP_GELU_ERF], "gelu_erf");
   check_str("uop name silu_d", nb_uop_names[NB_UOP_SILU_D], "silu_d");
   check_str("bop name max", nb_bop_names[NB_BOP_MAX], "max");

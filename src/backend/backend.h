@@ -38,7 +38,8 @@ typedef enum {
 #define NB_EW_ENUM(ID, ...) NB_BOP_##ID,
 typedef enum {
   NB_BOP_LIST(NB_EW_ENUM)
-  NB_CMP_LIST(NB_EW_ENUM) /* comparisons: bool results */
+  NB_BOP_DERIVATIVE_LIST(NB_EW_ENUM) /* g * f'(x) of backward rules */
+  NB_CMP_LIST(NB_EW_ENUM) /* comparisons: bool results (last: op >= NB_BOP_EQ) */
   NB_BOP_COUNT
 } nb_bop;
 #undef NB_EW_ENUM

@@ -25,7 +25,7 @@
  * unary rules see g (the output's gradient), x (the input) and y (the
  * output, saved when save_y is 1); binary rules see g, a, b and w, an
  * expression computed once for both operands' gradients. Names that are not
- * public ops (NB_EW_DERIVATIVE, pow_da, pick_a, ...) are the ops layer's
+ * public ops (NB_EW_BACKWARD, pow_da, pick_a, ...) are the ops layer's
  * helpers. */
 #ifndef NB_EW_LIST_H
 #define NB_EW_LIST_H
@@ -58,10 +58,10 @@
   X(RELU, "relu", relu, 0, 0, x < 0 ? 0 : x, 0, /* NaN passes through */                   \
     nb_mul(g, nb_cast(nb_gt(x, nb_scalar(0, x->dtype, nb_device_of(x))), x->dtype)), 1)    \
   X(GELU_ERF, "gelu_erf", gelu, 0, 0, E_GELU_ERF(x), 0,                                    \
-    nb_mul(g, NB_EW_DERIVATIVE(GELU_ERF_D, x)), 5)                                         \
+    NB_EW_BACKWARD(GELU_ERF_BW, g, x), 5)                                         \
   X(GELU_TANH, "gelu_tanh", gelu_tanh, 0, 0, E_GELU_TANH(x), 0,                            \
-    nb_mul(g, NB_EW_DERIVATIVE(GELU_TANH_D, x)), 9)                                        \
-  X(SILU, "silu", silu, 0, 0, E_SILU(x), 0, nb_mul(g, NB_EW_DERIVATIVE(SILU_D, x)), 4)     \
+    NB_EW_BACKWARD(GELU_TANH_BW, g, x), 9)                                        \
+  X(SILU, "silu", silu, 0, 0, E_SILU(x), 0, NB_EW_BACKWARD(SILU_BW, g, x), 4)             \
   X(SOFTPLUS, "softplus", softplus, 0, 0, E_SOFTPLUS(x), 0, nb_mul(g, nb_sigmoid(x)), 5)   \
   X(SIGN, "sign", sign, 1, 0, x > 0 ? 1 : x < 0 ? -1 : x, /* 0 and NaN kept */             \
     (x > 0) - (x < 0), nb_zeros_like(x), 1)                                                \
@@ -69,14 +69,29 @@
   X(CEIL, "ceil", ceil, 2, 0, E_CEIL(x), 0, nb_zeros_like(x), 1)                           \
   X(ROUND, "round", round, 2, 0, E_ROUND(x), 0, nb_zeros_like(x), 1)
 
-/* Kernels used only by backward rules (NB_EW_DERIVATIVE above): ops whose
- * nodes have no gradient of their own. The op name is an identifier, as
- * above (an op-table entry, no public function).
- * D(ID, kernel name, op name, expression) */
+/* The derivatives alone, as unary kernels: the primitives' accuracy is
+ * checked through them (test_vmath, test_cpu_kernels) and the code
+ * generator has their text; no op runs them (the backward rules run the
+ * fused rows of NB_BOP_DERIVATIVE_LIST below).
+ * D(ID, kernel name, name, expression) */
 #define NB_UOP_DERIVATIVE_LIST(D)                                                          \
   D(GELU_ERF_D, "gelu_erf_d", gelu_derivative, E_GELU_ERF_D(x))                            \
   D(GELU_TANH_D, "gelu_tanh_d", gelu_tanh_derivative, E_GELU_TANH_D(x))                    \
   D(SILU_D, "silu_d", silu_derivative, E_SILU_D(x))
+
+/* The backward rules of the unary rows whose derivative is a primitive
+ * (NB_EW_BACKWARD above): one binary kernel g * f'(x), x the input and z
+ * the output's gradient g, computed in the compute type (f32 for f32, f16,
+ * bf16; f64 for f64) and rounded once when stored, where a derivative
+ * kernel and a mul were two passes over memory and two roundings to a
+ * 16-bit dtype. Their op-table entries (op_unary.c, op name X_backward,
+ * inputs g and x) have no gradient of their own. The columns are the
+ * binary list's first ones, so its expansions take these rows too:
+ * D(ID, kernel name, op name, int (0: float only), expression, flops) */
+#define NB_BOP_DERIVATIVE_LIST(D)                                                          \
+  D(GELU_ERF_BW, "gelu_erf_bw", gelu_backward, 0, z * E_GELU_ERF_D(x), 9)                   \
+  D(GELU_TANH_BW, "gelu_tanh_bw", gelu_tanh_backward, 0, z * E_GELU_TANH_D(x), 15)          \
+  D(SILU_BW, "silu_bw", silu_backward, 0, z * E_SILU_D(x), 8)
 
 /* X(ID, kernel name, op name, int, expression, int expression, w, da, db, flops)
  * int: 1 an integer kernel, 0 float only (integer operands are divided in

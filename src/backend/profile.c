@@ -52,7 +52,8 @@ static const nb_backend *nbp_real[2];
 #define NB_EW_NAME_C(ID, NAME, EXPR) #NAME,
 const char *const nb_uop_names[NB_UOP_COUNT] = {
     NB_UOP_LIST(NB_EW_NAME) NB_UOP_DERIVATIVE_LIST(NB_EW_NAME)};
-const char *const nb_bop_names[NB_BOP_COUNT] = {NB_BOP_LIST(NB_EW_NAME) NB_CMP_LIST(NB_EW_NAME_C)};
+const char *const nb_bop_names[NB_BOP_COUNT] = {
+    NB_BOP_LIST(NB_EW_NAME) NB_BOP_DERIVATIVE_LIST(NB_EW_NAME) NB_CMP_LIST(NB_EW_NAME_C)};
 #undef NB_EW_NAME
 #undef NB_EW_NAME_C
 #define NB_EW_TEXT_U(ID, KNAME, NAME, INT, SAVE, EXPR, ...) #EXPR,
@@ -62,7 +63,7 @@ const char *const nb_bop_names[NB_BOP_COUNT] = {NB_BOP_LIST(NB_EW_NAME) NB_CMP_L
 const char *const nb_uop_expr_text[NB_UOP_COUNT] = {
     NB_UOP_LIST(NB_EW_TEXT_U) NB_UOP_DERIVATIVE_LIST(NB_EW_TEXT_D)};
 const char *const nb_bop_expr_text[NB_BOP_COUNT] = {
-    NB_BOP_LIST(NB_EW_TEXT_B) NB_CMP_LIST(NB_EW_TEXT_C)};
+    NB_BOP_LIST(NB_EW_TEXT_B) NB_BOP_DERIVATIVE_LIST(NB_EW_TEXT_B) NB_CMP_LIST(NB_EW_TEXT_C)};
 #undef NB_EW_TEXT_U
 #undef NB_EW_TEXT_D
 #undef NB_EW_TEXT_B

@@ -8,14 +8,14 @@
 #include "backend/ew_list.h"
 
 /* X(name) for every op name of the elementwise list: its unary ops, their
- * derivative kernels, its binary ops and its comparisons, in its order
+ * fused backward kernels, its binary ops and its comparisons, in its order
  * (op_unary.c and op_binary.c define them). Each row becomes "X (name)",
  * which the outer expansion turns into a call of X (a macro's name). */
 #define NB_EW_OP_NAME(ID, KNAME, NAME, ...) (NAME)
 #define NB_EW_OP_NAME_C(ID, NAME, EXPR) (NAME)
 #define NB_EW_OP_EXPAND(...) __VA_ARGS__
 #define NB_EW_OP_LIST(X)                                                         \
-  NB_EW_OP_EXPAND(NB_UOP_LIST(X NB_EW_OP_NAME) NB_UOP_DERIVATIVE_LIST(X NB_EW_OP_NAME) \
+  NB_EW_OP_EXPAND(NB_UOP_LIST(X NB_EW_OP_NAME) NB_BOP_DERIVATIVE_LIST(X NB_EW_OP_NAME) \
                   NB_BOP_LIST(X NB_EW_OP_NAME) NB_CMP_LIST(X NB_EW_OP_NAME_C))
 
 #define NB_OP_LIST(X)                                                            \

@@ -1,7 +1,9 @@
 /* Unary elementwise ops and cast: one op-table entry per row of
- * ew_list.h's unary list (nb_op_neg, nb_op_exp, ...) and of its derivative
- * list (nb_op_gelu_derivative, ...), each with its dtype rule, kernel and
- * backward rule. */
+ * ew_list.h's unary list (nb_op_neg, nb_op_exp, ...) and of its fused
+ * backward list (nb_op_gelu_tanh_backward, ...), each with its dtype rule,
+ * kernel and backward rule. */
+
+#include <string.h>
 
 #include "graph/node.h"
 #include "backend/backend.h"
@@ -84,21 +86,53 @@ static void ew_cost(const nb_op_call *c, const nb_meta *out, double flops_per, d
       .meta_only_in = SAVE || NB_UOP_##ID == NB_UOP_NEG ? 1u : 0u,                   \
       .bench_in = "r:16777216"};
 
-/* ---- the derivative kernels (ew_list.h's NB_UOP_DERIVATIVE_LIST): entries
- * that backward rules run (NB_EW_DERIVATIVE), with no gradient of their own;
- * float inputs (an integer would be computed in f32) */
-static const double derivative_flops[NB_UOP_COUNT] = {
-    [NB_UOP_GELU_ERF_D] = 8, [NB_UOP_GELU_TANH_D] = 14, [NB_UOP_SILU_D] = 7};
+/* ---- the fused backward kernels (ew_list.h's NB_BOP_DERIVATIVE_LIST): entries
+ * that backward rules run (NB_EW_BACKWARD), inputs g and x of one shape,
+ * out = g * f'(x) in x's dtype (g cast to it), one rounding; no gradient of
+ * their own */
+static nb_status derivative_infer(const nb_op_call *c, nb_meta *out) {
+  const nb_tensor *g = c->in[0], *x = c->in[1];
+  char b1[200], b2[200];
+  if (!nb_dtype_is_float(x->dtype) || !nb_dtype_is_float(g->dtype) || g->ndim != x->ndim ||
+      memcmp(g->shape, x->shape, (size_t)x->ndim * sizeof x->shape[0]))
+    return nb_error_set(NB_ERR_SHAPE, "%s: g %s, x %s (expected float tensors of one shape)",
+                        c->op->name, nb_describe(g, b1, sizeof b1), nb_describe(x, b2, sizeof b2));
+  nb_meta_of(x, out);
+  return NB_OK;
+}
 
-#define DERIVATIVE_ENTRY(ID, KNAME, NAME, EXPR)                                      \
-  UNARY_FNS(ID, 0, derivative_flops[NB_UOP_##ID])                                    \
-  UNARY_OP(ID, NAME, 0, nb_no_double_backward)
-NB_UOP_DERIVATIVE_LIST(DERIVATIVE_ENTRY)
+static nb_status derivative_prepare(const nb_op_call *c, const nb_tensor **in) {
+  return (in[0] = nb_cast(c->in[0], c->in[1]->dtype)) ? NB_OK : nb_last_status();
+}
 
-#define DERIVATIVE_OP(ID, KNAME, NAME, EXPR) [NB_UOP_##ID] = &nb_op_##NAME,
-static const nb_op *const derivative_ops[NB_UOP_COUNT] = {NB_UOP_DERIVATIVE_LIST(DERIVATIVE_OP)};
-#define NB_EW_DERIVATIVE(ID, x)                                                      \
-  nb_op_run(derivative_ops[NB_UOP_##ID], 1, (const nb_tensor *const[]){x}, NULL)
+static nb_status derivative_forward(const nb_op_call *c, nb_tensor *out, nb_bop op) {
+  nb_kview ko, kx, kg;
+  nb_kview_of(out, &ko);
+  nb_kview_of(c->in[1], &kx);
+  nb_kview_of(c->in[0], &kg);
+  return nb_backend_for(nb_device_of(out))->binary(op, &ko, &kx, &kg); /* x, z = g */
+}
+
+#define DERIVATIVE_ENTRY(ID, KNAME, NAME, INT, EXPR, FLOPS)                          \
+  static nb_status forward_##ID(const nb_op_call *c, nb_tensor *out, nb_tensor **aux) { \
+    (void)aux;                                                                       \
+    return derivative_forward(c, out, NB_BOP_##ID);                                  \
+  }                                                                                  \
+  static void cost_##ID(const nb_op_call *c, const nb_meta *out, double *bytes,      \
+                        double *flops) {                                             \
+    ew_cost(c, out, FLOPS, bytes, flops);                                            \
+  }                                                                                  \
+  const nb_op nb_op_##NAME = {                                                       \
+      .name = #NAME, .kind = NB_OPK_BINARY, .n_in = 2, .in_names = {"g", "x"},       \
+      .prec = NB_PREC_FOLLOW, .infer = derivative_infer, .prepare = derivative_prepare, \
+      .forward = forward_##ID, .backward = nb_no_double_backward, .cost = cost_##ID, \
+      .bench_in = "r:16777216,r:16777216"};
+NB_BOP_DERIVATIVE_LIST(DERIVATIVE_ENTRY)
+
+#define DERIVATIVE_OP(ID, KNAME, NAME, ...) [NB_BOP_##ID] = &nb_op_##NAME,
+static const nb_op *const derivative_ops[NB_BOP_COUNT] = {NB_BOP_DERIVATIVE_LIST(DERIVATIVE_OP)};
+#define NB_EW_BACKWARD(ID, g, x)                                                     \
+  nb_op_run(derivative_ops[NB_BOP_##ID], 2, (const nb_tensor *const[]){g, x}, NULL)
 
 /* ---- the unary ops (ew_list.h's NB_UOP_LIST): its backward column is the
  * rule (g the output's gradient, x the input, y the output, saved when

@@ -187,6 +187,7 @@ static const unsigned char uop_int_ok[NB_UOP_COUNT] = {NB_UOP_LIST(UOP_INT_OK)};
     typedef T ew_t;                                                                  \
     switch (op) {                                                                    \
     NB_BOP_LIST(BOP_CASE)                                                            \
+    NB_BOP_DERIVATIVE_LIST(BOP_CASE)                                                 \
     default: break;                                                                  \
     }                                                                                \
   }

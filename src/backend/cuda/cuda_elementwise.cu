@@ -442,6 +442,7 @@ extern "C" nb_status nb_cuda_unary(nb_uop op, const nb_kview *out, const nb_kvie
 template <typename C> __device__ __forceinline__ C nb_bop_apply(int op, C x, C z) {
   switch (op) {
   NB_BOP_LIST(NB_BOP_APPLY)
+  NB_BOP_DERIVATIVE_LIST(NB_BOP_APPLY)
   NB_CMP_LIST(NB_CMP_APPLY)
   default: return x;
   }
@@ -556,6 +557,7 @@ static void binary_vec(const nb_cuda_ctx *ctx, nb_bop op, T *out, const T *a, co
                        int sb, int64_t n, int is_bool) {
   switch (op) {
   NB_BOP_LIST(NB_BOP_LAUNCH)
+  NB_BOP_DERIVATIVE_LIST(NB_BOP_LAUNCH)
   default: break;
   }
 }
@@ -632,6 +634,7 @@ template <typename T, int PER_OP = nb_ew_per_op<T>::value> struct nb_binary_bcas
                  int64_t row, int col, int64_t rs, int swap) {
     switch (op) {
     NB_BOP_LIST(NB_BOP_BCAST)
+    NB_BOP_DERIVATIVE_LIST(NB_BOP_BCAST)
     default: return 0;
     }
   }
