@@ -174,7 +174,7 @@ nb_tensor *gpt_forward(const gpt_model *m, const nb_tensor *idx) {
     x = nb_scope_return(nb_add(x, gpt_mlp(b, nb_layer_norm(x, 1, b->ln2_w, b->ln2_b, GPT_LN_EPS))));
   }
   x = nb_layer_norm(x, 1, m->lnf_w, m->lnf_b, GPT_LN_EPS);
-  return nb_matmul(x, nb_transpose(m->wte, 0, 1)); /* (B,T,V), head tied to wte */
+  return nb_linear(x, m->wte, NULL); /* (B,T,V): the head is wte itself (tied), read as (V, C) */
 }
 
 nb_tensor *gpt_loss(const gpt_model *m, const nb_tensor *idx, const nb_tensor *targets) {
