@@ -1,8 +1,9 @@
 /* CPU GEMM with a fused epilogue (the gemm_ex entry): the reference the
  * CUDA entry is checked against.
  *
- * The product runs through nb_cpu_matmul in the accumulator type (f32, f64
- * for f64): f16/bf16 operands are widened to f32 copies first (exactly, so
+ * Without an epilogue the call is nb_cpu_matmul's. Otherwise the product
+ * runs through nb_cpu_matmul in the accumulator type (f32, f64 for f64):
+ * f16/bf16 operands are widened to f32 copies first (exactly, so
  * the product is the f32-accumulated product of the 16-bit values), and the
  * product goes straight into out when out has the accumulator type and the
  * epilogue does not read c. One pass then applies nb_gemm_epilogue
@@ -189,6 +190,9 @@ nb_status nb_cpu_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview 
   if (!ep) ep = &plain;
   int64_t M = out->shape[0], N = out->shape[1];
   if (M * N == 0) return NB_OK;
+  /* no epilogue, one dtype: nb_cpu_matmul accumulates in f32 (f64) and
+   * rounds once into out, the same result without the widened copies */
+  if (gx_plain(ep) && out->dtype == a->dtype) return nb_cpu_matmul(out, a, b);
   nb_dtype acc = a->dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_kview wa, wb, P;
   void *ma = NULL, *mb = NULL, *mp = NULL;
