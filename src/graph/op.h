@@ -12,7 +12,7 @@
  * description and holds a copy of the parameters, so a captured graph has
  * everything needed to replay, fuse or plan it.
  *
- * Compositions (mean, var, std, linear, mse_loss, ...) are not entries:
+ * Compositions (mean, var, std, mse_loss, ...) are not entries:
  * they are functions written with the primitives, so a graph contains only
  * primitives. */
 #ifndef NB_GRAPH_OP_H
