@@ -199,7 +199,7 @@ static nb_status norm_forward(const nb_op_call *c, nb_tensor *y, nb_tensor **aux
       .backward = nb_no_double_backward, .bench_in = BWD_IN, .bench_p = &NAME##_bench};
 
 NORM_OPS(layer_norm, 3, 0, "r:16384x768,r:768,r:768",
-         "r:16384x768,r:16384x768,s:16384,r:16384,r:768,r:768")
+         "r:16384x768,r:16384x768,s:16384,s:16384,r:768,r:768")
 NORM_OPS(rms_norm, 2, 1, "r:16384x768,r:768", "r:16384x768,r:16384x768,s:16384,-,r:768,-")
 
 nb_tensor *nb_layer_norm(const nb_tensor *x, int n_norm, const nb_tensor *weight,
