@@ -1,8 +1,8 @@
 /* scaled_dot_product_attention as one op (flash attention): the fused
  * kernels against the composed attention (matmul, softmax, matmul; taken
- * here by passing an all-true bool mask, which routes the call through the
- * composition that test_nn_ops checks against float64 and finite
- * differences), forward and the three gradients, on the CPU and, when a GPU
+ * here with NABLA_ATTENTION=composed, the composition that test_nn_ops
+ * checks against float64 and finite differences; masks, dropout and
+ * grouped heads: test_attention_mask), forward and the three gradients, on the CPU and, when a GPU
  * is present, on CUDA against the CPU. Cases: T in {1, 7, 64, 129, 1000,
  * 4097} (the large ones on the GPU only), Lq != Lk with causal aligned
  * top-left, head dims 8..256 and Dv != D, q/k/v as (B, H, T, D) views of a
@@ -85,8 +85,9 @@ static aresult run(const acase *c, const ainputs *in, nb_dtype dt, nb_device dev
   } else {
     q = leaf[0], k = leaf[1], v = leaf[2];
   }
-  nb_tensor *mask = composed ? nb_ones(2, (int64_t[]){c->Lq, c->Lk}, NB_BOOL, dev) : NULL;
-  nb_tensor *y = nb_scaled_dot_product_attention(q, k, v, mask, c->causal, 0, NULL, 0);
+  setenv("NABLA_ATTENTION", composed ? "composed" : "fused", 1);
+  nb_tensor *y = nb_scaled_dot_product_attention(q, k, v, NULL, c->causal, 0, NULL, 0);
+  setenv("NABLA_ATTENTION", "fused", 1);
   nb_tensor *w = y ? nb_to_device(nbt_randn(99, nb_ndim(y), nb_shape(y), NB_F64), dev) : NULL;
   nb_tensor *loss = y ? nb_sum(nb_mul(nb_cast(y, NB_F64), w), 0, NULL, 0) : NULL;
   if (!loss || nb_backward(loss, NULL)) {

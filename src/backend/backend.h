@@ -71,6 +71,20 @@ typedef struct {
   int gelu;
 } nb_gemm_epilogue;
 
+/* Attention's optional parts (attn_fwd, attn_bwd; NULL: none of them).
+ * mask: NULL, or a view of the scores' shape (q's batch axes, Lq, Lk), any
+ * strides (0 on broadcast axes), bool (true keeps: false adds -inf) or a
+ * float dtype added to the scaled scores before the softmax. dropout_p > 0:
+ * probability (b, i, j) of the (.., Lq, Lk) matrix (b the flat batch index
+ * over q's batch axes) is kept, times 1 / (1 - p), when u01(word 0 of
+ * Philox block (seed, offset + (b Lq + i) Lk + j)) >= p, exactly as
+ * nb_dropout numbers that matrix's elements (0 when p = 1). */
+typedef struct {
+  const nb_kview *mask;
+  double dropout_p;
+  uint64_t seed, offset;
+} nb_attn_extra;
+
 /* Mixed-precision training's control block (nn/scaler.c): f64 values on
  * the gradients' device, written by the gradient-norm pass (NB_AMP_SUMSQ)
  * and amp_update, read by the optimizer kernels, so that a step decides on

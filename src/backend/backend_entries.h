@@ -227,21 +227,29 @@ NB_BACKEND_KERNEL(scale_multi, (int n, const nb_kview *x, double s), (n, x, s), 
  * no broadcasting), the last axis of stride 1: q (.., Lq, D), k (.., Lk, D),
  * v (.., Lk, Dv), o (.., Lq, Dv); lse (.., Lq) contiguous, f64 for f64
  * inputs, else f32: the natural log of the sum over allowed keys of
- * exp(scale * q.k). causal keeps key j for query i when j <= i (aligned
- * top-left, as torch's is_causal). A row with no key (Lk = 0) gets o = 0
- * and lse = -inf. One dtype for q, k, v, o. attn_fwd may return
- * NB_ERR_UNSUPPORTED for a head dimension it lacks (the op then composes). */
+ * exp(scale * q.k + mask). causal keeps key j for query i when j <= i
+ * (aligned top-left, as torch's is_causal). Grouped-query attention: k and
+ * v (and dk, dv) may have Hkv heads on axis nb - 1 where q has Hq = G Hkv
+ * (nb >= 1, the other batch axes equal); query head h reads kv head h / G.
+ * x: mask and dropout (nb_attn_extra), or NULL. A row with no allowed key
+ * (Lk = 0, or a mask of -inf / false on the whole row) gets o = 0 and
+ * lse = -inf, and zero gradients. One dtype for q, k, v, o. attn_fwd may
+ * return NB_ERR_UNSUPPORTED for a head dimension it lacks (the op then
+ * composes). */
 NB_BACKEND_KERNEL(attn_fwd, (const nb_kview *o, const nb_kview *lse, const nb_kview *q,
-                             const nb_kview *k, const nb_kview *v, double scale, int causal),
-                  (o, lse, q, k, v, scale, causal), "attention")
+                             const nb_kview *k, const nb_kview *v, double scale, int causal,
+                             const nb_attn_extra *x),
+                  (o, lse, q, k, v, scale, causal, x), "attention")
 /* The gradients from dout (o's shape, any batch strides, last stride 1),
- * recomputing the probabilities from lse: dq, dk, dv contiguous, each
- * written whole (no accumulation), the same bits every run. */
+ * recomputing the probabilities (the same mask and dropout) from lse: dq,
+ * dk, dv (strided like o), each written whole (no accumulation; dk and dv
+ * summed over a group's query heads in head order), the same bits every
+ * run. */
 NB_BACKEND_KERNEL(attn_bwd, (const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
                              const nb_kview *dout, const nb_kview *q, const nb_kview *k,
                              const nb_kview *v, const nb_kview *o, const nb_kview *lse,
-                             double scale, int causal),
-                  (dq, dk, dv, dout, q, k, v, o, lse, scale, causal), "attention_bwd")
+                             double scale, int causal, const nb_attn_extra *x),
+                  (dq, dk, dv, dout, q, k, v, o, lse, scale, causal, x), "attention_bwd")
 
 #undef NB_BACKEND_MEMORY
 #undef NB_BACKEND_KERNEL

@@ -111,7 +111,8 @@ static nb_status qkv_forward(const nb_op_call *c, nb_tensor *o, nb_tensor **aux)
   nb_kview_of(x, &kx); nb_kview_of(o, &ko); nb_kview_of(lse, &kl);
   qkv_part(&kx, 0, H, D, &kq); qkv_part(&kx, 1, H, D, &kk); qkv_part(&kx, 2, H, D, &kv);
   qkv_part(&ko, 0, H, D, &kvo);
-  return nb_backend_for(dev)->attn_fwd(&kvo, &kl, &kq, &kk, &kv, p->scale, p->causal);
+  return nb_backend_for(dev)->attn_fwd(&kvo, &kl, &kq, &kk, &kv, p->scale, p->causal,
+                                      NULL);
 }
 
 static nb_status qkv_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
@@ -146,7 +147,7 @@ static nb_status qkv_backward_forward(const nb_op_call *c, nb_tensor *dqkv, nb_t
   qkv_part(&kx, 0, H, D, &q); qkv_part(&kx, 1, H, D, &k); qkv_part(&kx, 2, H, D, &v);
   qkv_part(&kg, 0, H, D, &g); qkv_part(&ko, 0, H, D, &o);
   return nb_backend_for(nb_device_of(dqkv))->attn_bwd(&dq, &dk, &dv, &g, &q, &k, &v, &o, &kl,
-                                                      p->scale, p->causal);
+                                                      p->scale, p->causal, NULL);
 }
 
 /* ---- cost --------------------------------------------------------------- */

@@ -330,7 +330,9 @@ static nb_status att_launch(const nb_cuda_ctx *ctx, K k, int64_t grid, size_t sm
 
 extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, const nb_kview *q,
                                       const nb_kview *k, const nb_kview *v, double scale,
-                                      int causal) {
+                                      int causal, const nb_attn_extra *x) {
+  if (x || (q->ndim > 2 && k->shape[q->ndim - 3] != q->shape[q->ndim - 3]))
+    return nb_error_set(NB_ERR_UNSUPPORTED, "attention (cuda): mask, dropout, grouped heads");
   att_args a = att_make(q, k, v, o, NULL, scale, causal);
   a.lse = lse->data;
   int nc = att_chunks(a);
@@ -353,7 +355,9 @@ extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, co
 extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
                                       const nb_kview *dout, const nb_kview *q, const nb_kview *k,
                                       const nb_kview *v, const nb_kview *o, const nb_kview *lse,
-                                      double scale, int causal) {
+                                      double scale, int causal, const nb_attn_extra *x) {
+  if (x || (q->ndim > 2 && k->shape[q->ndim - 3] != q->shape[q->ndim - 3]))
+    return nb_error_set(NB_ERR_UNSUPPORTED, "attention backward (cuda): mask, dropout, grouped heads");
   att_args a = att_make(q, k, v, o, dout, scale, causal);
   a.lse = lse->data;
   a.dq = att_view_of(dq, a.nb); a.dk = att_view_of(dk, a.nb); a.dv = att_view_of(dv, a.nb);
