@@ -511,7 +511,9 @@ static int train_build(trainer *tr) {
   if (!strcmp(o->precision, "f16")) tr->scaler = nb_scaler_new(NB_SCALER_DEFAULTS);
   else tr->scaler = nb_scaler_new(1.0, 1.0, 1.0, 1);
   if (!tr->scaler) return train_fail("creating the loss scaler");
+  nb_scope_begin(); /* nb_keep takes the one reference the trainer holds */
   tr->loss_dev = nb_keep(nb_zeros(1, (int64_t[]){o->steps}, NB_F32, tr->device));
+  nb_scope_end();
   if (!tr->loss_dev) return train_fail("allocating the loss history");
   tr->loss = calloc((size_t)o->steps, sizeof *tr->loss);
   tr->cap_eval = 1024 + (o->eval_every ? (int)(o->steps / o->eval_every) + 2 : 2);
