@@ -78,8 +78,9 @@ int main(int argc, char **argv) {
   nb_rng rng = nb_rng_new(7);
   int64_t s23[2] = {2, 3}, s4[1] = {4}, s0[2] = {0, 5}, s222[3] = {2, 2, 2};
   nb_tensor *all[NB_DTYPE_COUNT];
-  const char *names[NB_DTYPE_COUNT] = {"f64", "f32", "f16", "bf16", "i64", "i32", "u8", "bool"};
+  const char *names[NB_DTYPE_COUNT];
   for (int d = 0; d < NB_DTYPE_COUNT; d++) {
+    names[d] = nb_dtype_name((nb_dtype)d);
     nb_tensor *a = nb_arange(0, 6, 1, NB_F64, NB_DEVICE_CPU);
     all[d] = nb_cast(nb_reshape(a, 2, s23), (nb_dtype)d);
     seed_save(dir, names[d], 1, &names[d], &all[d], 0, NULL, NULL);

@@ -52,14 +52,23 @@ const char *nb_status_name(nb_status s);
 /* ---- dtypes and devices ---------------------------------------------- */
 typedef enum {
   NB_F64, NB_F32, NB_F16, NB_BF16, NB_I64, NB_I32, NB_U8, NB_BOOL,
+  /* 8-bit floats, storage only (as PyTorch's float8 types): casts, copies,
+   * clones, views, transfers and nb_scaled_mm take them; every other op
+   * refuses them. E4M3 is OCP FP8 E4M3FN (bias 7, no infinities, NaN
+   * 0x7F/0xFF, largest 448); E5M2 is IEEE-like (bias 15, infinities and
+   * NaNs, largest 57344). nb_dtype_is_float is 0 for them. */
+  NB_F8E4M3, NB_F8E5M2,
   NB_DTYPE_COUNT
 } nb_dtype;
 
 size_t nb_dtype_size(nb_dtype dt);
 const char *nb_dtype_name(nb_dtype dt);
 int nb_dtype_is_float(nb_dtype dt);
+int nb_dtype_is_fp8(nb_dtype dt); /* NB_F8E4M3 or NB_F8E5M2 */
 /* Type promotion (docs/ARCHITECTURE.md has the table): bool < u8 < i32 < i64
- * < any float; among floats the wider wins and f16 with bf16 gives f32. */
+ * < any float; among floats the wider wins and f16 with bf16 gives f32.
+ * The fp8 types rank below f16 (e4m3 with e5m2 gives f16, which holds
+ * both exactly), though no op but a cast computes on them. */
 nb_dtype nb_promote(nb_dtype a, nb_dtype b);
 
 /* Exact conversions: round-to-nearest-even, NaN and infinities kept. */
@@ -67,6 +76,15 @@ uint16_t nb_f32_to_f16(float x);
 float nb_f16_to_f32(uint16_t h);
 uint16_t nb_f32_to_bf16(float x);
 float nb_bf16_to_f32(uint16_t h);
+/* FP8, PyTorch's semantics for a cast from f32: round to nearest, ties to
+ * even, no saturation. E4M3: a value that rounds past 448 (|x| > 464),
+ * an infinity or a NaN gives NaN (0x7F with x's sign); E5M2: past 57344
+ * (|x| >= 61440) gives an infinity, a NaN gives 0x7F with x's sign. The
+ * decoders are exact (every fp8 value is an f32). */
+uint8_t nb_f32_to_f8e4m3(float x);
+float nb_f8e4m3_to_f32(uint8_t b);
+uint8_t nb_f32_to_f8e5m2(float x);
+float nb_f8e5m2_to_f32(uint8_t b);
 
 typedef enum { NB_CPU = 0, NB_CUDA = 1 } nb_device_type;
 typedef struct { nb_device_type type; int index; } nb_device;
@@ -351,6 +369,18 @@ nb_tensor *nb_sum_to_shape(const nb_tensor *t, int ndim, const int64_t *shape);
 /* NumPy matmul semantics: 1-D operands are promoted, batch dims broadcast.
  * Operand strides are used as they are: a transposed view costs no copy. */
 nb_tensor *nb_matmul(const nb_tensor *a, const nb_tensor *b);
+/* FP8 product with per-tensor scales, as torch._scaled_mm:
+ * out (M, N) = scale_a * scale_b * (a (M, K) @ b (K, N)), a and b NB_F8E4M3
+ * or NB_F8E5M2 (any mix), scale_a and scale_b one-element f32 tensors (read
+ * on the device: no host wait), out_dtype NB_BF16, NB_F16 or NB_F32. The
+ * product is accumulated in f32 (the CPU: f64) and the scales are applied
+ * once, to the accumulated sum. On a compute capability 9.0 GPU the
+ * tensor-core kernel takes a row-major a and a b whose K axis is
+ * contiguous (b = w^T for a row-major w (N, K): the NT layout), rows
+ * 16-byte aligned (K a multiple of 16); other layouts and devices take a
+ * slower portable kernel. No gradient flows through it. */
+nb_tensor *nb_scaled_mm(const nb_tensor *a, const nb_tensor *b, const nb_tensor *scale_a,
+                        const nb_tensor *scale_b, nb_dtype out_dtype);
 nb_tensor *nb_cat(int n, nb_tensor *const *ts, int axis);
 nb_tensor *nb_stack(int n, nb_tensor *const *ts, int axis);
 /* Fills out[0..] with views; returns the number of pieces or < 0. */

@@ -49,6 +49,12 @@ static nb_tensor *c_argmax(nb_tensor *const *x) { return nb_argmax(x[0], -1, 0);
 static nb_tensor *c_argmin(nb_tensor *const *x) { return nb_argmin(x[0], 0, 1); }
 static nb_tensor *c_matmul(nb_tensor *const *x) { return nb_matmul(x[0], x[1]); }
 static nb_tensor *c_linear(nb_tensor *const *x) { return nb_linear(x[0], x[1], x[2]); }
+/* x (M, K) and w (N, K) rounded to e4m3, b = w^T (the NT layout), f32 out */
+static nb_tensor *c_scaled_mm(nb_tensor *const *x) {
+  nb_device d = nb_device_of(x[0]);
+  return nb_scaled_mm(nb_cast(x[0], NB_F8E4M3), nb_transpose(nb_cast(x[1], NB_F8E4M3), 0, 1),
+                      nb_scalar(0.75, NB_F32, d), nb_scalar(1.5, NB_F32, d), NB_F32);
+}
 static nb_tensor *c_xent(nb_tensor *const *x) {
   return nb_cross_entropy(x[0], x[1], NB_REDUCE_MEAN, -100, 0.0);
 }
@@ -133,6 +139,7 @@ static const op_case CASES[] = {
   CT("matmul", c_matmul, "r:2x3x17x9,r:9x6", GRAD, 4),
   CT("linear", c_linear, "r:3x5x33,r:6x33,r:6", GRAD, 4),
   CT("linear", c_linear, "r:9,r:7x9,-", GRAD, 4),
+  C("scaled_mm", c_scaled_mm, "r:7x48,r:5x48", NO16), /* f16/bf16 inputs round twice */
   /* losses */
   C("cross_entropy", c_xent, "r:9x21,i21:9", GRAD),
   C("cross_entropy", c_xent_smooth, "r:9x21,i21:9", GRAD),

@@ -79,6 +79,12 @@ NB_BACKEND_KERNEL(matmul, (const nb_kview *out, const nb_kview *a, const nb_kvie
 NB_BACKEND_KERNEL(gemm_ex, (const nb_kview *out, const nb_kview *a, const nb_kview *b,
                             const nb_gemm_epilogue *ep),
                   (out, a, b, ep), ep && ep->gelu ? "gemm_gelu" : ep && ep->bias ? "gemm_bias" : "gemm")
+/* out (M, N) = s_a s_b (a (M, K) @ b (K, N)) (nb_scaled_mm): 2-D views, any
+ * strides; a and b fp8 (either format each); s_a, s_b one-element f32 views
+ * read by the kernel; out bf16, f16 or f32. */
+NB_BACKEND_KERNEL(scaled_mm, (const nb_kview *out, const nb_kview *a, const nb_kview *b,
+                              const nb_kview *scale_a, const nb_kview *scale_b),
+                  (out, a, b, scale_a, scale_b), "scaled_mm")
 
 /* ---- random: element i (row-major in out) uses Philox block offset + i. */
 NB_BACKEND_KERNEL(rand_uniform, (const nb_kview *out, uint64_t seed, uint64_t offset, double lo,

@@ -5,9 +5,9 @@
 #include "core/core.h"
 #include "core/half.h"
 
-static const size_t dtype_sizes[NB_DTYPE_COUNT] = {8, 4, 2, 2, 8, 4, 1, 1};
-static const char *const dtype_names[NB_DTYPE_COUNT] = {"f64", "f32", "f16", "bf16",
-                                                        "i64", "i32", "u8",  "bool"};
+static const size_t dtype_sizes[NB_DTYPE_COUNT] = {8, 4, 2, 2, 8, 4, 1, 1, 1, 1};
+static const char *const dtype_names[NB_DTYPE_COUNT] = {"f64", "f32", "f16",  "bf16",   "i64",
+                                                        "i32", "u8",  "bool", "f8e4m3", "f8e5m2"};
 
 size_t nb_dtype_size(nb_dtype dt) { return (unsigned)dt < NB_DTYPE_COUNT ? dtype_sizes[dt] : 0; }
 
@@ -16,12 +16,16 @@ const char *nb_dtype_name(nb_dtype dt) {
 }
 
 int nb_dtype_is_float(nb_dtype dt) { return dt == NB_F64 || dt == NB_F32 || dt == NB_F16 || dt == NB_BF16; }
+int nb_dtype_is_fp8(nb_dtype dt) { return dt == NB_F8E4M3 || dt == NB_F8E5M2; }
 
 /* Rank within a category; promotion takes the higher category, then the
  * higher rank. f16 and bf16 share a rank: together they give f32. */
-static int category(nb_dtype dt) { return dt == NB_BOOL ? 0 : nb_dtype_is_float(dt) ? 2 : 1; }
+static int category(nb_dtype dt) {
+  return dt == NB_BOOL ? 0 : nb_dtype_is_float(dt) || nb_dtype_is_fp8(dt) ? 2 : 1;
+}
 static int rank(nb_dtype dt) {
   switch (dt) {
+  case NB_F8E4M3: case NB_F8E5M2: return -1;
   case NB_U8: case NB_F16: case NB_BF16: return 0;
   case NB_I32: case NB_F32: return 1;
   case NB_I64: case NB_F64: return 2;
@@ -34,7 +38,7 @@ nb_dtype nb_promote(nb_dtype a, nb_dtype b) {
   int ca = category(a), cb = category(b);
   if (ca != cb) return ca > cb ? a : b;
   if (rank(a) != rank(b)) return rank(a) > rank(b) ? a : b;
-  return NB_F32; /* f16 with bf16 */
+  return nb_dtype_is_fp8(a) ? NB_F16 : NB_F32; /* e4m3 with e5m2; f16 with bf16 */
 }
 
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -81,6 +85,50 @@ float nb_f16_to_f32(uint16_t h) {
   return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
+/* ---- fp8 ----------------------------------------------------------------
+ * One encoder for both formats (mb mantissa bits, exponent bias, the
+ * largest finite code and the code an overflow gives), on the f32 bits:
+ * below the smallest normal the value is scaled to units of the smallest
+ * subnormal (a power-of-two scaling, exact) and rounded to an integer, ties
+ * to even (the count 2^mb is the smallest normal's code); above it the
+ * mantissa keeps mb bits, ties to even, a carry running into the exponent.
+ * A code past the largest finite one (an infinity included) is the
+ * overflow code. NaN keeps its sign: 0x7F is NaN in both formats. */
+typedef struct { int mb, bias; uint32_t maxc, ovf; } f8_fmt;
+static const f8_fmt f8_e4m3 = {3, 7, 0x7e, 0x7f}, f8_e5m2 = {2, 15, 0x7b, 0x7c};
+
+static uint8_t f8_encode(float x, const f8_fmt *f) {
+  uint32_t u = f32_bits(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+  int e = (int)(a >> 23) - 127, emin = 1 - f->bias;
+  uint32_t r;
+  if (e < emin) {
+    float s = bits_f32(a) * ldexpf(1.0f, f->mb - emin); /* exact */
+    r = (uint32_t)nearbyintf(s);                           /* ties to even */
+  } else {
+    int shift = 23 - f->mb;
+    uint32_t m = a & 0x7fffffu, half = 1u << (shift - 1), rest = m & ((1u << shift) - 1);
+    r = ((uint32_t)(e - emin + 1) << f->mb) | (m >> shift);
+    if (rest > half || (rest == half && (r & 1u))) r++;
+  }
+  return (uint8_t)(sign | (r > f->maxc ? f->ovf : r));
+}
+
+static float f8_decode(uint8_t b, const f8_fmt *f) {
+  uint32_t sign = (uint32_t)(b & 0x80u) << 24, ef = (b & 0x7fu) >> f->mb, m = b & ((1u << f->mb) - 1);
+  float v;
+  if ((b & 0x7fu) > f->ovf || (f->ovf == 0x7f && (b & 0x7fu) == 0x7f)) v = NAN;
+  else if ((b & 0x7fu) == f->ovf) v = INFINITY; /* e5m2 only */
+  else if (ef == 0) v = ldexpf((float)m, 1 - f->bias - f->mb);
+  else return bits_f32(sign | ((ef + 127 - (uint32_t)f->bias) << 23) | (m << (23 - f->mb)));
+  return sign ? -v : v;
+}
+
+uint8_t nb_f32_to_f8e4m3(float x) { return f8_encode(x, &f8_e4m3); }
+uint8_t nb_f32_to_f8e5m2(float x) { return f8_encode(x, &f8_e5m2); }
+float nb_f8e4m3_to_f32(uint8_t b) { return f8_decode(b, &f8_e4m3); }
+float nb_f8e5m2_to_f32(uint8_t b) { return f8_decode(b, &f8_e5m2); }
+
 double nb_load_f64(const void *p, nb_dtype dt) {
   switch (dt) {
   case NB_F64: return *(const double *)p;
@@ -91,6 +139,8 @@ double nb_load_f64(const void *p, nb_dtype dt) {
   case NB_I32: return *(const int32_t *)p;
   case NB_U8: return *(const uint8_t *)p;
   case NB_BOOL: return *(const uint8_t *)p != 0;
+  case NB_F8E4M3: return nb_f8e4m3_to_f32(*(const uint8_t *)p);
+  case NB_F8E5M2: return nb_f8e5m2_to_f32(*(const uint8_t *)p);
   default: return NAN;
   }
 }
@@ -114,6 +164,8 @@ void nb_store_f64(void *p, nb_dtype dt, double v) {
   case NB_I32: *(int32_t *)p = (int32_t)sat_i64(v, -2147483648.0, 2147483647.0); break;
   case NB_U8: *(uint8_t *)p = (uint8_t)sat_i64(v, 0.0, 255.0); break;
   case NB_BOOL: *(uint8_t *)p = v != 0; break;
+  case NB_F8E4M3: *(uint8_t *)p = nb_f64_to_f8e4m3(v); break;
+  case NB_F8E5M2: *(uint8_t *)p = nb_f64_to_f8e5m2(v); break;
   default: break;
   }
 }

@@ -27,5 +27,10 @@ static inline float nb_f64_to_f32_odd(double v) {
 
 static inline uint16_t nb_f64_to_f16(double v) { return nb_f32_to_f16(nb_f64_to_f32_odd(v)); }
 static inline uint16_t nb_f64_to_bf16(double v) { return nb_f32_to_bf16(nb_f64_to_f32_odd(v)); }
+/* fp8 the same way (f32 has 20 bits beyond e4m3's 4 and e5m2's 3). An f64
+ * beyond f32's range rounds to odd onto FLT_MAX, which overflows fp8 as the
+ * value itself does. */
+static inline uint8_t nb_f64_to_f8e4m3(double v) { return nb_f32_to_f8e4m3(nb_f64_to_f32_odd(v)); }
+static inline uint8_t nb_f64_to_f8e5m2(double v) { return nb_f32_to_f8e5m2(nb_f64_to_f32_odd(v)); }
 
 #endif

@@ -92,6 +92,10 @@ struct nb_op {
   /* For views instead of allocate + forward: the output aliasing in[0]. */
   nb_tensor *(*view)(const nb_op_call *c, const nb_meta *out);
   int always_forward;
+  /* Takes fp8 inputs (NB_F8E4M3, NB_F8E5M2: storage-only dtypes): casts,
+   * clone, transfers and scaled_mm. Views take them too (kind VIEW); every
+   * other op refuses them in nb_op_run with a message naming op and dtype. */
+  int fp8;
   /* The backward rule (NULL: no gradient flows through the op). It reads
    * n->inputs, n->saved and nb_node_params(n). */
   nb_backward_fn backward;

@@ -27,8 +27,8 @@
 #define ST_MAX_DEPTH 16
 
 /* safetensors dtype codes in nb_dtype order */
-static const char *const st_dtype_codes[NB_DTYPE_COUNT] = {"F64", "F32", "F16", "BF16",
-                                                           "I64", "I32", "U8",  "BOOL"};
+static const char *const st_dtype_codes[NB_DTYPE_COUNT] = {
+    "F64", "F32", "F16", "BF16", "I64", "I32", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
 
 typedef struct {
   char *name;
@@ -188,7 +188,7 @@ static int st_parse_entry(const nb_st_file *f, const nb_json *key, const nb_json
     return st_reject(f, "tensor \"%.80s\": missing string field \"dtype\"", e->name);
   if (st_dtype_parse(dt->str, &e->dtype))
     return st_reject(f, "tensor \"%.80s\": unsupported dtype \"%.20s\" (expected F64, F32, F16, BF16, "
-                     "I64, I32, U8 or BOOL)", e->name, dt->str);
+                     "I64, I32, U8, BOOL, F8_E4M3 or F8_E5M2)", e->name, dt->str);
   if (st_parse_shape(f, e->name, nb_json_get(v, "shape"), e)) return -1;
   if (st_parse_offsets(f, e->name, nb_json_get(v, "data_offsets"), e)) return -1;
   return st_check_span(f, e);
@@ -466,10 +466,10 @@ typedef struct {
 } st_item;
 
 /* The Python library's data order: by its dtype enum, descending (I64,
- * F64, F32, I32, BF16, F16, U8, BOOL: element sizes never grow, so every
- * tensor starts aligned to its element size, the header being padded to 8),
- * then by name. Indexed by nb_dtype. */
-static const int st_dtype_rank[NB_DTYPE_COUNT] = {6, 5, 2, 3, 7, 4, 1, 0};
+ * F64, F32, I32, BF16, F16, F8_E4M3, F8_E5M2, U8, BOOL: element sizes never
+ * grow, so every tensor starts aligned to its element size, the header
+ * being padded to 8), then by name. Indexed by nb_dtype. */
+static const int st_dtype_rank[NB_DTYPE_COUNT] = {8, 7, 4, 5, 9, 6, 1, 0, 3, 2};
 
 static int st_cmp_items(const void *a, const void *b) {
   const st_item *x = a, *y = b;

@@ -291,7 +291,7 @@ const nb_op nb_op_to_device = {
     .name = "to_device", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"t"},
     .psize = sizeof(to_device_params), .prec = NB_PREC_FOLLOW, .infer = to_device_infer,
     .prepare = to_device_prepare, .forward = to_device_forward, .backward = to_device_bw,
-    .meta_only_in = 1u};
+    .meta_only_in = 1u, .fp8 = 1};
 
 nb_tensor *nb_to_device(const nb_tensor *t, nb_device dev) {
   if (!t) { nb_error_null("nb_to_device", "t"); return NULL; }
@@ -323,7 +323,7 @@ static int rand_dtype_ok(const char *name, nb_dtype dt, int want_float) {
     nb_error_set(NB_ERR_DTYPE, "nb_%s: dtype %s (expected f64, f32, f16 or bf16)", name, nb_dtype_name(dt));
     return 0;
   }
-  if (!want_float && (nb_dtype_is_float(dt) || dt == NB_BOOL)) {
+  if (!want_float && (nb_dtype_is_float(dt) || nb_dtype_is_fp8(dt) || dt == NB_BOOL)) {
     nb_error_set(NB_ERR_DTYPE, "nb_%s: dtype %s (expected i64, i32 or u8)", name, nb_dtype_name(dt));
     return 0;
   }

@@ -23,8 +23,8 @@
   NB_EW_OP_LIST(X) X(where) X(clamp) X(cast)                                    \
   /* reductions (op_reduce.c) */                                                 \
   X(sum) X(max) X(min) X(argmax) X(argmin)                                      \
-  /* contractions (op_matmul.c, op_linear.c) */                                  \
-  X(matmul) X(linear)                                                           \
+  /* contractions (op_matmul.c, op_linear.c, op_scaled_mm.c) */                  \
+  X(matmul) X(linear) X(scaled_mm)                                              \
   /* losses (op_loss.c) */                                                       \
   X(cross_entropy) X(cross_entropy_backward)                                    \
   /* indexing (op_index.c) */                                                   \

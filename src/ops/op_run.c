@@ -21,6 +21,21 @@ static nb_status check_inputs(const nb_op *op, int n, const nb_tensor *const *in
   return nb_op_same_device(op->name, n, in);
 }
 
+/* fp8 tensors are storage: only the ops marked for them and views take them. */
+static nb_status check_fp8(const nb_op *op, int n, const nb_tensor *const *in) {
+  if (op->fp8 || op->kind == NB_OPK_VIEW) return NB_OK;
+  for (int i = 0; i < n; i++) {
+    if (!in[i] || !nb_dtype_is_fp8(in[i]->dtype)) continue;
+    char what[24];
+    snprintf(what, sizeof what, "input %d", i);
+    return nb_error_set(NB_ERR_DTYPE, "%s: %s is %s, a storage-only dtype (fp8 tensors take casts, "
+                        "copies, views and scaled_mm; cast to a wider float first)", op->name,
+                        i < NB_OP_MAX_IN && op->in_names[i] ? op->in_names[i] : what,
+                        nb_dtype_name(in[i]->dtype));
+  }
+  return NB_OK;
+}
+
 /* ---- autocast ----------------------------------------------------------------
  * Inside nb_autocast_begin(low) .. nb_autocast_end() each call's float
  * inputs (f64 excepted, as in PyTorch) are cast by the op's precision
@@ -144,6 +159,7 @@ nb_status nb_op_run_outs(const nb_op *op, int n, const nb_tensor *const *in, con
   int n_out = op->n_out ? op->n_out : 1;
   for (int i = 0; i < n_out; i++) outs[i] = NULL;
   nb_status st = check_inputs(op, n, in);
+  if (!st) st = check_fp8(op, n, in);
   if (st) return st;
   nb_scope_begin();
   /* a variadic op (cat) may have more inputs than the array on the stack */

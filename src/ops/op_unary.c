@@ -189,7 +189,7 @@ static const cast_params cast_bench = {NB_BF16}; /* autocast's f32 -> bf16 */
 const nb_op nb_op_cast = {
     .name = "cast", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"x"},
     .psize = sizeof(cast_params), .prec = NB_PREC_FOLLOW, .infer = cast_infer,
-    .forward = cast_forward, .backward = cast_bw, .cost = cast_cost, .meta_only_in = 1u,
+    .forward = cast_forward, .backward = cast_bw, .cost = cast_cost, .meta_only_in = 1u, .fp8 = 1,
     .bench_in = "r:16777216", .bench_p = &cast_bench};
 
 nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dt) {

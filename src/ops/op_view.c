@@ -569,7 +569,7 @@ static nb_status identity_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
 const nb_op nb_op_clone = {
     .name = "clone", .kind = NB_OPK_OPAQUE, .n_in = 1, .in_names = {"t"},
     .prec = NB_PREC_FOLLOW, .infer = clone_infer, .forward = clone_forward,
-    .backward = identity_bw, .meta_only_in = 1u, .bench_in = "r:16777216"};
+    .backward = identity_bw, .meta_only_in = 1u, .fp8 = 1, .bench_in = "r:16777216"};
 
 nb_tensor *nb_clone(const nb_tensor *t) {
   CHECK_NULL("nb_clone", t);

@@ -301,7 +301,7 @@ static void fill_strip(void *vc, int64_t n, char *const *p, const int64_t *s, in
 /* One element of dtype dt holding v (floats rounded, integers truncated
  * with saturation). */
 static void encode_scalar(nb_dtype dt, double v, unsigned char *out) {
-  if (nb_dtype_is_float(dt)) nb_store_f64(out, dt, v);
+  if (nb_dtype_is_float(dt) || nb_dtype_is_fp8(dt)) nb_store_f64(out, dt, v);
   else nb_cpu_put_f64((char *)out, dt, v);
 }
 
@@ -338,18 +338,21 @@ nb_status nb_cpu_arange(const nb_kview *out, double start, double step) {
 /* ---- copy --------------------------------------------------------------- */
 typedef struct { nb_dtype od, id; size_t oes, ies; } copy_ctx;
 
-static int is_half(nb_dtype dt) { return dt == NB_F16 || dt == NB_BF16; }
+/* f16, bf16 and the fp8 types: every value an f32 */
+static int is_half(nb_dtype dt) { return dt == NB_F16 || dt == NB_BF16 || nb_dtype_is_fp8(dt); }
 
-/* Converts one tile. f32/f16/bf16 among themselves go through f32 (exact);
- * other float sources through f64 (exact); integer sources through i64, so
- * large integers never pass through a double. */
+/* Converts one tile. f32/f16/bf16/fp8 among themselves go through f32
+ * (exact; one rounding into the narrower type); other float sources
+ * through f64 (exact; f64 to f16/bf16/fp8 rounds once, core/half.h);
+ * integer sources through i64, so large integers never pass through a
+ * double (an integer to fp8 through a double: exact below 2^53). */
 static void convert_tile(const copy_ctx *c, int64_t m, char *d, int64_t ds, const char *s,
                          int64_t ss) {
   if ((c->id == NB_F32 || is_half(c->id)) && (c->od == NB_F32 || is_half(c->od))) {
     float buf[TILE];
     nb_cpu_load_f32(c->id, m, s, ss, buf);
     nb_cpu_store_f32(c->od, m, buf, d, ds);
-  } else if (nb_dtype_is_float(c->id)) {
+  } else if (nb_dtype_is_float(c->id) || nb_dtype_is_fp8(c->id)) {
     double buf[TILE];
     nb_cpu_load_f64(c->id, m, s, ss, buf);
     nb_cpu_store_f64(c->od, m, buf, d, ds);

@@ -215,6 +215,8 @@ static inline void nb_cpu_put_i64(char *p, nb_dtype dt, int64_t v) {
   /* via double: exact below 2^53, then correctly rounded (core/half.h) */
   case NB_F16: *(uint16_t *)p = nb_f64_to_f16((double)v); break;
   case NB_BF16: *(uint16_t *)p = nb_cpu_f32_bf16(nb_f64_to_f32_odd((double)v)); break;
+  case NB_F8E4M3: *(uint8_t *)p = nb_f64_to_f8e4m3((double)v); break;
+  case NB_F8E5M2: *(uint8_t *)p = nb_f64_to_f8e5m2((double)v); break;
   default: break;
   }
 }
@@ -222,6 +224,10 @@ static inline void nb_cpu_put_i64(char *p, nb_dtype dt, int64_t v) {
 /* A float value to an integer (or bool) dtype: truncation toward zero,
  * saturating at the dtype's range, NaN to 0 (bool: nonzero, NaN true). */
 static inline void nb_cpu_put_f64(char *p, nb_dtype dt, double v) {
+  if (nb_dtype_is_fp8(dt)) { /* an fp8 store: rounded, as nb_store_f64 */
+    *(uint8_t *)p = dt == NB_F8E4M3 ? nb_f64_to_f8e4m3(v) : nb_f64_to_f8e5m2(v);
+    return;
+  }
   int64_t i = nb_cpu_f64_i64(v);
   switch (dt) {
   case NB_I32: i = i < INT32_MIN ? INT32_MIN : i > INT32_MAX ? INT32_MAX : i; break;
@@ -242,6 +248,8 @@ static inline int64_t nb_cpu_get_i64(const char *p, nb_dtype dt) {
   case NB_F32: return nb_cpu_f64_i64(*(const float *)p);
   case NB_F16: return nb_cpu_f64_i64(nb_cpu_f16_f32(*(const uint16_t *)p));
   case NB_BF16: return nb_cpu_f64_i64(nb_cpu_bf16_f32(*(const uint16_t *)p));
+  case NB_F8E4M3: return nb_cpu_f64_i64(nb_f8e4m3_to_f32(*(const uint8_t *)p));
+  case NB_F8E5M2: return nb_cpu_f64_i64(nb_f8e5m2_to_f32(*(const uint8_t *)p));
   default: return 0;
   }
 }
@@ -259,6 +267,8 @@ static inline void nb_cpu_load_f32(nb_dtype dt, int64_t n, const char *p, int64_
   case NB_F64: NB_CPU_LOOP(double, (float)v_); break;
   case NB_F16: NB_CPU_LOOP(uint16_t, nb_cpu_f16_f32(v_)); break;
   case NB_BF16: NB_CPU_LOOP(uint16_t, nb_cpu_bf16_f32(v_)); break;
+  case NB_F8E4M3: NB_CPU_LOOP(uint8_t, nb_f8e4m3_to_f32(v_)); break;
+  case NB_F8E5M2: NB_CPU_LOOP(uint8_t, nb_f8e5m2_to_f32(v_)); break;
   default:
     for (int64_t j = 0; j < n; j++) buf[j] = (float)nb_cpu_get_i64(p + j * s, dt);
   }
@@ -270,6 +280,8 @@ static inline void nb_cpu_load_f64(nb_dtype dt, int64_t n, const char *p, int64_
   case NB_F32: NB_CPU_LOOP(float, v_); break;
   case NB_F16: NB_CPU_LOOP(uint16_t, nb_cpu_f16_f32(v_)); break;
   case NB_BF16: NB_CPU_LOOP(uint16_t, nb_cpu_bf16_f32(v_)); break;
+  case NB_F8E4M3: NB_CPU_LOOP(uint8_t, nb_f8e4m3_to_f32(v_)); break;
+  case NB_F8E5M2: NB_CPU_LOOP(uint8_t, nb_f8e5m2_to_f32(v_)); break;
   default:
     for (int64_t j = 0; j < n; j++) buf[j] = (double)nb_cpu_get_i64(p + j * s, dt);
   }
@@ -302,6 +314,8 @@ static inline void nb_cpu_store_f32(nb_dtype dt, int64_t n, const float *buf, ch
   case NB_F64: NB_CPU_SLOOP(double, v_); break;
   case NB_F16: NB_CPU_SLOOP(uint16_t, nb_f32_to_f16((float)v_)); break;
   case NB_BF16: NB_CPU_SLOOP(uint16_t, nb_cpu_f32_bf16((float)v_)); break;
+  case NB_F8E4M3: NB_CPU_SLOOP(uint8_t, nb_f32_to_f8e4m3((float)v_)); break;
+  case NB_F8E5M2: NB_CPU_SLOOP(uint8_t, nb_f32_to_f8e5m2((float)v_)); break;
   default:
     for (int64_t j = 0; j < n; j++) nb_cpu_put_f64(p + j * s, dt, buf[j]);
   }
@@ -313,6 +327,8 @@ static inline void nb_cpu_store_f64(nb_dtype dt, int64_t n, const double *buf, c
   case NB_F32: NB_CPU_SLOOP(float, (float)v_); break;
   case NB_F16: NB_CPU_SLOOP(uint16_t, nb_f64_to_f16(v_)); break;
   case NB_BF16: NB_CPU_SLOOP(uint16_t, nb_cpu_f32_bf16(nb_f64_to_f32_odd(v_))); break;
+  case NB_F8E4M3: NB_CPU_SLOOP(uint8_t, nb_f64_to_f8e4m3(v_)); break;
+  case NB_F8E5M2: NB_CPU_SLOOP(uint8_t, nb_f64_to_f8e5m2(v_)); break;
   default:
     for (int64_t j = 0; j < n; j++) nb_cpu_put_f64(p + j * s, dt, buf[j]);
   }

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -130,6 +131,21 @@ template <> __device__ __forceinline__ __nv_bfloat16 nb_from_d<__nv_bfloat16>(do
                                nb_dtype_name(dt));                            \
   }
 
+/* fp8 (storage only): to f32 exactly through f16 (cvt.rn.f16x2.e4m3x2 /
+ * .e5m2x2 on sm_89+); from f32 or f64 with cuda_fp8.h's non-saturating
+ * conversion, rounding the value once to nearest even: the CPU's and
+ * PyTorch's rule (e4m3: past 448 after rounding, infinities and NaN give
+ * NaN; e5m2: past 57344 gives an infinity). The float form converts
+ * through the exact double, so both forms round once. NaN's sign may
+ * differ from the CPU's (the f32 form makes every NaN positive). */
+template <int E4> __device__ __forceinline__ float nb_f8_to_f(uint8_t b) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, E4 ? __NV_E4M3 : __NV_E5M2);
+  return __half2float(__half(h));
+}
+template <int E4> __device__ __forceinline__ uint8_t nb_f8_from_d(double v) {
+  return (uint8_t)__nv_cvt_double_to_fp8(v, __NV_NOSAT, E4 ? __NV_E4M3 : __NV_E5M2);
+}
+
 /* Generic element access by runtime dtype (conversion paths, rare views). */
 __device__ __forceinline__ double nb_load_any(const void *p, int dt) {
   switch (dt) {
@@ -140,6 +156,8 @@ __device__ __forceinline__ double nb_load_any(const void *p, int dt) {
   case NB_I64: return (double)*(const int64_t *)p;
   case NB_I32: return *(const int32_t *)p;
   case NB_U8: return *(const uint8_t *)p;
+  case NB_F8E4M3: return nb_f8_to_f<1>(*(const uint8_t *)p);
+  case NB_F8E5M2: return nb_f8_to_f<0>(*(const uint8_t *)p);
   default: return *(const uint8_t *)p != 0;
   }
 }
@@ -169,6 +187,8 @@ __device__ __forceinline__ void nb_store_any(void *p, int dt, double v) {
   case NB_I64: *(int64_t *)p = nb_sat_i64(v, -9223372036854775808.0, 9223372036854774784.0); break;
   case NB_I32: *(int32_t *)p = (int32_t)nb_sat_i64(v, -2147483648.0, 2147483647.0); break;
   case NB_U8: *(uint8_t *)p = (uint8_t)nb_sat_i64(v, 0.0, 255.0); break;
+  case NB_F8E4M3: *(uint8_t *)p = nb_f8_from_d<1>(v); break;
+  case NB_F8E5M2: *(uint8_t *)p = nb_f8_from_d<0>(v); break;
   default: *(uint8_t *)p = v != 0; break;
   }
 }

@@ -119,6 +119,44 @@ __global__ void nb_convert_any_kernel(char *out, int dto, int64_t eso, const cha
   }
 }
 
+/* Contiguous casts to and from fp8 (E4: e4m3, else e5m2): the value
+ * rounded once (through the exact double), or decoded exactly. */
+template <int E4, typename TI>
+__global__ void nb_to_f8_kernel(uint8_t *out, const TI *in, int64_t n) {
+  NB_GRID_LOOP(i, n) out[i] = nb_f8_from_d<E4>((double)nb_to_f(in[i]));
+}
+template <int E4, typename TO>
+__global__ void nb_from_f8_kernel(TO *out, const uint8_t *in, int64_t n) {
+  NB_GRID_LOOP(i, n) out[i] = nb_from_d<TO>(nb_f8_to_f<E4>(in[i]));
+}
+
+/* A contiguous cast between a float dtype and an fp8 one (other pairs:
+ * the generic kernel). */
+static nb_status convert_fp8(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *in,
+                             int64_t n) {
+  unsigned g = nb_cuda_blocks(ctx, n, NB_CUDA_THREADS);
+  if (nb_dtype_is_fp8(out->dtype)) {
+    uint8_t *o = (uint8_t *)out->data;
+    if (out->dtype == NB_F8E4M3) {
+      NB_CUDA_FLOAT_SWITCH(in->dtype, TI, nb_to_f8_kernel<1, TI><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+          o, (const TI *)in->data, n));
+    } else {
+      NB_CUDA_FLOAT_SWITCH(in->dtype, TI, nb_to_f8_kernel<0, TI><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+          o, (const TI *)in->data, n));
+    }
+  } else {
+    const uint8_t *x = (const uint8_t *)in->data;
+    if (in->dtype == NB_F8E4M3) {
+      NB_CUDA_FLOAT_SWITCH(out->dtype, TO, nb_from_f8_kernel<1, TO><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+          (TO *)out->data, x, n));
+    } else {
+      NB_CUDA_FLOAT_SWITCH(out->dtype, TO, nb_from_f8_kernel<0, TO><<<g, NB_CUDA_THREADS, 0, ctx->stream>>>(
+          (TO *)out->data, x, n));
+    }
+  }
+  return nb_cuda_launch_check("copy (fp8 convert)");
+}
+
 static int is_int_dtype(nb_dtype d) { return d == NB_I64 || d == NB_I32 || d == NB_U8 || d == NB_BOOL; }
 
 template <typename TO>
@@ -155,6 +193,9 @@ extern "C" nb_status nb_cuda_copy(const nb_kview *out, const nb_kview *in) {
   if (contig && nb_dtype_is_float(out->dtype) && nb_dtype_is_float(in->dtype)) {
     NB_CUDA_FLOAT_SWITCH(out->dtype, TO, return convert_contig_from<TO>(&ctx, out, in, n));
   }
+  if (contig && ((nb_dtype_is_fp8(out->dtype) && nb_dtype_is_float(in->dtype)) ||
+                 (nb_dtype_is_fp8(in->dtype) && nb_dtype_is_float(out->dtype))))
+    return convert_fp8(&ctx, out, in, n);
   nb_convert_any_kernel<<<g, NB_CUDA_THREADS, 0, ctx.stream>>>(
       (char *)out->data, out->dtype, (int64_t)es, (const char *)in->data, in->dtype,
       (int64_t)nb_dtype_size(in->dtype), it, n, is_int_dtype(out->dtype) && is_int_dtype(in->dtype));
