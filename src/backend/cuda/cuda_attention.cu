@@ -21,13 +21,16 @@
  * its gradient need no copy; lse and delta are contiguous (B, Lq).
  *
  * bf16 and f16 calls with head dimension 64, 96 or 128 and 16-byte aligned
- * rows take the tensor-core kernels of cuda_attention_mma.cu instead. The
- * sm_90a kernel (TMA, wgmma, warp-specialised) is the fast path still to
- * come; this one is correct everywhere and stores nothing of size T^2. */
+ * rows take the tensor-core kernels of cuda_attention_mma.cu instead, and
+ * on a 9.0 device their forward with head dimension 64 or 128 and views TMA
+ * can describe takes the sm_90a kernel of cuda_attention_sm90.cu first
+ * (NABLA_ATTENTION_SM90=0 turns it off). This one is correct everywhere
+ * and stores nothing of size T^2. */
 #include <math.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_attention_mma.cuh"
+#include "backend/cuda/cuda_attention_sm90.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -341,6 +344,7 @@ extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, co
                         "take up to 256)", a.D, a.Dv);
   if (!a.B || !a.Lq) return NB_OK;
   NB_CUDA_ENTER(ctx, st, o->data, "attention");
+  if (nb_cuda_attn_sm90_fwd(&ctx, o, lse, q, k, v, scale, causal, &st)) return st;
   if (nb_cuda_attn_mma_fwd(&ctx, o, lse, q, k, v, scale, causal, &st)) return st;
   int64_t nrb = (a.Lq + ATT_W - 1) / ATT_W;
   NB_CUDA_FLOAT_SWITCH(q->dtype, T, {

@@ -1,0 +1,609 @@
+/* The flash attention forward for Hopper (sm_90a): FlashAttention-3's
+ * structure on TMA and wgmma. bf16 and f16 with f32 accumulation, head
+ * dimensions 64 and 128 (D == Dv), any Lq and Lk, causal (key j for query i
+ * when j <= i, aligned top-left for Lq != Lk, as every other kernel). It
+ * writes o (any batch and row strides, rows 16-byte aligned) and the f32
+ * log-sum-exp lse = m scale + log(l) as the mma.sync forward
+ * (cuda_attention_mma.cu) does; that file's backward reads them.
+ *
+ * A CTA of 384 threads per (block of 128 query rows, batch index), the
+ * heaviest query blocks first (causal balance):
+ *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
+ *     issues the TMA copies, Q's 128 x D tile once, then K_j and V_j (tiles
+ *     of 128 keys) into stage j % ST of a ring (ST = 2 at D = 128, 3 at
+ *     D = 64). K and V each have a full mbarrier per stage (the copy engine
+ *     completes its bytes there) and an empty one (each consumer warp
+ *     arrives once its wgmma reading the stage has completed): K is freed
+ *     as soon as S is computed, V after O += P V.
+ *   - warpgroups 1 and 2, the consumers (240 registers): rows
+ *     [64c, 64c + 64) of the block each. S = Q K^T is D / 16 wgmma
+ *     m64n128k16 with both operands in shared memory (K-major); the online
+ *     softmax runs in registers (row max and sum over the quad's lanes,
+ *     exp2 with the scale folded into log2(e), the max subtracted first);
+ *     P, rounded to the input dtype, is the register A operand of
+ *     O += P V (8 wgmma m64nDk16, V from shared memory with the transpose
+ *     bit: it is MN-major there). Intra-warpgroup overlap (FA3's): in
+ *     iteration j, S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued back to
+ *     back; the softmax of S_j runs while the P V product is on the tensor
+ *     cores, and O is rescaled and P_j packed once it has completed.
+ *   - Shared tiles (Q, K, V) are 64-column blocks of 128-byte rows in the
+ *     128-byte swizzle, written by TMA and read by the wgmma descriptors;
+ *     rows past Lq or Lk are zero-filled by TMA, key columns past Lk (and,
+ *     causal, after the row) get -inf, only on tiles that need it; key
+ *     tiles wholly after the block's last row are never loaded.
+ * Each element of o is summed by one thread in a fixed order: the same bits
+ * every run.
+ *
+ * Fragment layouts (warp w of a consumer warpgroup, lane l, g = l / 4,
+ * t = l % 4):
+ *   - wgmma m64nN accumulators (S, O): register i holds row 16w + g +
+ *     8 ((i / 2) % 2), column 8 (i / 4) + 2t + i % 2 (per 8-column block
+ *     mma.sync's C fragment: c0 c1 row g, c2 c3 row g + 8).
+ *   - wgmma register A (16-bit, 64 x 16): warp w holds rows 16w..16w + 15
+ *     as mma.sync m16n8k16's A fragment: a0 = (row g, k 2t, 2t + 1),
+ *     a1 = (row g + 8, same k), a2 = (row g, k 2t + 8, 2t + 9), a3 = (row
+ *     g + 8, k 2t + 8, 2t + 9), low half first. So P's fragment for keys
+ *     [16kk, 16kk + 16) packs S's registers of column blocks 2kk, 2kk + 1:
+ *     a_r = (s[8kk + 2r], s[8kk + 2r + 1]), r = 0..3.
+ *   - Shared tiles: an R x D tile is D / 64 blocks of R rows x 128 bytes,
+ *     block x at x R 128 bytes, every block 1024-byte aligned; in a block,
+ *     16-byte unit u of row r sits at unit u ^ (r % 8). K-major descriptor
+ *     (Q as A, K as B; k = d): start at the first row of the block, + 32
+ *     bytes per 16 k inside it, 8-row groups 1024 bytes apart (SBO).
+ *     MN-major descriptor (V as B; k = key, n = d): + 2048 bytes per 16
+ *     keys, 8-key groups 1024 bytes apart (SBO), 64-column blocks of d
+ *     128 x 128 bytes apart (LBO).
+ * The device code exists only in the sm_90a pass; other passes compile an
+ * empty kernel, which the host never launches (it checks the device and
+ * the loaded binary). */
+#include <cudaTypedefs.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_attention_sm90.h"
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_sm90.cuh"
+
+#define FA3_BM 128     /* query rows per CTA: two consumer warpgroups of 64 */
+#define FA3_BN 128     /* keys per K/V tile */
+#define FA3_MAXK 3     /* batch axes of size > 1 (tensor maps of rank 5 at most) */
+#define FA3_THREADS 384
+
+namespace {
+
+/* Everything but the tensor maps, passed by value. The batch axes are those
+ * of size > 1 (at least one: a size-1 axis stands in when there is none),
+ * nbk of them, innermost first: bdim their sizes, o_bs o's strides there;
+ * a CTA's batch index b is the flat index over them. */
+struct fa3_params {
+  uint16_t *o;
+  float *lse; /* (B, Lq) */
+  int64_t o_rs, o_bs[FA3_MAXK];
+  int bdim[FA3_MAXK], nbk;
+  int B, Lq, Lk, nblk; /* nblk: query blocks per batch index */
+  float scale, sl2;    /* sl2 = scale * log2(e) */
+  int causal;
+};
+
+template <int D> struct fa3_cfg {
+  static constexpr int ST = D == 64 ? 3 : 2;                      /* K/V stages */
+  static constexpr int QB = FA3_BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q; one K or V tile */
+  static constexpr int NBAR = 1 + 4 * ST; /* full Q; full K, full V, empty K, empty V per stage */
+  static constexpr size_t SMEM = 1024 + QB + 2 * ST * KB + 8 * NBAR;
+};
+
+#ifdef NB_SM90A_DEVICE
+/* mbarrier addresses after the tiles: full Q, then per stage s full K, full
+ * V, empty K, empty V. */
+template <int D> struct fa3_bars {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t q() const { return base; }
+  __device__ __forceinline__ uint32_t fk(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t fv(int s) const { return base + 8 * (1 + fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t ek(int s) const { return base + 8 * (1 + 2 * fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t ev(int s) const { return base + 8 * (1 + 3 * fa3_cfg<D>::ST + s); }
+};
+
+/* TMA load of the box at (d0, row, batch coordinates c) of a map of rank
+ * 2 + nbk into dst, completing on bar. */
+__device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,
+                                        const int *c, int nbk) {
+  const uint64_t mp = (uint64_t)m;
+  if (nbk == 1)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]) : "memory");
+  else if (nbk == 2)
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]) : "memory");
+  else
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2])
+                 : "memory");
+}
+
+/* Producer (one thread): Q once, then K_j and V_j of every tile j into
+ * stage j % ST when the consumers have freed it. */
+template <int D>
+__device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
+                                            const fa3_params &p, int b, int i0, int ntiles, uint32_t sq,
+                                            uint32_t sk, fa3_bars<D> bar) {
+  typedef fa3_cfg<D> C;
+  int c[FA3_MAXK];
+#pragma unroll
+  for (int i = 0; i < FA3_MAXK; i++) {
+    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
+    if (i < p.nbk) b /= p.bdim[i];
+  }
+  sm90_bar_expect(bar.q(), C::QB); /* the whole box counts, zero-filled rows too */
+#pragma unroll
+  for (int x = 0; x < D / 64; x++) fa3_tma(sq + x * FA3_BM * 128, mq, bar.q(), 64 * x, i0, c, p.nbk);
+  for (int j = 0; j < ntiles; j++) {
+    const int s = j % C::ST;
+    const uint32_t ph = (uint32_t)(j / C::ST) & 1, kt = sk + s * 2 * C::KB, vt = kt + C::KB;
+    sm90_bar_wait(bar.ek(s), ph ^ 1); /* fresh barriers pass parity 1 */
+    sm90_bar_expect(bar.fk(s), C::KB);
+#pragma unroll
+    for (int x = 0; x < D / 64; x++) fa3_tma(kt + x * FA3_BN * 128, mk, bar.fk(s), 64 * x, j * FA3_BN, c, p.nbk);
+    sm90_bar_wait(bar.ev(s), ph ^ 1);
+    sm90_bar_expect(bar.fv(s), C::KB);
+#pragma unroll
+    for (int x = 0; x < D / 64; x++) fa3_tma(vt + x * FA3_BN * 128, mv, bar.fv(s), 64 * x, j * FA3_BN, c, p.nbk);
+  }
+}
+
+/* ---- wgmma ------------------------------------------------------------- */
+#define FA3_ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA3_ACC64 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FA3_OUT32 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FA3_OUT64 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* ss: d (64 x 128) = (acc ? d : 0) + A B, A and B by descriptor, both
+ * K-major (S = Q K^T). rs64 / rs128: d (64 x 64 / 64 x 128) += A B, A from
+ * registers (4 per thread, the layout above), B by descriptor, MN-major
+ * (transpose bit 1: O += P V). */
+#define FA3_MMA_BODY(TY)                                                                    \
+  static __device__ __forceinline__ void ss(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                          \
+                 : FA3_OUT64 : "l"(da), "l"(db), "r"(acc));                                 \
+  }                                                                                         \
+  static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                             \
+                 : FA3_OUT64                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+  }                                                                                         \
+  static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db) {   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA3_ACC32         \
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                             \
+                 : FA3_OUT32                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+  }
+template <typename T> struct fa3_mma;
+template <> struct fa3_mma<__nv_bfloat16> { FA3_MMA_BODY("bf16") };
+template <> struct fa3_mma<__half> { FA3_MMA_BODY("f16") };
+
+__device__ __forceinline__ void fa3_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void fa3_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void fa3_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accesses of registers an asynchronous
+ * wgmma reads or writes across the wait that completes it. */
+template <int N> __device__ __forceinline__ void fa3_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void fa3_fence(uint32_t (&a)[FA3_BN / 16][4]) {
+#pragma unroll
+  for (int i = 0; i < FA3_BN / 16; i++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) asm volatile("" : "+r"(a[i][r])::"memory");
+}
+
+/* S = Q K^T for one consumer: qa its 64 rows of Q's block 0, kb K's block 0. */
+template <typename T, int D>
+__device__ __forceinline__ void fa3_qk(float (&s)[FA3_BN / 2], uint32_t qa, uint32_t kb) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t x = kk / 4, off = (kk % 4) * 32;
+    fa3_mma<T>::ss(s, sm90_desc(qa + x * FA3_BM * 128 + off, 16), sm90_desc(kb + x * FA3_BN * 128 + off, 16),
+                   kk > 0);
+  }
+}
+
+/* O += P V: pa P's A fragments per 16 keys, vb V's block 0. */
+template <typename T, int D>
+__device__ __forceinline__ void fa3_pv(float (&o)[D / 2], const uint32_t (&pa)[FA3_BN / 16][4], uint32_t vb) {
+#pragma unroll
+  for (int kk = 0; kk < FA3_BN / 16; kk++) {
+    const uint64_t db = sm90_desc(vb + kk * 2048, FA3_BN * 128);
+    if (D == 128) fa3_mma<T>::rs128(o, pa[kk], db);
+    else fa3_mma<T>::rs64(o, pa[kk], db);
+  }
+}
+
+/* ---- softmax ----------------------------------------------------------- */
+/* -inf where key c0 + column is at or past Lk or (causal) after the row
+ * (r0: this thread's row g; its row g + 8 is r0 + 8; c0: the key of this
+ * thread's first column, j0 + 2t). */
+__device__ __forceinline__ void fa3_mask(float (&s)[FA3_BN / 2], int r0, int c0, int Lk, int causal) {
+#pragma unroll
+  for (int n = 0; n < FA3_BN / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = c0 + 8 * n + (e & 1), r = r0 + 8 * (e >> 1);
+      if (c >= Lk || (causal && c > r)) s[4 * n + e] = -INFINITY;
+    }
+}
+
+/* One tile's online softmax for this thread's rows g, g + 8 (h = 0, 1): s
+ * becomes p = exp2(s sl2 - m sl2) with m the running max, l is rescaled
+ * and gets this thread's sums of p (the quad adds them at the end), corr[h]
+ * is the factor O's row must be multiplied by. The formulas of the mma
+ * kernel's fa_softmax. */
+__device__ __forceinline__ void fa3_softmax(float (&s)[FA3_BN / 2], float *m, float *l, float *corr, float sl2) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float mx = m[h];
+#pragma unroll
+    for (int n = 0; n < FA3_BN / 8; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float ms = mx == -INFINITY ? 0.0f : mx * sl2; /* a row with no key yet */
+    corr[h] = nb_mma_exp2(m[h] * sl2 - ms);             /* 0 on the first tile */
+    m[h] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < FA3_BN / 8; n++) {
+      s[4 * n + 2 * h] = nb_mma_exp2(fmaf(s[4 * n + 2 * h], sl2, -ms));
+      s[4 * n + 2 * h + 1] = nb_mma_exp2(fmaf(s[4 * n + 2 * h + 1], sl2, -ms));
+      sum += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
+    }
+    l[h] = l[h] * corr[h] + sum;
+  }
+}
+
+/* P's A fragments from the probabilities, rounded to T (layout above). */
+template <typename T>
+__device__ __forceinline__ void fa3_pack(uint32_t (&pa)[FA3_BN / 16][4], const float (&s)[FA3_BN / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < FA3_BN / 16; kk++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) pa[kk][r] = nb_mma<T>::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+template <int D> __device__ __forceinline__ void fa3_rescale(float (&o)[D / 2], const float *corr) {
+#pragma unroll
+  for (int n = 0; n < D / 8; n++) {
+    o[4 * n] *= corr[0], o[4 * n + 1] *= corr[0];
+    o[4 * n + 2] *= corr[1], o[4 * n + 3] *= corr[1];
+  }
+}
+
+/* ---- consumer ---------------------------------------------------------- */
+/* Tile j's mask (only when it reaches past Lk or, causal, past the warp's
+ * first row rw) and online softmax. */
+__device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_params &p, int j, int rw, int r0, int t,
+                                         float *m, float *l, float *corr) {
+  const int j0 = j * FA3_BN;
+  if (j0 + FA3_BN > p.Lk || (p.causal && j0 + FA3_BN - 1 > rw)) /* warp-uniform */
+    fa3_mask(s, r0, j0 + 2 * t, p.Lk, p.causal);
+  fa3_softmax(s, m, l, corr, p.sl2);
+}
+
+/* o = O / l (rows r0, r0 + 8 of the batch index b, those before Lq) and
+ * lse = m scale + log(l), -inf for a row without keys: as the mma kernel. */
+template <typename T, int D>
+__device__ __forceinline__ void fa3_store(const fa3_params &p, int b, int r0, int lane, const float (&o)[D / 2],
+                                          const float *m, float *l) {
+  const int64_t lrow = (int64_t)b * p.Lq; /* lse is (B, Lq) */
+  int64_t off = 0;
+#pragma unroll
+  for (int i = 0; i < FA3_MAXK; i++)
+    if (i < p.nbk) {
+      off += (int64_t)(b % p.bdim[i]) * p.o_bs[i];
+      b /= p.bdim[i];
+    }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = r0 + 8 * h;
+    if (r >= p.Lq) continue;
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    if ((lane & 3) == 0)
+      p.lse[lrow + r] = l[h] > 0.0f ? m[h] * p.scale + logf(l[h]) : -INFINITY;
+    T *row = (T *)(p.o + off + (int64_t)r * p.o_rs) + 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+      *(uint32_t *)(row + 8 * n) = nb_mma<T>::pack(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+  }
+}
+
+/* Consumer warpgroup wg (0, 1): rows [i0 + 64 wg, + 64) over the ntiles key
+ * tiles, with the overlap described at the top. */
+template <typename T, int D>
+__device__ __forceinline__ void fa3_consume(const fa3_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
+                                            uint32_t sk, fa3_bars<D> bar) {
+  typedef fa3_cfg<D> C;
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
+  const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
+  const uint32_t qa = sq + wg * 64 * 128;
+  float o[D / 2], s[FA3_BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+  uint32_t pa[FA3_BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < FA3_BN / 2; i++) s[i] = 0.0f;
+  /* tile 0: S_0, its softmax, P_0 */
+  sm90_bar_wait(bar.q(), 0);
+  sm90_bar_wait(bar.fk(0), 0);
+  fa3_fence(s);
+  fa3_wg_fence();
+  fa3_qk<T, D>(s, qa, sk);
+  fa3_commit();
+  fa3_wait<0>();
+  fa3_fence(s);
+  if (lane == 0) sm90_bar_arrive(bar.ek(0));
+  fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
+  fa3_pack<T>(pa, s);
+  for (int j = 1; j < ntiles; j++) {
+    const int sj = j % C::ST, sp = (j - 1) % C::ST;
+    sm90_bar_wait(bar.fk(sj), (uint32_t)(j / C::ST) & 1);
+    fa3_fence(s);
+    fa3_fence(o);
+    fa3_fence(pa);
+    fa3_wg_fence();
+    fa3_qk<T, D>(s, qa, sk + sj * 2 * C::KB); /* S_j = Q K_j^T */
+    fa3_commit();
+    sm90_bar_wait(bar.fv(sp), (uint32_t)((j - 1) / C::ST) & 1);
+    fa3_wg_fence();
+    fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB); /* O += P_{j-1} V_{j-1} */
+    fa3_commit();
+    fa3_wait<1>(); /* S_j complete; the P V product may still run */
+    fa3_fence(s);
+    if (lane == 0) sm90_bar_arrive(bar.ek(sj));
+    fa3_tile(s, p, j, rw, r0, t, m, l, corr);
+    fa3_wait<0>();
+    fa3_fence(o);
+    fa3_fence(pa);
+    if (lane == 0) sm90_bar_arrive(bar.ev(sp));
+    fa3_rescale<D>(o, corr);
+    fa3_pack<T>(pa, s);
+  }
+  const int sl = (ntiles - 1) % C::ST;
+  sm90_bar_wait(bar.fv(sl), (uint32_t)((ntiles - 1) / C::ST) & 1);
+  fa3_fence(o);
+  fa3_fence(pa);
+  fa3_wg_fence();
+  fa3_pv<T, D>(o, pa, sk + sl * 2 * C::KB + C::KB);
+  fa3_commit();
+  fa3_wait<0>();
+  fa3_fence(o);
+  fa3_fence(pa);
+  if (lane == 0) sm90_bar_arrive(bar.ev(sl));
+  fa3_store<T, D>(p, b, r0, lane, o, m, l);
+}
+#endif /* NB_SM90A_DEVICE */
+
+// q (B, Lq, D), k, v (B, Lk, D) -> o (B, Lq, D), lse (B, Lq) f32
+template <typename T, int D>
+__global__ void __launch_bounds__(FA3_THREADS, 1)
+    fa3_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
+                   const __grid_constant__ CUtensorMap mv, const __grid_constant__ fa3_params p) {
+#ifdef NB_SM90A_DEVICE
+  typedef fa3_cfg<D> C;
+  extern __shared__ uint8_t fa3_raw[];
+  /* the 128-byte swizzle repeats every 1024 bytes: align the tiles to it */
+  const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + C::QB;
+  const fa3_bars<D> bar = {sk + 2 * C::ST * C::KB};
+  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - (int)(blockIdx.x / p.B)) * FA3_BM;
+  /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
+  const int kend = p.causal ? min(p.Lk, min(i0 + FA3_BM, p.Lq)) : p.Lk;
+  const int ntiles = (kend + FA3_BN - 1) / FA3_BN;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < C::NBAR; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST ? 1 : 8);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, b, i0, ntiles, sq, sk, bar);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    fa3_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, sq, sk, bar);
+  }
+#else
+  (void)mq; (void)mk; (void)mv; (void)p;
+#endif
+}
+
+/* ---- host -------------------------------------------------------------- */
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no
+ * -lcuda), as the GEMM's plan does. NULL when the driver lacks it. */
+PFN_cuTensorMapEncodeTiled_v12000 fa3_encode_fn(void) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+  static int tried = 0;
+  if (!tried) {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess && q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+    cudaGetLastError();
+    tried = 1;
+  }
+  return fn;
+}
+
+/* 1 on a compute capability 9.0 device (cached per device). */
+int fa3_device_ok(int dev) {
+  static signed char cache[64];
+  if (dev < 0 || dev >= 64) return 0;
+  if (!cache[dev]) {
+    int ma = 0, mi = 0;
+    cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaGetLastError();
+    cache[dev] = ma == 9 && mi == 0 ? 1 : -1;
+  }
+  return cache[dev] == 1;
+}
+
+/* 1 when the image of kern loaded on this (9.0) device is the 9.0 one: a
+ * binary built without that target would run the sm_80 image's empty
+ * kernel. */
+template <typename K> int fa3_binary_ok(K kern, int *cache) {
+  if (!*cache) {
+    cudaFuncAttributes a;
+    *cache = cudaFuncGetAttributes(&a, kern) == cudaSuccess && a.binaryVersion >= 90 ? 1 : -1;
+    cudaGetLastError();
+  }
+  return *cache == 1;
+}
+
+/* The tensor map of a (.., L, D) view: dims {D, L, the batch axes axes[0..
+ * nbk) (innermost first; -1: a size-1 stand-in)}, boxes of 64 x 128 in the
+ * 128-byte swizzle, zero fill out of bounds. 0 when TMA cannot take it
+ * (alignment, strides, sizes). */
+int fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = fa3_encode_fn();
+  const int nd = v->ndim;
+  if (!enc || !v->data || ((uintptr_t)v->data & 15) || v->strides[nd - 1] != 1) return 0;
+  cuuint64_t dims[5] = {(cuuint64_t)D, (cuuint64_t)L, 1, 1, 1}, strides[4];
+  cuuint32_t box[5] = {64, FA3_BN, 1, 1, 1}, es[5] = {1, 1, 1, 1, 1};
+  int64_t st[4] = {v->strides[nd - 2] * 2, 0, 0, 0};
+  for (int i = 0; i < nbk; i++) {
+    dims[2 + i] = axes[i] < 0 ? 1 : (cuuint64_t)v->shape[axes[i]];
+    st[1 + i] = axes[i] < 0 ? st[0] * (L > 0 ? L : 1) : v->strides[axes[i]] * 2;
+  }
+  for (int i = 0; i < 1 + nbk; i++) {
+    if (st[i] <= 0 || st[i] % 16 || st[i] >= ((int64_t)1 << 40)) return 0;
+    strides[i] = (cuuint64_t)st[i];
+  }
+  if (L < 1 || L >= ((int64_t)1 << 31)) return 0;
+  return enc(m, v->dtype == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             (cuuint32_t)(2 + nbk), v->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* o as the kernel writes it: the dtype, D columns of unit stride, even
+ * strides (4-byte pair stores), 4-byte aligned data. */
+int fa3_out_ok(const nb_kview *o, nb_dtype dt, int64_t D) {
+  const int nd = o->ndim;
+  if (o->dtype != dt || o->shape[nd - 1] != D || o->strides[nd - 1] != 1 || ((uintptr_t)o->data & 3)) return 0;
+  for (int d = 0; d < nd - 1; d++)
+    if (o->shape[d] > 1 && o->strides[d] % 2) return 0;
+  return 1;
+}
+
+int64_t fa3_launches;
+
+template <typename T, int D>
+nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_params &p) {
+  auto kern = fa3_fwd_kernel<T, D>;
+  const size_t smem = fa3_cfg<D>::SMEM;
+  NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+              "attention (sm90): shared memory attribute");
+  kern<<<(unsigned)((int64_t)p.B * p.nblk), FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], p);
+  __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
+  return nb_cuda_launch_check("attention (sm90)");
+}
+
+template <typename T, int D> int fa3_ready(void) {
+  static int cache = 0;
+  return fa3_binary_ok(fa3_fwd_kernel<T, D>, &cache);
+}
+
+} /* namespace */
+
+int64_t nb_cuda_attn_sm90_launches(int device) {
+  return fa3_device_ok(device) ? __atomic_load_n(&fa3_launches, __ATOMIC_RELAXED) : -1;
+}
+
+int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse, const nb_kview *q,
+                          const nb_kview *k, const nb_kview *v, double scale, int causal, nb_status *st) {
+  const char *env = getenv("NABLA_ATTENTION_SM90");
+  if (env && !strcmp(env, "0")) return 0;
+  const int nd = q->ndim, nb = nd - 2;
+  const nb_dtype dt = q->dtype;
+  if (nd < 2 || (dt != NB_BF16 && dt != NB_F16) || !fa3_device_ok(ctx->dev)) return 0;
+  const int64_t D = q->shape[nd - 1], Lq = q->shape[nd - 2], Lk = k->shape[nd - 2];
+  if ((D != 64 && D != 128) || k->shape[nd - 1] != D || v->shape[nd - 1] != D || v->shape[nd - 2] != Lk) return 0;
+  if (k->dtype != dt || v->dtype != dt || lse->dtype != NB_F32 || !fa3_out_ok(o, dt, D)) return 0;
+  if (k->ndim != nd || v->ndim != nd || o->ndim != nd || o->shape[nd - 2] != Lq) return 0;
+  for (int d = 0; d < nb; d++) /* one batch shape (no grouped heads, no broadcasting) */
+    if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d] || o->shape[d] != q->shape[d]) return 0;
+  if (Lq < 1 || Lk < 1 || Lq > INT32_MAX / 2 || Lk > INT32_MAX / 2) return 0;
+  if (!(D == 64 ? (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 64>() : fa3_ready<__half, 64>())
+                : (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 128>() : fa3_ready<__half, 128>())))
+    return 0;
+  /* the batch axes of size > 1, innermost first (q, k, v, o share them) */
+  fa3_params p;
+  memset(&p, 0, sizeof p);
+  int axes[FA3_MAXK], nbk = 0;
+  int64_t B = 1;
+  for (int d = nb - 1; d >= 0; d--) {
+    B *= q->shape[d];
+    if (q->shape[d] == 1) continue;
+    if (nbk == FA3_MAXK) return 0;
+    axes[nbk] = d;
+    p.bdim[nbk] = (int)(q->shape[d] < INT32_MAX ? q->shape[d] : INT32_MAX); /* B checked below */
+    p.o_bs[nbk] = o->strides[d];
+    nbk++;
+  }
+  if (!nbk) { /* one batch index: a size-1 stand-in axis */
+    axes[0] = -1;
+    p.bdim[0] = 1;
+    nbk = 1;
+  }
+  const int64_t nblk = (Lq + FA3_BM - 1) / FA3_BM;
+  if (B < 1 || B > INT32_MAX || B * nblk > INT32_MAX) return 0;
+  CUtensorMap maps[3];
+  if (!fa3_map(&maps[0], q, Lq, D, axes, nbk) || !fa3_map(&maps[1], k, Lk, D, axes, nbk) ||
+      !fa3_map(&maps[2], v, Lk, D, axes, nbk))
+    return 0;
+  p.o = (uint16_t *)o->data;
+  p.o_rs = o->strides[nd - 2];
+  p.lse = (float *)lse->data;
+  p.nbk = nbk;
+  p.B = (int)B;
+  p.Lq = (int)Lq;
+  p.Lk = (int)Lk;
+  p.nblk = (int)nblk;
+  p.scale = (float)scale;
+  p.sl2 = (float)(scale * 1.4426950408889634);
+  p.causal = causal;
+  if (D == 64)
+    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 64>(ctx, maps, p) : fa3_launch<__half, 64>(ctx, maps, p);
+  else
+    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 128>(ctx, maps, p) : fa3_launch<__half, 128>(ctx, maps, p);
+  return 1;
+}
