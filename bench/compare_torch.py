@@ -149,6 +149,11 @@ class Case:
             return self.make_matmul_set()
         if f.startswith("matmul_bias_gelu"):
             return self.make_matmul_set() + (randn(self.dims[1], self.dt, self.device),)
+        if f == "scaled_mm":  # e4m3 a (M, K), b = w^T for w (N, K), f32 scales, as nabla's
+            m, n, k = d
+            a = randn((m, k), dt, dev).to(torch.float8_e4m3fn)
+            w = randn((n, k), dt, dev).to(torch.float8_e4m3fn)
+            return (a, w.t(), torch.tensor(0.5, device=dev), torch.tensor(0.25, device=dev))
         if f.startswith("attention"):  # q, k, v (B, H, N, D); fwdbwd: and dout
             g = f == "attention_fwdbwd"
             return tuple(randn(d, dt, dev, grad=g) for _ in range(3)) + \
@@ -191,6 +196,10 @@ class Case:
             "cross_entropy_fwdbwd": lambda z, t: F.cross_entropy(z, t),
             "embedding_fwdbwd": lambda w, i: F.embedding(i, w),
             "matmul": lambda a, b: a @ b,
+            # per-tensor scales, bf16 out; use_fast_accum=True: the wgmma accumulates over
+            # the whole K, as nabla's kernel does (torch's default promotes partial sums)
+            "scaled_mm": lambda a, b, sa, sb: torch._scaled_mm(
+                a, b, scale_a=sa, scale_b=sb, out_dtype=self.dt, use_fast_accum=True),
             # x @ W.T + b, then GELU: both nabla cases (fused and unfused) compare with it
             "matmul_bias_gelu": lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
             "matmul_bias_gelu_unfused":

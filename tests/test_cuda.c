@@ -151,6 +151,7 @@ int main(void) {
     {"gemm tune", test_gemm_tune},
     {"pinned", test_pinned}, {"amp", test_amp},
     {"gpt step", test_gpt_step},
+    {"fp8", test_fp8_section},
   };
   const char *only = getenv("NABLA_TEST_ONLY"); /* run the sections whose name contains it */
   const char *self = getenv("NABLA_TEST_SELF");

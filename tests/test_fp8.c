@@ -267,10 +267,14 @@ static void test_errors(void) {
 }
 
 int main(void) {
+  int64_t live = nb_live_tensors();
+  nb_scope_begin();
   test_decode_all();
   test_encode();
   test_ints_fill_views();
   test_scaled_mm();
   test_errors();
+  nb_scope_end();
+  NBT_CHECK(nb_live_tensors() == live, "no tensors leaked (%lld live)", (long long)(nb_live_tensors() - live));
   return nbt_finish();
 }

@@ -14,7 +14,8 @@
 const char *const bench_family[BK_COUNT] = {
   "copy", "add", "gelu_tanh", "softmax_fwd", "layer_norm_fwd", "layer_norm_fwdbwd",
   "cross_entropy_fwdbwd", "embedding_fwdbwd", "adamw", "matmul",
-  "matmul_bias_gelu", "matmul_bias_gelu_unfused", "attention_fwd", "attention_fwdbwd", "op",
+  "matmul_bias_gelu", "matmul_bias_gelu_unfused", "attention_fwd", "attention_fwdbwd", "scaled_mm",
+  "op",
 };
 
 #define GPT_M 16384 /* GPT-2 rows: batch 16 x sequence 1024 */
@@ -33,6 +34,9 @@ const bench_spec bench_specs[] = {
   {BK_COPY, NB_F32, NULL, "copy ceiling", {1 << 28}, {1 << 25}, {1 << 22}, BC_COPY},
   {BK_MATMUL, NB_BF16, "NN", "square; the GEMM ceiling on CUDA", {8192, 8192, 8192},
    {512, 512, 512}, {256, 256, 256}, BC_GEMM_CUDA},
+  /* nb_scaled_mm: e4m3 x e4m3 NT (a row-major, b = w^T), per-tensor scales, bf16 out */
+  {BK_SCALED_MM, NB_BF16, "NT", "fp8 e4m3 square, bf16 out", {8192, 8192, 8192}, {512, 512, 512},
+   {256, 256, 256}, BC_NONE},
   {BK_MATMUL, NB_F32, "NN", "f32 square; the GEMM ceiling on the CPU", {1024, 1024, 1024},
    {1024, 1024, 1024}, {512, 512, 512}, BC_GEMM_CPU},
   {BK_ADD, NB_F32, NULL, "a + b", {1 << 28}, {1 << 24}, {1 << 22}, BC_NONE},
@@ -114,7 +118,7 @@ void bench_describe(bench_case *c) {
     snprintf(c->shape, sizeof c->shape, "%.1fM in %lld", c->n_params / 1e6,
              (long long)c->n_tensors);
     break;
-  case BK_MATMUL: case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED:
+  case BK_MATMUL: case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED: case BK_SCALED_MM:
     snprintf(c->shape, sizeof c->shape, "%lldx%lldx%lld", a, b, k);
     break;
   case BK_ATTN_FWD: case BK_ATTN_FWDBWD:
@@ -174,6 +178,13 @@ void bench_count(bench_case *c) {
     c->bytes = (m * k + k * nn + m * nn) * s;
     c->flops = 2 * m * nn * k;
     c->set_bytes = (m * k + k * nn) * s;
+    break;
+  }
+  case BK_SCALED_MM: { /* one-byte operands, the output in spec->dt */
+    double m = r, nn = w, k = (double)d[2];
+    c->bytes = m * k + k * nn + m * nn * s;
+    c->flops = 2 * m * nn * k;
+    c->set_bytes = m * k + k * nn;
     break;
   }
   case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED: { /* the epilogue's FLOPs not counted */
@@ -278,6 +289,25 @@ static nb_status bench_setup_matmul(bench_case *c, int s, nb_rng *rng, nb_device
   return t[2] && t[3] && (c->spec->kind == BK_MATMUL || t[4]) ? NB_OK : bench_fail();
 }
 
+/* scaled_mm: t = {a (M, K), w (N, K)} in e4m3 (normal values cast from the
+ * spec's dtype), t[2] = a, t[3] = w^T, t[4], t[5] the f32 scales. */
+static nb_status bench_setup_scaled_mm(bench_case *c, int s, nb_rng *rng, nb_device dev) {
+  nb_tensor **t = c->t[s];
+  int64_t m = c->d[0], n = c->d[1], k = c->d[2];
+  nb_scope_begin();
+  nb_tensor *a = nb_cast(nb_randn(rng, 2, (int64_t[]){m, k}, 0.0, 1.0, c->spec->dt, dev), NB_F8E4M3);
+  nb_tensor *w = nb_cast(nb_randn(rng, 2, (int64_t[]){n, k}, 0.0, 1.0, c->spec->dt, dev), NB_F8E4M3);
+  t[0] = nb_keep(a);
+  t[1] = nb_keep(w);
+  nb_scope_end();
+  if (!t[0] || !t[1]) return bench_fail();
+  t[2] = nb_retain(t[0]);
+  t[3] = nb_transpose(t[1], 0, 1);
+  t[4] = nb_full(0, NULL, 0.5, NB_F32, dev);
+  t[5] = nb_full(0, NULL, 0.25, NB_F32, dev);
+  return t[3] && t[4] && t[5] ? NB_OK : bench_fail();
+}
+
 /* Layer norm: t = {x, w, b, dy}; w near 1, b near 0. */
 static nb_status bench_setup_ln(bench_case *c, int s, nb_rng *rng, nb_device dev, int grad) {
   nb_tensor **t = c->t[s];
@@ -330,6 +360,7 @@ nb_status bench_setup_set(bench_case *c, int s, nb_rng *rng, nb_device dev) {
   case BK_ADAMW: return bench_setup_adamw(c, s, rng, dev);
   case BK_MATMUL: case BK_MM_BIAS_GELU: case BK_MM_BIAS_GELU_UNFUSED:
     return bench_setup_matmul(c, s, rng, dev);
+  case BK_SCALED_MM: return bench_setup_scaled_mm(c, s, rng, dev);
   case BK_ATTN_FWD: case BK_ATTN_FWDBWD: { /* t = {q, k, v, dout}, each (B, H, N, D) */
     int bwd = c->spec->kind == BK_ATTN_FWDBWD;
     nb_status st = NB_OK;
@@ -398,6 +429,7 @@ nb_status bench_step(bench_case *c, int s) {
     return y ? nb_autograd_grad(y, t[2], 1, t, g, 0) : bench_fail();
   case BK_ADAMW: return nb_optim_step(c->optim[s]);
   case BK_MATMUL: return bench_ok(nb_matmul(t[2], t[3]));
+  case BK_SCALED_MM: return bench_ok(nb_scaled_mm(t[2], t[3], t[4], t[5], c->spec->dt));
   case BK_MM_BIAS_GELU: return bench_mm_bias_gelu(t);
   case BK_MM_BIAS_GELU_UNFUSED: return bench_ok(nb_gelu_tanh(nb_add(nb_matmul(t[2], t[3]), t[4])));
   case BK_ATTN_FWD:

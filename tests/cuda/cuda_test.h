@@ -57,6 +57,7 @@ void test_unary(void);
 void test_binary(void);
 void test_copy_cast(void);
 void test_cast_ties(void);
+void test_fp8_section(void); /* tests/cuda/fp8.c */
 void test_reduce(void);
 void test_matmul(void);
 void test_nn(void);

@@ -25,6 +25,9 @@ nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview
  * capability 9.0). Lets tests check that a case reached the kernel rather
  * than the cuBLASLt fallback. */
 int64_t nb_cuda_gemm_own_launches(int device);
+/* Launches of the sm_90a FP8 kernel of nb_scaled_mm (gemm_sm90_fp8.cu) on
+ * CUDA device `device` so far. */
+int64_t nb_cuda_scaled_mm_own_launches(int device);
 
 /* The name of candidate i among the own sm_90a GEMM's schedules that
  * autotuning chooses from (NABLA_AUTOTUNE=1; nb_tune_force(i) in tests),
