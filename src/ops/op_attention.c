@@ -395,7 +395,6 @@ static int att_forced(void) {
  * H100: 274k tokens/s fused, 329k composed), and the scores are small;
  * above it the fused kernel keeps memory O(L) (GPT-2 small's shape needs
  * it). attention_qkv (op_attention_qkv.c) asks the same. */
-#define ATT_CUDA_EXTRA 0 /* the CUDA kernels take masks, dropout, grouped heads */
 int nb_attention_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
                           const nb_tensor *mask, double p) {
   int forced = att_forced();
@@ -403,13 +402,12 @@ int nb_attention_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tenso
   if (mask && nb_requires_grad(mask)) return 0;
   if (q->shape[q->ndim - 1] <= 0 || k->shape[k->ndim - 2] <= 0) return 0;
   if (forced == 2 || nb_device_of(q).type != NB_CUDA) return 1;
-  if (!ATT_CUDA_EXTRA && (mask || p > 0 || (q->ndim > 2 && k->shape[q->ndim - 3] != q->shape[q->ndim - 3])))
-    return 0;
   int64_t D = q->shape[q->ndim - 1];
   if ((q->dtype == NB_BF16 || q->dtype == NB_F16) && v->shape[v->ndim - 1] == D &&
       (D == 64 || D == 96 || D == 128))
     return 1;
   double scores = (double)nb_numel(q) / (double)q->shape[q->ndim - 1] * (double)k->shape[k->ndim - 2];
+  (void)p;
   return scores * (double)nb_dtype_size(q->dtype) >= (double)(128 << 20);
 }
 

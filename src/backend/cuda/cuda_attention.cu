@@ -20,6 +20,15 @@
  * stride: the (B, H, T, D) views of a packed (B, T, 3 H D) projection and
  * its gradient need no copy; lse and delta are contiguous (B, Lq).
  *
+ * The optional parts (nb_attn_extra; cuda_attention_extra.cuh): the mask's
+ * value is added to the scaled score (a tile whose scores are all -inf so
+ * far is skipped, and a row with none allowed ends with o = 0 and
+ * lse = -inf; backward takes p = 0 for it), dropout multiplies the
+ * probability broadcast to the p v products (l sums the undropped ones),
+ * backward recomputes both: dv += p z dout, ds = p (z dout.v - delta).
+ * Grouped-query heads run on attn_group.h's split views; the dk, dv kernel
+ * takes a block per kv head and loops over its G query heads in order.
+ *
  * bf16 and f16 calls with head dimension 64, 96 or 128 and 16-byte aligned
  * rows take the tensor-core kernels of cuda_attention_mma.cu instead, and
  * on a 9.0 device their forward with head dimension 64 or 128 and views TMA
@@ -29,6 +38,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/attn_group.h"
+#include "backend/cuda/cuda_attention_extra.cuh"
 #include "backend/cuda/cuda_attention_mma.cuh"
 #include "backend/cuda/cuda_attention_sm90.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -55,6 +66,8 @@ struct att_args {
   void *lse, *delta;      /* (B, Lq) of the compute type */
   double scale;
   int causal;
+  int G;     /* query heads per kv head: dk, dv blocks loop over them */
+  nb_attx x; /* mask, dropout */
 };
 
 static att_view att_view_of(const nb_kview *v, int nb) {
@@ -97,6 +110,19 @@ template <typename A> __device__ __forceinline__ A att_dot(const A *x, const A *
   return s;
 }
 
+/* The mask's value at (b, i, j) and the dropout factor z of (b, i, j). */
+__device__ __forceinline__ double att_mask(const att_args &a, int64_t b, int64_t i, int64_t j) {
+  return nb_attx_val_d(a.x, nb_attx_boff(a.x, a.nb, a.bshape, b) + i * a.x.mrs + j * a.x.mcs);
+}
+__device__ __forceinline__ double att_drop(const att_args &a, int64_t b, int64_t i, int64_t j) {
+  return nb_attx_keep(a.x, b, i, j, a.Lq, a.Lk) ? a.x.zsd : 0.0;
+}
+
+/* exp(s - L), 0 for a row with no allowed key (L = -inf). */
+template <typename A> __device__ __forceinline__ A att_p(A s, A L) {
+  return L == -INFINITY ? (A)0 : exp(s - L);
+}
+
 /* ---- forward ----------------------------------------------------------- */
 // q (B, Lq, D), k (B, Lk, D), v (B, Lk, Dv) -> o (B, Lq, Dv), lse (B, Lq)
 template <typename T, int NC>
@@ -126,9 +152,13 @@ __global__ void __launch_bounds__(ATT_W * 32) nb_attn_fwd_kernel(const att_args 
     const int64_t j = j0 + lane;
     A s = -INFINITY;
     if (j < end) s = scale * att_dot(Qw, Ks + lane * ks, a.D);
-    const A mn = fmax(m, nb_warp_max(s)); /* finite: key j0 is visible */
-    const A corr = exp(m - mn), p = j < end ? exp(s - mn) : (A)0;
+    if (a.x.mask && j < end) s += att_mask(a, b, i, j);
+    const A mn = fmax(m, nb_warp_max(s)); /* finite without a mask: key j0 is visible */
+    if (mn == -INFINITY) continue;        /* warp-uniform: every score so far masked */
+    const A corr = exp(m - mn);
+    A p = j < end ? exp(s - mn) : (A)0;
     l = l * corr + p;
+    if (a.x.drop && j < end) p *= att_drop(a, b, i, j);
     const int nt = end - j0 < ATT_TILE ? (int)(end - j0) : ATT_TILE;
 #pragma unroll
     for (int c = 0; c < NC; c++) acc[c] *= corr;
@@ -148,9 +178,9 @@ __global__ void __launch_bounds__(ATT_W * 32) nb_attn_fwd_kernel(const att_args 
 #pragma unroll
   for (int c = 0; c < NC; c++) {
     const int d = lane + 32 * c;
-    if (d < a.Dv) o[d] = nb_from_d<T>(acc[c] / l);
+    if (d < a.Dv) o[d] = nb_from_d<T>(l > 0 ? acc[c] / l : (A)0);
   }
-  if (lane == 0) ((A *)a.lse)[b * a.Lq + i] = m + log(l);
+  if (lane == 0) ((A *)a.lse)[b * a.Lq + i] = l > 0 ? m + log(l) : (A)-INFINITY;
 }
 
 /* ---- backward ---------------------------------------------------------- */
@@ -170,7 +200,8 @@ __global__ void nb_attn_delta_kernel(const att_args a) {
   if (lane == 0) ((A *)a.delta)[r] = s;
 }
 
-// dk (B, Lk, D), dv (B, Lk, Dv): a warp per key, lanes over 32-query tiles
+// dk (B, Lk, D), dv (B, Lk, Dv): a warp per key, lanes over 32-query tiles;
+// a block per kv batch index bk, over its query heads b = bk G + g in order
 template <typename T, int NC>
 __global__ void __launch_bounds__(ATT_W * 32) nb_attn_bwd_kv_kernel(const att_args a, int64_t nkb) {
   typedef typename nb_acc<T>::type A;
@@ -178,46 +209,52 @@ __global__ void __launch_bounds__(ATT_W * 32) nb_attn_bwd_kv_kernel(const att_ar
   const int qs = a.D | 1, gs = a.Dv | 1, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   A *Qs = (A *)att_smem, *Gs = Qs + ATT_TILE * qs, *Ls = Gs + ATT_TILE * gs, *Ds = Ls + ATT_TILE;
   A *Kw = Ds + ATT_TILE + w * (a.D + a.Dv), *Vw = Kw + a.D;
-  const int64_t b = blockIdx.x / nkb, j0k = (blockIdx.x % nkb) * ATT_W, j = j0k + w;
+  const int64_t bk = blockIdx.x / nkb * a.G, j0k = (blockIdx.x % nkb) * ATT_W, j = j0k + w;
   const bool col = j < a.Lk;
   const A scale = (A)a.scale;
-  const T *k = (const T *)a.k.p + att_off(a, a.k, b) + (col ? j : 0) * a.k.rs;
-  const T *v = (const T *)a.v.p + att_off(a, a.v, b) + (col ? j : 0) * a.v.rs;
+  const T *k = (const T *)a.k.p + att_off(a, a.k, bk) + (col ? j : 0) * a.k.rs;
+  const T *v = (const T *)a.v.p + att_off(a, a.v, bk) + (col ? j : 0) * a.v.rs;
   for (int d = lane; d < a.D; d += 32) Kw[d] = col ? nb_to_f(k[d]) : (A)0;
   for (int d = lane; d < a.Dv; d += 32) Vw[d] = col ? nb_to_f(v[d]) : (A)0;
-  const int64_t qoff = att_off(a, a.q, b), goff = att_off(a, a.g, b);
-  const A *lse = (const A *)a.lse + b * a.Lq, *delta = (const A *)a.delta + b * a.Lq;
   A ak[NC], av[NC];
 #pragma unroll
   for (int c = 0; c < NC; c++) ak[c] = av[c] = 0;
-  for (int64_t i0 = a.causal ? j0k / ATT_TILE * ATT_TILE : 0; i0 < a.Lq; i0 += ATT_TILE) {
-    const int n = a.Lq - i0 < ATT_TILE ? (int)(a.Lq - i0) : ATT_TILE;
-    __syncthreads();
-    att_stage<T>(Qs, qs, a.q, qoff, i0, n, a.D);
-    att_stage<T>(Gs, gs, a.g, goff, i0, n, a.Dv);
-    if (threadIdx.x < n) Ls[threadIdx.x] = lse[i0 + threadIdx.x];
-    if (threadIdx.x < n) Ds[threadIdx.x] = delta[i0 + threadIdx.x];
-    __syncthreads();
-    if (!col || (a.causal && i0 + n <= j)) continue; /* warp-uniform */
-    const int64_t i = i0 + lane;
-    A p = 0, ds = 0;
-    if (lane < n && (!a.causal || i >= j)) {
-      p = exp(scale * att_dot(Qs + lane * qs, Kw, a.D) - Ls[lane]);
-      ds = p * (att_dot(Gs + lane * gs, Vw, a.Dv) - Ds[lane]) * scale;
-    }
-    for (int t = 0; t < n; t++) {
-      const A pt = __shfl_sync(0xffffffffu, p, t), dt = __shfl_sync(0xffffffffu, ds, t);
+  for (int64_t b = bk; b < bk + a.G; b++) {
+    const int64_t qoff = att_off(a, a.q, b), goff = att_off(a, a.g, b);
+    const A *lse = (const A *)a.lse + b * a.Lq, *delta = (const A *)a.delta + b * a.Lq;
+    for (int64_t i0 = a.causal ? j0k / ATT_TILE * ATT_TILE : 0; i0 < a.Lq; i0 += ATT_TILE) {
+      const int n = a.Lq - i0 < ATT_TILE ? (int)(a.Lq - i0) : ATT_TILE;
+      __syncthreads();
+      att_stage<T>(Qs, qs, a.q, qoff, i0, n, a.D);
+      att_stage<T>(Gs, gs, a.g, goff, i0, n, a.Dv);
+      if (threadIdx.x < n) Ls[threadIdx.x] = lse[i0 + threadIdx.x];
+      if (threadIdx.x < n) Ds[threadIdx.x] = delta[i0 + threadIdx.x];
+      __syncthreads();
+      if (!col || (a.causal && i0 + n <= j)) continue; /* warp-uniform */
+      const int64_t i = i0 + lane;
+      A p = 0, pz = 0, ds = 0;
+      if (lane < n && (!a.causal || i >= j)) {
+        A s = scale * att_dot(Qs + lane * qs, Kw, a.D);
+        if (a.x.mask) s += att_mask(a, b, i, j);
+        p = att_p(s, Ls[lane]);
+        const A z = a.x.drop ? (A)att_drop(a, b, i, j) : (A)1;
+        pz = p * z;
+        ds = p * (z * att_dot(Gs + lane * gs, Vw, a.Dv) - Ds[lane]) * scale;
+      }
+      for (int t = 0; t < n; t++) {
+        const A pt = __shfl_sync(0xffffffffu, pz, t), dt = __shfl_sync(0xffffffffu, ds, t);
 #pragma unroll
-      for (int c = 0; c < NC; c++) {
-        const int d = lane + 32 * c;
-        if (d < a.Dv) av[c] += pt * Gs[t * gs + d];
-        if (d < a.D) ak[c] += dt * Qs[t * qs + d];
+        for (int c = 0; c < NC; c++) {
+          const int d = lane + 32 * c;
+          if (d < a.Dv) av[c] += pt * Gs[t * gs + d];
+          if (d < a.D) ak[c] += dt * Qs[t * qs + d];
+        }
       }
     }
   }
   if (!col) return;
-  T *dk = (T *)a.dk.p + att_off(a, a.dk, b) + j * a.dk.rs;
-  T *dv = (T *)a.dv.p + att_off(a, a.dv, b) + j * a.dv.rs;
+  T *dk = (T *)a.dk.p + att_off(a, a.dk, bk) + j * a.dk.rs;
+  T *dv = (T *)a.dv.p + att_off(a, a.dv, bk) + j * a.dv.rs;
 #pragma unroll
   for (int c = 0; c < NC; c++) {
     const int d = lane + 32 * c;
@@ -259,8 +296,10 @@ __global__ void __launch_bounds__(ATT_W * 32) nb_attn_bwd_q_kernel(const att_arg
     const int64_t j = j0 + lane;
     A ds = 0;
     if (j < end) {
-      const A p = exp(scale * att_dot(Qw, Ks + lane * ks, a.D) - L);
-      ds = p * (att_dot(Gw, Vs + lane * vs, a.Dv) - delta) * scale;
+      A s = scale * att_dot(Qw, Ks + lane * ks, a.D);
+      if (a.x.mask) s += att_mask(a, b, i, j);
+      const A p = att_p(s, L), z = a.x.drop ? (A)att_drop(a, b, i, j) : (A)1;
+      ds = p * (z * att_dot(Gw, Vs + lane * vs, a.Dv) - delta) * scale;
     }
     const int nt = end - j0 < ATT_TILE ? (int)(end - j0) : ATT_TILE;
     for (int t = 0; t < nt; t++) {
@@ -331,21 +370,38 @@ static nb_status att_launch(const nb_cuda_ctx *ctx, K k, int64_t grid, size_t sm
   return nb_cuda_launch_check(name);
 }
 
-extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, const nb_kview *q,
-                                      const nb_kview *k, const nb_kview *v, double scale,
+/* The views with grouped-query heads split (attn_group.h): q-like views
+ * qv[0..nq), k-like kv[0..nk); G, or 0 when the split does not fit. */
+static int64_t att_split(const nb_kview *q, const nb_kview *k, nb_kview *qv, int nq, nb_kview *kv,
+                         int nk) {
+  int64_t G = nb_attn_group_of(q, k);
+  for (int i = 0; i < nq && G; i++) nb_attn_group_split(&qv[i], G, 0);
+  for (int i = 0; i < nk && G; i++) nb_attn_group_split(&kv[i], G, 1);
+  return G;
+}
+
+extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o0, const nb_kview *lse, const nb_kview *q0,
+                                      const nb_kview *k0, const nb_kview *v0, double scale,
                                       int causal, const nb_attn_extra *x) {
-  if (x || (q->ndim > 2 && k->shape[q->ndim - 3] != q->shape[q->ndim - 3]))
-    return nb_error_set(NB_ERR_UNSUPPORTED, "attention (cuda): mask, dropout, grouped heads");
+  nb_kview qv[3] = {*q0, *o0}, kv[2] = {*k0, *v0};
+  if (x && x->mask) qv[2] = *x->mask;
+  const int64_t G = att_split(q0, k0, qv, x && x->mask ? 3 : 2, kv, 2);
+  nb_attn_extra xs;
+  if (x) xs = *x, xs.mask = x->mask ? &qv[2] : NULL;
+  const nb_kview *q = &qv[0], *o = &qv[1], *k = &kv[0], *v = &kv[1];
   att_args a = att_make(q, k, v, o, NULL, scale, causal);
   a.lse = lse->data;
+  a.G = (int)G;
   int nc = att_chunks(a);
-  if (!nc)
+  if (!nc || !G || !nb_attx_make(&a.x, x ? &xs : NULL, a.nb))
     return nb_error_set(NB_ERR_UNSUPPORTED, "attention (cuda): head dimensions %d, %d (the kernels "
-                        "take up to 256)", a.D, a.Dv);
+                        "take up to 256), %lld batch axes with grouped heads, mask %s",
+                        a.D, a.Dv, (long long)(q0->ndim - 2),
+                        x && x->mask ? nb_dtype_name(x->mask->dtype) : "none");
   if (!a.B || !a.Lq) return NB_OK;
   NB_CUDA_ENTER(ctx, st, o->data, "attention");
-  if (nb_cuda_attn_sm90_fwd(&ctx, o, lse, q, k, v, scale, causal, &st)) return st;
-  if (nb_cuda_attn_mma_fwd(&ctx, o, lse, q, k, v, scale, causal, &st)) return st;
+  /* (the sm_90a forward takes plain calls only: x == NULL, G == 1) */
+  if (nb_cuda_attn_mma_fwd(&ctx, o, lse, q, k, v, scale, causal, x ? &a.x : NULL, &st)) return st;
   int64_t nrb = (a.Lq + ATT_W - 1) / ATT_W;
   NB_CUDA_FLOAT_SWITCH(q->dtype, T, {
     typedef typename nb_acc<T>::type A;
@@ -356,22 +412,32 @@ extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o, const nb_kview *lse, co
   return st;
 }
 
-extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
-                                      const nb_kview *dout, const nb_kview *q, const nb_kview *k,
-                                      const nb_kview *v, const nb_kview *o, const nb_kview *lse,
+extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq0, const nb_kview *dk0, const nb_kview *dv0,
+                                      const nb_kview *dout0, const nb_kview *q0, const nb_kview *k0,
+                                      const nb_kview *v0, const nb_kview *o0, const nb_kview *lse,
                                       double scale, int causal, const nb_attn_extra *x) {
-  if (x || (q->ndim > 2 && k->shape[q->ndim - 3] != q->shape[q->ndim - 3]))
-    return nb_error_set(NB_ERR_UNSUPPORTED, "attention backward (cuda): mask, dropout, grouped heads");
+  nb_kview qv[5] = {*q0, *o0, *dout0, *dq0}, kv[4] = {*k0, *v0, *dk0, *dv0};
+  if (x && x->mask) qv[4] = *x->mask;
+  const int64_t G = att_split(q0, k0, qv, x && x->mask ? 5 : 4, kv, 4);
+  nb_attn_extra xs;
+  if (x) xs = *x, xs.mask = x->mask ? &qv[4] : NULL;
+  const nb_kview *q = &qv[0], *o = &qv[1], *dout = &qv[2], *dq = &qv[3];
+  const nb_kview *k = &kv[0], *v = &kv[1], *dk = &kv[2], *dv = &kv[3];
   att_args a = att_make(q, k, v, o, dout, scale, causal);
   a.lse = lse->data;
+  a.G = (int)G;
   a.dq = att_view_of(dq, a.nb); a.dk = att_view_of(dk, a.nb); a.dv = att_view_of(dv, a.nb);
   int nc = att_chunks(a);
-  if (!nc)
+  if (!nc || !G || !nb_attx_make(&a.x, x ? &xs : NULL, a.nb))
     return nb_error_set(NB_ERR_UNSUPPORTED, "attention backward (cuda): head dimensions %d, %d "
-                        "(the kernels take up to 256)", a.D, a.Dv);
+                        "(the kernels take up to 256), %lld batch axes with grouped heads, mask %s",
+                        a.D, a.Dv, (long long)(q0->ndim - 2),
+                        x && x->mask ? nb_dtype_name(x->mask->dtype) : "none");
   if (!a.B || (!a.Lq && !a.Lk)) return NB_OK;
   NB_CUDA_ENTER(ctx, st, dq->data, "attention_bwd");
-  if (nb_cuda_attn_mma_bwd(&ctx, dq, dk, dv, dout, q, k, v, o, lse, scale, causal, &st)) return st;
+  if (nb_cuda_attn_mma_bwd(&ctx, dq, dk, dv, dout, q, k, v, o, lse, scale, causal,
+                           x ? &a.x : NULL, (int)G, &st))
+    return st;
   size_t asz = q->dtype == NB_F64 ? 8 : 4, dbytes = (size_t)(a.B * a.Lq) * asz;
   a.delta = dbytes ? nb_cuda_scratch(&ctx, dbytes) : NULL;
   if (dbytes && !a.delta) return nb_last_status();
@@ -386,8 +452,8 @@ extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq, const nb_kview *dk, co
     size_t kv = (size_t)(ATT_TILE * ((a.D | 1) + (a.Dv | 1) + 2) + ATT_W * (a.D + a.Dv)) * sizeof(A);
     size_t qm = (size_t)(ATT_TILE * ((a.D | 1) + (a.Dv | 1)) + ATT_W * (a.D + a.Dv)) * sizeof(A);
     if (!st && a.Lk)
-      ATT_NC_SWITCH(nc, NC, st = att_launch(&ctx, nb_attn_bwd_kv_kernel<T, NC>, a.B * nkb, kv, a,
-                                            nkb, "attention_bwd (dk, dv)"));
+      ATT_NC_SWITCH(nc, NC, st = att_launch(&ctx, nb_attn_bwd_kv_kernel<T, NC>, a.B / G * nkb, kv,
+                                            a, nkb, "attention_bwd (dk, dv)"));
     if (!st && a.Lq)
       ATT_NC_SWITCH(nc, NC, st = att_launch(&ctx, nb_attn_bwd_q_kernel<T, NC>, a.B * nrb, qm, a,
                                             nrb, "attention_bwd (dq)"));

@@ -32,11 +32,28 @@
  * atomics): the same bits on every run. Shapes: q (.., Lq, D), k, v (.., Lk, D), o, dout (.., Lq, D),
  * lse (.., Lq) f32, dq, dk, dv as q, k, v; every view but lse (and the
  * delta scratch) strided as fa_view_ok allows (the (B, H, T, D) views of a
- * packed (B, T, 3 H D) projection and of its gradient included). */
+ * packed (B, T, 3 H D) projection and of its gradient included).
+ *
+ * The optional parts are template flags (EX: FA_MASK, FA_DROP, FA_GQA), so
+ * the plain kernels (EX = 0) compile as before. FA_MASK: after S = Q K^T
+ * (unscaled) each thread adds mask / scale to its S elements, read from
+ * global memory at its (query, key) with the mask's strides (its batch
+ * offset once per CTA); a row whose scores are all -inf keeps m = -inf
+ * (fa_softmax takes p = 0, l = 0), ends with o = 0, lse = -inf, and the
+ * backward reads lse = -inf as +inf (p = 0). FA_DROP: forward multiplies P
+ * by z = keep / (1 - p) after the row sums, before O += P V (keep from
+ * Philox per element, cuda_attention_extra.cuh); dK/dV's pass keeps the 32
+ * keep bits of its S^T fragment in one register, packs P Z into dV's
+ * operand and takes dS = P (Z dP - delta); dQ's pass the same dS. FA_GQA
+ * (dK/dV only; the other kernels read k, v through attn_group.h's stride-0
+ * group axis): a CTA per kv head's key block loops over the G query heads
+ * in order, each a full pass over its query tiles, so dK, dV sum the group
+ * in a fixed order. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_attention_extra.cuh"
 #include "backend/cuda/cuda_attention_mma.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
@@ -48,6 +65,11 @@
 #define FA_KU 1
 #define FA_KUQ 8
 #define FA_LOG2E 1.4426950408889634f
+/* the template flags of the optional parts */
+#define FA_MASK 1
+#define FA_DROP 2
+#define FA_GQA 4
+#define FA_X (FA_MASK | FA_DROP) /* one instantiation for both (runtime branches inside) */
 
 namespace {
 
@@ -66,7 +88,44 @@ struct fa_params {
   int B, Lq, Lk, nblk; /* nblk: row blocks per (batch, head) */
   float scale, sl2;    /* sl2 = scale * log2(e) */
   int causal;
+  int G;               /* query heads per kv head (FA_GQA) */
+  float inv_scale;     /* 1 / scale: the mask in S's unscaled units */
+  nb_attx x;           /* mask, dropout */
 };
+
+/* S[16 x 8 NT] (a warp's rows row, row + 8; keys col0 + ...) += mask / scale,
+ * rows at or past Lq and keys at or past Lk left alone. T: transposed
+ * (keys x queries, dK/dV's S^T: the row is a key, columns queries). */
+template <int NT, bool TR>
+__device__ __forceinline__ void fa_add_mask(float (&s)[NT][4], const fa_params &p, int64_t mb,
+                                            int row, int col0, int lane) {
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1), r = row + 8 * (e >> 1);
+      const int i = TR ? c : r, j = TR ? r : c;
+      if (i < p.Lq && j < p.Lk)
+        s[n][e] += nb_attx_val(p.x, mb + (int64_t)i * p.x.mrs + (int64_t)j * p.x.mcs) * p.inv_scale;
+    }
+}
+
+/* The keep bits of S[16 x 8 NT]'s elements (bit 4 n + e), as fa_add_mask
+ * indexes them. */
+template <int NT, bool TR>
+__device__ __forceinline__ uint32_t fa_keep_bits(const fa_params &p, int64_t b, int row, int col0,
+                                                 int lane) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1), r = row + 8 * (e >> 1);
+      const int i = TR ? c : r, j = TR ? r : c;
+      if (i < p.Lq && j < p.Lk && nb_attx_keep(p.x, b, i, j, p.Lq, p.Lk)) bits |= 1u << (4 * n + e);
+    }
+  return bits;
+}
 
 /* Element offset of batch index b in view v. */
 __device__ __forceinline__ int64_t fa_off(const fa_params &p, const fa_view &v, int64_t b) {
@@ -119,18 +178,22 @@ __device__ __forceinline__ void fa_mma_abt(float (&acc)[8][4], const uint16_t *s
 
 /* acc[16 x D] += X (16 x 64, the f32 accumulators x, rounded to T) B where B
  * is 64 rows x D at sb (row-major, read transposed): O += P V and its
- * relatives. */
-template <typename T, int D>
+ * relatives. DROP: x[n][e] times zs where bit 4 n + e of keep is set, else
+ * 0 (dV += (P Z)^T dO). */
+template <typename T, int D, bool DROP = false>
 __device__ __forceinline__ void fa_mma_xb(float (&acc)[D / 8][4], const float (&x)[8][4],
-                                          const uint16_t *sb, int lane) {
+                                          const uint16_t *sb, int lane, uint32_t keep = 0,
+                                          float zs = 1.0f) {
   constexpr int P = D + 8;
   const uint32_t b0 = nb_mma_smem(sb + nb_mma_frag_bk(lane, P));
+#define FA_XE(n, e) (DROP ? ((keep >> (4 * (n) + (e))) & 1u ? x[n][e] * zs : 0.0f) : x[n][e])
 #pragma unroll
   for (int kk = 0; kk < 4; kk++) {
-    const uint32_t a[4] = {nb_mma<T>::pack(x[2 * kk][0], x[2 * kk][1]),
-                           nb_mma<T>::pack(x[2 * kk][2], x[2 * kk][3]),
-                           nb_mma<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]),
-                           nb_mma<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+    const uint32_t a[4] = {nb_mma<T>::pack(FA_XE(2 * kk, 0), FA_XE(2 * kk, 1)),
+                           nb_mma<T>::pack(FA_XE(2 * kk, 2), FA_XE(2 * kk, 3)),
+                           nb_mma<T>::pack(FA_XE(2 * kk + 1, 0), FA_XE(2 * kk + 1, 1)),
+                           nb_mma<T>::pack(FA_XE(2 * kk + 1, 2), FA_XE(2 * kk + 1, 3))};
+#undef FA_XE
 #pragma unroll
     for (int nd = 0; nd < D / 16; nd++) {
       uint32_t b[4];
@@ -263,7 +326,7 @@ __device__ __forceinline__ void fa_fwd_pv(float (&o)[MI][D / 8][4], const float 
  * live in registers and Q is staged in stage 1's space; MI == 2: Q stays in
  * its own shared tile and each warp's K/V fragments serve 32 rows (half the
  * fragment reads per row). */
-template <typename T, int D, int MI, int BN, int NW>
+template <typename T, int D, int MI, int BN, int NW, int EX>
 __global__ void __launch_bounds__(NW * 32) fa_fwd_kernel(const fa_params p) {
   constexpr int WR = 16 * MI, BM = WR * NW, P = D + 8, TILE = BN * P, QR = MI == 1 ? D / 16 : 1;
   constexpr int NT = BN / 8, TH = NW * 32;
@@ -318,8 +381,23 @@ __global__ void __launch_bounds__(NW * 32) fa_fwd_kernel(const fa_params p) {
 #pragma unroll
       for (int mi = 0; mi < MI; mi++) fa_mask(s[mi], row + 16 * mi, j0, p.Lk, p.causal, -INFINITY, lane);
     }
+    if ((EX & FA_MASK) && p.x.mask) {
+      const int64_t mb = nb_attx_boff(p.x, p.nb, p.bshape, b);
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) fa_add_mask<NT, false>(s[mi], p, mb, row + 16 * mi, j0, lane);
+    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) fa_softmax<D>(s[mi], o[mi], m[mi], l[mi], p.sl2);
+    if ((EX & FA_DROP) && p.x.drop) {
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) {
+        const uint32_t keep = fa_keep_bits<NT, false>(p, b, row + 16 * mi, j0, lane);
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) s[mi][n][e] = (keep >> (4 * n + e)) & 1u ? s[mi][n][e] * p.x.zs : 0.0f;
+      }
+    }
     fa_fwd_pv<T, D, MI, NT>(o, s, nb_mma_smem(sv + nb_mma_frag_bk(lane, P)));
   }
   nb_mma_wait<0>();
@@ -362,83 +440,107 @@ __device__ __forceinline__ void fa_load_stats(float *sl, const fa_params &p, int
   const int t = threadIdx.x & 63, i = i0 + t;
   const float *src = threadIdx.x < 64 ? p.lse : p.delta;
   const float v = i < p.Lq ? src[b * p.Lq + i] : 0.0f;
-  if (threadIdx.x < 64) sl[t] = i < p.Lq ? v * FA_LOG2E : INFINITY;
+  /* +inf past Lq and for a row with no allowed key (lse = -inf): p = 0 */
+  if (threadIdx.x < 64) sl[t] = i < p.Lq && v != -INFINITY ? v * FA_LOG2E : INFINITY;
   else if (threadIdx.x < 128) sl[64 + t] = v;
 }
 
-// dk, dv (B, Lk, D): a CTA per 16 NW keys, a warp per 16 of them
-template <typename T, int D, int NW>
+// dk, dv (B, Lk, D): a CTA per 16 NW keys, a warp per 16 of them (FA_GQA:
+// per kv head, over its G query heads in order)
+template <typename T, int D, int NW, int EX>
 __global__ void __launch_bounds__(NW * 32) fa_bwd_kv_kernel(const fa_params p) {
   constexpr int P = D + 8, TILE = FA_BM * P, BK = 16 * NW, TH = NW * 32, KT = NW / 4;
+  constexpr bool GQA = (EX & FA_GQA) != 0;
   extern __shared__ __align__(16) uint16_t fa_smem[];
-  const int b = blockIdx.x % p.B, j0 = blockIdx.x / p.B * BK;
+  const int nbk = GQA ? p.B / p.G : p.B;
+  const int b0 = GQA ? blockIdx.x % nbk * p.G : blockIdx.x % nbk, j0 = blockIdx.x / nbk * BK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key = j0 + warp * 16 + (lane >> 2);
-  const uint16_t *qb = p.q.p + fa_off(p, p.q, b), *gb = p.g.p + fa_off(p, p.g, b);
+  const uint16_t *qb = p.q.p + fa_off(p, p.q, b0), *gb = p.g.p + fa_off(p, p.g, b0);
   const uint16_t *sk = fa_smem, *sv = fa_smem + KT * TILE; /* BK rows each */
   uint16_t *sq0 = fa_smem + 2 * KT * TILE;                  /* stage s: Q, dO at 2s, 2s + 1 */
   float *stats = (float *)(sq0 + 4 * TILE); /* per stage: lse * log2e [64], delta [64] */
   const int ibeg = p.causal ? j0 / FA_BM * FA_BM : 0;
   const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FA_BM - 1) / FA_BM : 0;
-  fa_load<D, BK, TH>(fa_smem, p.k.p + fa_off(p, p.k, b), p.k.rs, j0, p.Lk);
-  fa_load<D, BK, TH>(fa_smem + KT * TILE, p.v.p + fa_off(p, p.v, b), p.v.rs, j0, p.Lk);
-  if (ntiles) {
-    fa_load<D, FA_BM, TH>(sq0, qb, p.q.rs, ibeg, p.Lq);
-    fa_load<D, FA_BM, TH>(sq0 + TILE, gb, p.g.rs, ibeg, p.Lq);
-    fa_load_stats(stats, p, b, ibeg);
-  }
-  nb_mma_commit();
+  fa_load<D, BK, TH>(fa_smem, p.k.p + fa_off(p, p.k, b0), p.k.rs, j0, p.Lk);
+  fa_load<D, BK, TH>(fa_smem + KT * TILE, p.v.p + fa_off(p, p.v, b0), p.v.rs, j0, p.Lk);
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
-  for (int it = 0; it < ntiles; it++) {
-    const int i0 = ibeg + it * FA_BM;
-    nb_mma_wait<0>();
-    __syncthreads();
-    if (it + 1 < ntiles) {
-      const int s1 = (it + 1) & 1;
-      fa_load<D, FA_BM, TH>(sq0 + 2 * s1 * TILE, qb, p.q.rs, i0 + FA_BM, p.Lq);
-      fa_load<D, FA_BM, TH>(sq0 + (2 * s1 + 1) * TILE, gb, p.g.rs, i0 + FA_BM, p.Lq);
-      fa_load_stats(stats + 128 * s1, p, b, i0 + FA_BM);
+  for (int g = 0; g < (GQA ? p.G : 1); g++) {
+    const int b = b0 + g;
+    if (GQA && g) { /* the next query head; the previous one's last tile no longer read */
+      qb = p.q.p + fa_off(p, p.q, b), gb = p.g.p + fa_off(p, p.g, b);
+      __syncthreads();
+    }
+    if (ntiles) {
+      fa_load<D, FA_BM, TH>(sq0, qb, p.q.rs, ibeg, p.Lq);
+      fa_load<D, FA_BM, TH>(sq0 + TILE, gb, p.g.rs, ibeg, p.Lq);
+      fa_load_stats(stats, p, b, ibeg);
     }
     nb_mma_commit();
-    const uint16_t *sq = sq0 + 2 * (it & 1) * TILE, *sg = sq + TILE;
-    const float *sl = stats + 128 * (it & 1), *sd = sl + 64;
-    float s[8][4], dp[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-    fa_mma_abt<T, D, FA_KU>(s, sk + warp * 16 * P, sq, lane); /* S^T = K Q^T (keys x queries) */
-    const bool diag = p.causal && i0 < j0 + BK;         /* CTA-uniform */
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int c = 8 * n + 2 * (lane & 3) + (e & 1);
-        const float pv = nb_mma_exp2(fmaf(s[n][e], p.sl2, -sl[c]));
-        s[n][e] = diag && i0 + c < key + 8 * (e >> 1) ? 0.0f : pv;
+    for (int it = 0; it < ntiles; it++) {
+      const int i0 = ibeg + it * FA_BM;
+      nb_mma_wait<0>();
+      __syncthreads();
+      if (it + 1 < ntiles) {
+        const int s1 = (it + 1) & 1;
+        fa_load<D, FA_BM, TH>(sq0 + 2 * s1 * TILE, qb, p.q.rs, i0 + FA_BM, p.Lq);
+        fa_load<D, FA_BM, TH>(sq0 + (2 * s1 + 1) * TILE, gb, p.g.rs, i0 + FA_BM, p.Lq);
+        fa_load_stats(stats + 128 * s1, p, b, i0 + FA_BM);
       }
-    fa_mma_xb<T, D>(dv, s, sg, lane);                  /* dV += P^T dO */
-    fa_mma_abt<T, D, FA_KU>(dp, sv + warp * 16 * P, sg, lane); /* dP^T = V dO^T */
+      nb_mma_commit();
+      const uint16_t *sq = sq0 + 2 * (it & 1) * TILE, *sg = sq + TILE;
+      const float *sl = stats + 128 * (it & 1), *sd = sl + 64;
+      float s[8][4], dp[8][4];
 #pragma unroll
-    for (int n = 0; n < 8; n++)
+      for (int n = 0; n < 8; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) dp[n][e] = s[n][e] * (dp[n][e] - sd[8 * n + 2 * (lane & 3) + (e & 1)]);
-    fa_mma_xb<T, D>(dk, dp, sq, lane); /* dK += dS^T Q */
+        for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+      fa_mma_abt<T, D, FA_KU>(s, sk + warp * 16 * P, sq, lane); /* S^T = K Q^T (keys x queries) */
+      if ((EX & FA_MASK) && p.x.mask) fa_add_mask<8, true>(s, p, nb_attx_boff(p.x, p.nb, p.bshape, b), key, i0, lane);
+      const bool diag = p.causal && i0 < j0 + BK;         /* CTA-uniform */
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int c = 8 * n + 2 * (lane & 3) + (e & 1);
+          const float pv = nb_mma_exp2(fmaf(s[n][e], p.sl2, -sl[c]));
+          s[n][e] = diag && i0 + c < key + 8 * (e >> 1) ? 0.0f : pv;
+        }
+      uint32_t keep = ~0u; /* every element kept, z = 1, without dropout */
+      float zs = 1.0f;
+      if ((EX & FA_DROP) && p.x.drop) {
+        keep = fa_keep_bits<8, true>(p, b, key, i0, lane);
+        zs = p.x.zs;
+        fa_mma_xb<T, D, true>(dv, s, sg, lane, keep, zs); /* dV += (P Z)^T dO */
+      } else {
+        fa_mma_xb<T, D>(dv, s, sg, lane);                  /* dV += P^T dO */
+      }
+      fa_mma_abt<T, D, FA_KU>(dp, sv + warp * 16 * P, sg, lane); /* dP^T = V dO^T */
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          float d = dp[n][e];
+          if (EX & FA_DROP) d = (keep >> (4 * n + e)) & 1u ? d * zs : 0.0f;
+          dp[n][e] = s[n][e] * (d - sd[8 * n + 2 * (lane & 3) + (e & 1)]);
+        }
+      fa_mma_xb<T, D>(dk, dp, sq, lane); /* dK += dS^T Q */
+    }
   }
   nb_mma_wait<0>();
   const float one[2] = {1.0f, 1.0f}, sc[2] = {p.scale, p.scale};
   /* the outputs' batch offsets here, at the end (computed with the prologue's,
    * they made ptxas spill inside the loop at D = 128) */
-  fa_store<T, D>((T *)(p.dk.p + fa_off(p, p.dk, b)), p.dk.rs, key, p.Lk, dk, sc, lane);
-  fa_store<T, D>((T *)(p.dv.p + fa_off(p, p.dv, b)), p.dv.rs, key, p.Lk, dv, one, lane);
+  fa_store<T, D>((T *)(p.dk.p + fa_off(p, p.dk, b0)), p.dk.rs, key, p.Lk, dk, sc, lane);
+  fa_store<T, D>((T *)(p.dv.p + fa_off(p, p.dv, b0)), p.dv.rs, key, p.Lk, dv, one, lane);
 }
 
 // dq (B, Lq, D): a CTA per 16 NW queries, a warp per 16 of them
-template <typename T, int D, int NW>
+template <typename T, int D, int NW, int EX>
 __global__ void __launch_bounds__(NW * 32) fa_bwd_q_kernel(const fa_params p) {
   constexpr int P = D + 8, TILE = FA_BN * P, BQ = 16 * NW, TH = NW * 32, QT = NW / 4;
   extern __shared__ __align__(16) uint16_t fa_smem[];
@@ -463,7 +565,8 @@ __global__ void __launch_bounds__(NW * 32) fa_bwd_q_kernel(const fa_params p) {
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int r = row + 8 * h;
-    lse[h] = r < p.Lq ? p.lse[(int64_t)b * p.Lq + r] * FA_LOG2E : INFINITY;
+    const float L = r < p.Lq ? p.lse[(int64_t)b * p.Lq + r] : -INFINITY;
+    lse[h] = L != -INFINITY ? L * FA_LOG2E : INFINITY; /* past Lq or no allowed key: p = 0 */
     delta[h] = r < p.Lq ? p.delta[(int64_t)b * p.Lq + r] : 0.0f;
   }
 #pragma unroll
@@ -486,6 +589,7 @@ __global__ void __launch_bounds__(NW * 32) fa_bwd_q_kernel(const fa_params p) {
       for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
     fa_mma_abt<T, D, FA_KUQ>(s, sq, sk, lane); /* S = Q K^T */
     const int j0 = j * FA_BN;
+    if ((EX & FA_MASK) && p.x.mask) fa_add_mask<8, false>(s, p, nb_attx_boff(p.x, p.nb, p.bshape, b), row, j0, lane);
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -493,6 +597,13 @@ __global__ void __launch_bounds__(NW * 32) fa_bwd_q_kernel(const fa_params p) {
     if (j0 + FA_BN > p.Lk || (p.causal && j0 + FA_BN - 1 > i0 + warp * 16)) /* warp-uniform */
       fa_mask(s, row, j0, p.Lk, p.causal, 0.0f, lane);
     fa_mma_abt<T, D, FA_KUQ>(dp, sg, sv, lane); /* dP = dO V^T */
+    if ((EX & FA_DROP) && p.x.drop) {
+      const uint32_t keep = fa_keep_bits<8, false>(p, b, row, j0, lane);
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dp[n][e] = (keep >> (4 * n + e)) & 1u ? dp[n][e] * p.x.zs : 0.0f;
+    }
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -630,10 +741,12 @@ int fa_bwd_warps(int D) {
 
 int nb_cuda_attn_mma_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse,
                          const nb_kview *q, const nb_kview *k, const nb_kview *v, double scale,
-                         int causal, nb_status *st) {
+                         int causal, const nb_attx *x, nb_status *st) {
   fa_params p;
   if (!fa_make(&p, ctx, q, k, v, o, NULL, scale, causal)) return 0;
   p.lse = (float *)lse->data;
+  if (x) p.x = *x;
+  p.inv_scale = (float)(1.0 / scale);
   /* rows per warp in 16s: 2 at D = 64 (on the H100 10% faster than 1);
    * at D = 96 and 128 two would take over 255 registers with 64-key tiles */
   const int D = (int)q->shape[q->ndim - 1], mi = D == 64 ? 2 : 1, nw = fa_fwd_warps(D);
@@ -642,21 +755,29 @@ int nb_cuda_attn_mma_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kvi
   const size_t smem = (size_t)(4 * 64 + (mi == 2 ? bm : 0)) * (D + 8) * 2;
   const int64_t grid = (int64_t)p.B * p.nblk;
   const char *name = "attention (mma)";
-  FA_T_SWITCH(q->dtype, T, {
-    if (D == 64 && nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 64, 2, 64, 4>, grid, th, smem, p, name);
-    else if (D == 64) *st = fa_launch(ctx, fa_fwd_kernel<T, 64, 2, 64, 8>, grid, th, smem, p, name);
-    else if (D == 96 && nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 96, 1, 64, 4>, grid, th, smem, p, name);
-    else if (D == 96) *st = fa_launch(ctx, fa_fwd_kernel<T, 96, 1, 64, 8>, grid, th, smem, p, name);
-    else if (nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 128, 1, 64, 4>, grid, th, smem, p, name);
-    else *st = fa_launch(ctx, fa_fwd_kernel<T, 128, 1, 64, 8>, grid, th, smem, p, name);
-  });
+#define FA_FWD(EX)                                                                                      \
+  FA_T_SWITCH(q->dtype, T, {                                                                           \
+    if (D == 64 && nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 64, 2, 64, 4, EX>, grid, th, smem, p, name);   \
+    else if (D == 64) *st = fa_launch(ctx, fa_fwd_kernel<T, 64, 2, 64, 8, EX>, grid, th, smem, p, name);         \
+    else if (D == 96 && nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 96, 1, 64, 4, EX>, grid, th, smem, p, name); \
+    else if (D == 96) *st = fa_launch(ctx, fa_fwd_kernel<T, 96, 1, 64, 8, EX>, grid, th, smem, p, name);         \
+    else if (nw == 4) *st = fa_launch(ctx, fa_fwd_kernel<T, 128, 1, 64, 4, EX>, grid, th, smem, p, name);        \
+    else *st = fa_launch(ctx, fa_fwd_kernel<T, 128, 1, 64, 8, EX>, grid, th, smem, p, name);                      \
+  })
+  if (x && (x->mask || x->drop)) {
+    FA_FWD(FA_X);
+  } else {
+    FA_FWD(0);
+  }
+#undef FA_FWD
   return 1;
 }
 
 int nb_cuda_attn_mma_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk,
                          const nb_kview *dv, const nb_kview *dout, const nb_kview *q,
                          const nb_kview *k, const nb_kview *v, const nb_kview *o,
-                         const nb_kview *lse, double scale, int causal, nb_status *st) {
+                         const nb_kview *lse, double scale, int causal, const nb_attx *x, int G,
+                         nb_status *st) {
   fa_params p;
   if (!fa_make(&p, ctx, q, k, v, o, dout, scale, causal)) return 0;
   const int D = (int)q->shape[q->ndim - 1];
@@ -664,6 +785,10 @@ int nb_cuda_attn_mma_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kv
     return 0;
   p.lse = (float *)lse->data;
   p.dq = fa_view_of(dq, p.nb); p.dk = fa_view_of(dk, p.nb); p.dv = fa_view_of(dv, p.nb);
+  if (x) p.x = *x;
+  p.inv_scale = (float)(1.0 / scale);
+  p.G = G;
+  const bool ex = x && (x->mask || x->drop);
   const size_t dbytes = (size_t)p.B * p.Lq * sizeof(float);
   p.delta = dbytes ? (float *)nb_cuda_scratch(ctx, dbytes) : NULL;
   if (dbytes && !p.delta) {
@@ -673,23 +798,34 @@ int nb_cuda_attn_mma_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kv
   const int nw = fa_bwd_warps(D);
   const size_t tiles = (size_t)(4 + 2 * nw / 4) * 64 * (D + 8) * 2; /* 2 x 16 nw rows + 4 x 64 */
   *st = NB_OK;
+  /* dK, dV: a CTA per kv head's key block (G query heads each) */
+#define FA_KV(EX)                                                                                      \
+  if (nw == 8) *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD, 8, EX>, gkv, 256, skv, p, "attention_bwd (dk, dv)"); \
+  else *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD, 4, EX>, gkv, 128, skv, p, "attention_bwd (dk, dv)")
+#define FA_Q(EX)                                                                                       \
+  if (nw == 8) *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD, 8, EX>, gq, 256, tiles, p, "attention_bwd (dq)"); \
+  else *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD, 4, EX>, gq, 128, tiles, p, "attention_bwd (dq)")
   FA_T_SWITCH(q->dtype, T, FA_D_SWITCH(D, DD, {
     const int64_t rows = (int64_t)p.B * p.Lq;
     *st = fa_launch(ctx, fa_delta_kernel<T, DD>, (rows + 7) / 8, 256, 0, p, "attention_bwd (delta)");
     p.nblk = (p.Lk + 16 * nw - 1) / (16 * nw);
-    const int64_t gkv = (int64_t)p.B * p.nblk;
+    const int64_t gkv = (int64_t)(p.B / G) * p.nblk;
     const size_t skv = tiles + 2 * 128 * sizeof(float);
-    if (!*st && nw == 8)
-      *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD, 8>, gkv, 256, skv, p, "attention_bwd (dk, dv)");
-    else if (!*st)
-      *st = fa_launch(ctx, fa_bwd_kv_kernel<T, DD, 4>, gkv, 128, skv, p, "attention_bwd (dk, dv)");
+    if (!*st) {
+      if (G > 1 && ex) { FA_KV(FA_X | FA_GQA); }
+      else if (G > 1) { FA_KV(FA_GQA); }
+      else if (ex) { FA_KV(FA_X); }
+      else { FA_KV(0); }
+    }
     p.nblk = (p.Lq + 16 * nw - 1) / (16 * nw);
     const int64_t gq = (int64_t)p.B * p.nblk;
-    if (!*st && nw == 8)
-      *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD, 8>, gq, 256, tiles, p, "attention_bwd (dq)");
-    else if (!*st)
-      *st = fa_launch(ctx, fa_bwd_q_kernel<T, DD, 4>, gq, 128, tiles, p, "attention_bwd (dq)");
+    if (!*st) {
+      if (ex) { FA_Q(FA_X); }
+      else { FA_Q(0); }
+    }
   }));
+#undef FA_KV
+#undef FA_Q
   if (p.delta) nb_cuda_scratch_free(ctx, p.delta, dbytes);
   return 1;
 }
