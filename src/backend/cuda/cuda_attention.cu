@@ -400,7 +400,8 @@ extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o0, const nb_kview *lse, c
                         x && x->mask ? nb_dtype_name(x->mask->dtype) : "none");
   if (!a.B || !a.Lq) return NB_OK;
   NB_CUDA_ENTER(ctx, st, o->data, "attention");
-  /* (the sm_90a forward takes plain calls only: x == NULL, G == 1) */
+  /* the sm_90a forward takes plain calls only (no mask, dropout or grouped heads) */
+  if (!x && G == 1 && nb_cuda_attn_sm90_fwd(&ctx, o, lse, q, k, v, scale, causal, &st)) return st;
   if (nb_cuda_attn_mma_fwd(&ctx, o, lse, q, k, v, scale, causal, x ? &a.x : NULL, &st)) return st;
   int64_t nrb = (a.Lq + ATT_W - 1) / ATT_W;
   NB_CUDA_FLOAT_SWITCH(q->dtype, T, {
