@@ -10,7 +10,13 @@
  * 1000, 4097}, Lq != Lk both ways (causal aligned top-left), causal and
  * not, several (batch, head) pairs, q, k, v as (B, H, T, D) views of a
  * packed (B, T, 3, H, D) projection. NABLA_TEST_QUICK=1 (the sanitizers)
- * keeps the cases under 1000 rows. Without a CUDA device: skipped (77). */
+ * keeps the cases under 1000 rows. The kernel's variants
+ * (NABLA_ATTENTION_SM90_PINGPONG=0: the consumer warpgroups do not take
+ * turns; NABLA_ATTENTION_SM90_TMA_STORE=0: o by each thread's pair stores
+ * instead of through shared memory and TMA; both off) run every case too,
+ * each against float64 and bit for bit against the default (on, on): they
+ * change when and how values are stored, never a value. Without a CUDA
+ * device: skipped (77). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +133,16 @@ static int same_bits(const sresult *a, const sresult *b, int n) {
   return same;
 }
 
+/* The sm_90a kernel's variants besides the default: the switches' values. */
+static const struct {
+  const char *pingpong, *tma_store;
+} variants[] = {{"0", NULL}, {NULL, "0"}, {"0", "0"}};
+
+static void set_switch(const char *name, const char *value) {
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+}
+
 static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   char name[160];
   snprintf(name, sizeof name, "sm90 %s B%lld H%lld Lq%lld Lk%lld D%lld%s%s", nb_dtype_name(dt),
@@ -139,6 +155,8 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   nb_scope_end();
   const int64_t l0 = launches();
   unsetenv("NABLA_ATTENTION_SM90");
+  unsetenv("NABLA_ATTENTION_SM90_PINGPONG");
+  unsetenv("NABLA_ATTENTION_SM90_TMA_STORE");
   sresult got = run(c, causal, in, n, dt, GPU), again = run(c, causal, in, n, dt, GPU);
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90", "0", 1);
@@ -155,6 +173,24 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "float64", &got, &ref, n, tol);
   compare(name, "the mma.sync forward", &got, &mma, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
+  for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
+    char vname[200];
+    snprintf(vname, sizeof vname, "%s (PINGPONG=%s TMA_STORE=%s)", name,
+             variants[i].pingpong ? variants[i].pingpong : "1", variants[i].tma_store ? variants[i].tma_store : "1");
+    set_switch("NABLA_ATTENTION_SM90_PINGPONG", variants[i].pingpong);
+    set_switch("NABLA_ATTENTION_SM90_TMA_STORE", variants[i].tma_store);
+    const int64_t v0 = launches();
+    sresult var = run(c, causal, in, n, dt, GPU);
+    const int64_t v1 = launches();
+    unsetenv("NABLA_ATTENTION_SM90_PINGPONG");
+    unsetenv("NABLA_ATTENTION_SM90_TMA_STORE");
+    if (l0 >= 0)
+      NBT_CHECK(v1 == v0 + (c->runs ? 1 : 0), "%s: the sm_90a kernel ran %lld times (%d expected)", vname,
+                (long long)(v1 - v0), c->runs ? 1 : 0);
+    compare(vname, "float64", &var, &ref, n, tol);
+    NBT_CHECK(same_bits(&var, &got, n), "%s: differs from the default variant's bits", vname);
+    release(&var);
+  }
   release(&got);
   release(&again);
   release(&mma);

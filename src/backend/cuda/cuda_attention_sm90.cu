@@ -26,6 +26,15 @@
  *     iteration j, S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued back to
  *     back; the softmax of S_j runs while the P V product is on the tensor
  *     cores, and O is rescaled and P_j packed once it has completed.
+ *     Ping-pong (FA3's warp scheduler barriers; NABLA_ATTENTION_SM90_PINGPONG
+ *     =0 turns it off, read at every call): the two consumers take turns
+ *     issuing their GEMMs of a tile through two named barriers, so that one
+ *     warpgroup's softmax runs while the other's products are on the tensor
+ *     cores instead of both softmaxes at once with the tensor cores idle.
+ *   - The epilogue: o is rounded into the warpgroup's own 64 rows of Q's
+ *     shared tile (in its swizzle) and stored by TMA through a map of o's
+ *     view (rows past Lq clipped), or, when o's view does not suit TMA or
+ *     NABLA_ATTENTION_SM90_TMA_STORE=0, by each thread's pair stores.
  *   - Shared tiles (Q, K, V) are 64-column blocks of 128-byte rows in the
  *     128-byte swizzle, written by TMA and read by the wgmma descriptors;
  *     rows past Lq or Lk are zero-filled by TMA, key columns past Lk (and,
@@ -69,6 +78,8 @@
 #define FA3_BN 128     /* keys per K/V tile */
 #define FA3_MAXK 3     /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FA3_THREADS 384
+#define FA3_SCHED_BAR 3 /* named barriers 3, 4: the consumers' GEMM turns (ping-pong) */
+#define FA3_EPI_BAR 5   /* named barriers 5, 6: a consumer's staged o before its TMA store */
 
 namespace {
 
@@ -84,6 +95,8 @@ struct fa3_params {
   int B, Lq, Lk, nblk; /* nblk: query blocks per batch index */
   float scale, sl2;    /* sl2 = scale * log2(e) */
   int causal;
+  int pingpong; /* the consumers take turns issuing their GEMMs (NABLA_ATTENTION_SM90_PINGPONG) */
+  int tma_o;    /* o staged in shared memory and stored by TMA (NABLA_ATTENTION_SM90_TMA_STORE) */
 };
 
 template <int D> struct fa3_cfg {
@@ -125,6 +138,32 @@ __device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint
                  : "memory");
 }
 
+/* TMA store of the staged box src to (d0, row, batch coordinates c) of a
+ * map of rank 2 + nbk, in a bulk group; rows past the map's end are not
+ * written. */
+__device__ __forceinline__ void fa3_tma_store(const CUtensorMap *m, uint32_t src, int d0, int row, const int *c,
+                                              int nbk) {
+  const uint64_t mp = (uint64_t)m;
+  if (nbk == 1)
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+                 ::"l"(mp), "r"(src), "r"(d0), "r"(row), "r"(c[0]) : "memory");
+  else if (nbk == 2)
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+                 ::"l"(mp), "r"(src), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]) : "memory");
+  else
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];"
+                 ::"l"(mp), "r"(src), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
+}
+
+/* The batch coordinates of the flat batch index b, innermost first. */
+__device__ __forceinline__ void fa3_coords(const fa3_params &p, int b, int (&c)[FA3_MAXK]) {
+#pragma unroll
+  for (int i = 0; i < FA3_MAXK; i++) {
+    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
+    if (i < p.nbk) b /= p.bdim[i];
+  }
+}
+
 /* Producer (one thread): Q once, then K_j and V_j of every tile j into
  * stage j % ST when the consumers have freed it. */
 template <int D>
@@ -133,11 +172,7 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
                                             uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
   int c[FA3_MAXK];
-#pragma unroll
-  for (int i = 0; i < FA3_MAXK; i++) {
-    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
-    if (i < p.nbk) b /= p.bdim[i];
-  }
+  fa3_coords(p, b, c);
   sm90_bar_expect(bar.q(), C::QB); /* the whole box counts, zero-filled rows too */
 #pragma unroll
   for (int x = 0; x < D / 64; x++) fa3_tma(sq + x * FA3_BM * 128, mq, bar.q(), 64 * x, i0, c, p.nbk);
@@ -314,42 +349,88 @@ __device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_param
 }
 
 /* o = O / l (rows r0, r0 + 8 of the batch index b, those before Lq) and
- * lse = m scale + log(l), -inf for a row without keys: as the mma kernel. */
+ * lse = m scale + log(l), -inf for a row without keys: as the mma kernel.
+ * p.tma_o: the warpgroup's 64 rows of o go, rounded, into its own 64 rows
+ * of Q's shared tile (free: its last S has completed, the other warpgroup
+ * reads only its own rows) in the tile's 128-byte swizzle (row r's 16-byte
+ * unit u at u ^ (r % 8): a warp's 8 rows hit distinct banks), and one
+ * thread stores them by TMA (rows past Lq are not written); else each
+ * thread stores its pairs. The same values either way. */
 template <typename T, int D>
-__device__ __forceinline__ void fa3_store(const fa3_params &p, int b, int r0, int lane, const float (&o)[D / 2],
-                                          const float *m, float *l) {
+__device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int wg,
+                                          uint32_t qa, int r0, const float (&o)[D / 2], const float *m,
+                                          float *l) {
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int64_t lrow = (int64_t)b * p.Lq; /* lse is (B, Lq) */
-  int64_t off = 0;
-#pragma unroll
-  for (int i = 0; i < FA3_MAXK; i++)
-    if (i < p.nbk) {
-      off += (int64_t)(b % p.bdim[i]) * p.o_bs[i];
-      b /= p.bdim[i];
-    }
+  int c[FA3_MAXK];
+  fa3_coords(p, b, c);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = r0 + 8 * h;
+    inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    if (r < p.Lq && t == 0) p.lse[lrow + r] = l[h] > 0.0f ? m[h] * p.scale + logf(l[h]) : -INFINITY;
+  }
+  if (p.tma_o) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const uint32_t row = qa + (uint32_t)(16 * w + lane / 4 + 8 * h) * 128 + 4 * t; /* row % 8 == lane / 4 */
+#pragma unroll
+      for (int n = 0; n < D / 8; n++) {
+        const uint32_t a = row + (n / 8) * FA3_BM * 128 + (((n % 8) ^ (lane / 4)) << 4);
+        const uint32_t v = nb_mma<T>::pack(o[4 * n + 2 * h] * inv[h], o[4 * n + 2 * h + 1] * inv[h]);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+      }
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the copy engine reads them next */
+    asm volatile("bar.sync %0, 128;" ::"r"(FA3_EPI_BAR + wg) : "memory");
+    if (threadIdx.x % 128 == 0 && i0 + 64 * wg < p.Lq) {
+#pragma unroll
+      for (int x = 0; x < D / 64; x++) fa3_tma_store(mo, qa + x * FA3_BM * 128, 64 * x, i0 + 64 * wg, c, p.nbk);
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); /* shared memory read before exit */
+    }
+    return;
+  }
+  int64_t off = 0;
+#pragma unroll
+  for (int i = 0; i < FA3_MAXK; i++)
+    if (i < p.nbk) off += (int64_t)c[i] * p.o_bs[i];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int r = r0 + 8 * h;
     if (r >= p.Lq) continue;
-    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if ((lane & 3) == 0)
-      p.lse[lrow + r] = l[h] > 0.0f ? m[h] * p.scale + logf(l[h]) : -INFINITY;
-    T *row = (T *)(p.o + off + (int64_t)r * p.o_rs) + 2 * (lane & 3);
+    T *row = (T *)(p.o + off + (int64_t)r * p.o_rs) + 2 * t;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
-      *(uint32_t *)(row + 8 * n) = nb_mma<T>::pack(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      *(uint32_t *)(row + 8 * n) = nb_mma<T>::pack(o[4 * n + 2 * h] * inv[h], o[4 * n + 2 * h + 1] * inv[h]);
   }
+}
+
+/* The consumers' turns (p.pingpong, FA3's warp scheduler barriers): a
+ * warpgroup waits at its own named barrier (256 threads: its 128 and the
+ * other warpgroup's arrival) before issuing a tile's GEMMs and arrives at
+ * the other's after issuing them, so one warpgroup's softmax runs while
+ * the other's products are on the tensor cores. Warpgroup 1 hands
+ * warpgroup 0 the first turn and skips its arrival after its last turn:
+ * both take ntiles turns, every barrier sees as many arrivals as waits. */
+__device__ __forceinline__ void fa3_turn_wait(int on, int wg) {
+  if (on) asm volatile("bar.sync %0, 256;" ::"r"(FA3_SCHED_BAR + wg) : "memory");
+}
+__device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
+  if (on) asm volatile("bar.arrive %0, 256;" ::"r"(FA3_SCHED_BAR + (wg ^ 1)) : "memory");
 }
 
 /* Consumer warpgroup wg (0, 1): rows [i0 + 64 wg, + 64) over the ntiles key
  * tiles, with the overlap described at the top. */
 template <typename T, int D>
-__device__ __forceinline__ void fa3_consume(const fa3_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
-                                            uint32_t sk, fa3_bars<D> bar) {
+__device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
+                                            int wg, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
@@ -360,13 +441,17 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, int b, int i0, 
   for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < FA3_BN / 2; i++) s[i] = 0.0f;
+  const int pp = p.pingpong;
+  if (wg == 1) fa3_turn_pass(pp, 1); /* warpgroup 0 goes first */
   /* tile 0: S_0, its softmax, P_0 */
   sm90_bar_wait(bar.q(), 0);
   sm90_bar_wait(bar.fk(0), 0);
+  fa3_turn_wait(pp, wg);
   fa3_fence(s);
   fa3_wg_fence();
   fa3_qk<T, D>(s, qa, sk);
   fa3_commit();
+  if (wg == 0 || ntiles > 1) fa3_turn_pass(pp, wg);
   fa3_wait<0>();
   fa3_fence(s);
   if (lane == 0) sm90_bar_arrive(bar.ek(0));
@@ -375,6 +460,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, int b, int i0, 
   for (int j = 1; j < ntiles; j++) {
     const int sj = j % C::ST, sp = (j - 1) % C::ST;
     sm90_bar_wait(bar.fk(sj), (uint32_t)(j / C::ST) & 1);
+    fa3_turn_wait(pp, wg);
     fa3_fence(s);
     fa3_fence(o);
     fa3_fence(pa);
@@ -385,6 +471,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, int b, int i0, 
     fa3_wg_fence();
     fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
+    if (wg == 0 || j < ntiles - 1) fa3_turn_pass(pp, wg);
     fa3_wait<1>(); /* S_j complete; the P V product may still run */
     fa3_fence(s);
     if (lane == 0) sm90_bar_arrive(bar.ek(sj));
@@ -407,7 +494,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, int b, int i0, 
   fa3_fence(o);
   fa3_fence(pa);
   if (lane == 0) sm90_bar_arrive(bar.ev(sl));
-  fa3_store<T, D>(p, b, r0, lane, o, m, l);
+  fa3_store<T, D>(p, mo, b, i0, wg, qa, r0, o, m, l);
 }
 #endif /* NB_SM90A_DEVICE */
 
@@ -415,7 +502,8 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, int b, int i0, 
 template <typename T, int D>
 __global__ void __launch_bounds__(FA3_THREADS, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
-                   const __grid_constant__ CUtensorMap mv, const __grid_constant__ fa3_params p) {
+                   const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mo,
+                   const __grid_constant__ fa3_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fa3_cfg<D> C;
   extern __shared__ uint8_t fa3_raw[];
@@ -437,10 +525,10 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, b, i0, ntiles, sq, sk, bar);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fa3_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, sq, sk, bar);
+    fa3_consume<T, D>(p, &mo, b, i0, ntiles, threadIdx.x / 128 - 1, sq, sk, bar);
   }
 #else
-  (void)mq; (void)mk; (void)mv; (void)p;
+  (void)mq; (void)mk; (void)mv; (void)mo; (void)p;
 #endif
 }
 
@@ -489,15 +577,15 @@ template <typename K> int fa3_binary_ok(K kern, int *cache) {
 }
 
 /* The tensor map of a (.., L, D) view: dims {D, L, the batch axes axes[0..
- * nbk) (innermost first; -1: a size-1 stand-in)}, boxes of 64 x 128 in the
+ * nbk) (innermost first; -1: a size-1 stand-in)}, boxes of 64 x rows in the
  * 128-byte swizzle, zero fill out of bounds. 0 when TMA cannot take it
  * (alignment, strides, sizes). */
-int fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk) {
+int fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk, int rows) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = fa3_encode_fn();
   const int nd = v->ndim;
   if (!enc || !v->data || ((uintptr_t)v->data & 15) || v->strides[nd - 1] != 1) return 0;
   cuuint64_t dims[5] = {(cuuint64_t)D, (cuuint64_t)L, 1, 1, 1}, strides[4];
-  cuuint32_t box[5] = {64, FA3_BN, 1, 1, 1}, es[5] = {1, 1, 1, 1, 1};
+  cuuint32_t box[5] = {64, (cuuint32_t)rows, 1, 1, 1}, es[5] = {1, 1, 1, 1, 1};
   int64_t st[4] = {v->strides[nd - 2] * 2, 0, 0, 0};
   for (int i = 0; i < nbk; i++) {
     dims[2 + i] = axes[i] < 0 ? 1 : (cuuint64_t)v->shape[axes[i]];
@@ -526,13 +614,19 @@ int fa3_out_ok(const nb_kview *o, nb_dtype dt, int64_t D) {
 
 int64_t fa3_launches;
 
+/* A variant's switch, read at every call: on unless the variable is "0". */
+int fa3_switch(const char *name) {
+  const char *e = getenv(name);
+  return !(e && !strcmp(e, "0"));
+}
+
 template <typename T, int D>
 nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_params &p) {
   auto kern = fa3_fwd_kernel<T, D>;
   const size_t smem = fa3_cfg<D>::SMEM;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (sm90): shared memory attribute");
-  kern<<<(unsigned)((int64_t)p.B * p.nblk), FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], p);
+  kern<<<(unsigned)((int64_t)p.B * p.nblk), FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
 }
@@ -586,10 +680,15 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   }
   const int64_t nblk = (Lq + FA3_BM - 1) / FA3_BM;
   if (B < 1 || B > INT32_MAX || B * nblk > INT32_MAX) return 0;
-  CUtensorMap maps[3];
-  if (!fa3_map(&maps[0], q, Lq, D, axes, nbk) || !fa3_map(&maps[1], k, Lk, D, axes, nbk) ||
-      !fa3_map(&maps[2], v, Lk, D, axes, nbk))
+  CUtensorMap maps[4];
+  if (!fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !fa3_map(&maps[1], k, Lk, D, axes, nbk, FA3_BN) ||
+      !fa3_map(&maps[2], v, Lk, D, axes, nbk, FA3_BN))
     return 0;
+  /* o by TMA (boxes of a warpgroup's 64 rows) when its view allows; else
+   * (or NABLA_ATTENTION_SM90_TMA_STORE=0) each thread's pair stores */
+  memset(&maps[3], 0, sizeof maps[3]);
+  p.tma_o = fa3_switch("NABLA_ATTENTION_SM90_TMA_STORE") && fa3_map(&maps[3], o, Lq, D, axes, nbk, 64);
+  p.pingpong = fa3_switch("NABLA_ATTENTION_SM90_PINGPONG");
   p.o = (uint16_t *)o->data;
   p.o_rs = o->strides[nd - 2];
   p.lse = (float *)lse->data;

@@ -16,7 +16,10 @@
  * sm_90a code, NABLA_ATTENTION_SM90=0 in the environment, read at every
  * call), and 1 when it ran the call, with *st its status. Same views and
  * contract as attn_fwd (backend_entries.h): o and lse as the mma forward
- * writes them, which the backward reads. */
+ * writes them, which the backward reads. NABLA_ATTENTION_SM90_PINGPONG=0
+ * and NABLA_ATTENTION_SM90_TMA_STORE=0 (read at every call) turn off the
+ * consumers' turns and o's store through shared memory by TMA: the same
+ * bits, other timings. */
 int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse,
                           const nb_kview *q, const nb_kview *k, const nb_kview *v, double scale,
                           int causal, nb_status *st);
