@@ -139,7 +139,9 @@ static const op_case CASES[] = {
   CT("matmul", c_matmul, "r:2x3x17x9,r:9x6", GRAD, 4),
   CT("linear", c_linear, "r:3x5x33,r:6x33,r:6", GRAD, 4),
   CT("linear", c_linear, "r:9,r:7x9,-", GRAD, 4),
-  C("scaled_mm", c_scaled_mm, "r:7x48,r:5x48", NO16), /* f16/bf16 inputs round twice */
+  /* f16/bf16 inputs round twice; CUDA: its fp8 tensor-core sums carry about
+   * 14 bits (not f32's 24), checked with that bound in test_cuda's fp8 section */
+  C("scaled_mm", c_scaled_mm, "r:7x48,r:5x48", NO16 | NOCUDA),
   /* losses */
   C("cross_entropy", c_xent, "r:9x21,i21:9", GRAD),
   C("cross_entropy", c_xent_smooth, "r:9x21,i21:9", GRAD),
