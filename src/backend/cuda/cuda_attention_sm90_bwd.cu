@@ -1,0 +1,757 @@
+/* The flash attention backward for Hopper (sm_90a): FlashAttention-3's
+ * structure on TMA and wgmma. bf16 and f16 with f32 accumulation, head
+ * dimensions 64 and 128 (D == Dv), any Lq and Lk, causal (key j for query i
+ * when j <= i, aligned top-left, as every other kernel). It reads what the
+ * forwards write (o, and the f32 lse = m scale + log(l), (B, Lq)
+ * contiguous) and writes dq, dk, dv (strided views) as the mma.sync
+ * backward (cuda_attention_mma.cu) does: dS = P (dP - delta), dV = P^T dO,
+ * dK = scale dS^T Q, dQ = scale dS K, with P = exp(scale S - lse) recomputed.
+ * Three kernels, no atomics (every output element is summed by one thread
+ * in a fixed order: the same bits every run):
+ *   1. the pre-pass (a warp per row): delta = rowsum(dO o) as the mma
+ *      backward computes it, and lse log2(e) (+inf for lse = -inf: p = 0)
+ *      into a scratch of two (B, Lp) f32 arrays, Lp = Lq rounded up to 128,
+ *      the rows past Lq +inf and 0 (p = 0, dS = 0 there), so that a tile's
+ *      64 values are one 256-byte bulk copy.
+ *   2. dK, dV: a CTA of 384 threads per (128 keys, batch index), the
+ *      heaviest key blocks (causal: the first) first. Warpgroup 0, the
+ *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
+ *      then for every 64-query tile that sees the block (causal: from the
+ *      block's first key on) Q, dO (64 x D) and the tile's lse / delta rows
+ *      into stage it % 2 of a ring (full mbarrier per stage, completed by
+ *      the copy engine's bytes; empty mbarrier, one arrival per consumer
+ *      warp once its wgmma reading the stage have completed). Warpgroups 1
+ *      and 2, the consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the
+ *      block each, computing the transposed products so that nothing goes
+ *      through shared memory: S^T = K Q^T and dP^T = V dO^T (m64n64k16,
+ *      both operands from shared memory, K-major), P^T = exp2(S^T sl2 -
+ *      lse2[query]) (zero for a query before the key when causal, only on
+ *      tiles that reach the diagonal; queries past Lq have lse2 = +inf),
+ *      dV += P^T dO with P^T rounded to the input dtype as wgmma's register
+ *      A operand (dO as B, MN-major, transpose bit), dS^T = P^T (dP^T -
+ *      delta[query]), dK += dS^T Q the same way. S^T and dP^T are two commit
+ *      groups: P^T is computed while dP^T is on the tensor cores, dS^T
+ *      while dV's product is.
+ *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
+ *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
+ *      tiles into a 2-stage ring (key tiles after the block's last row
+ *      never loaded); consumer c owns query rows [64 c, 64 c + 64): S = Q
+ *      K^T, dP = dO V^T (m64n64k16 from shared memory), P = exp2(S sl2 -
+ *      lse2[row]) (zero past Lk and, causal, after the row), dS = P (dP -
+ *      delta[row]), dQ += dS K (dS as register A, K MN-major).
+ * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
+ * tile wholly past them is not loaded at all (its rows' results are never
+ * stored, and every product here is row-wise in them).
+ *
+ * Fragment layouts (warp w of a consumer warpgroup, lane l, g = l / 4,
+ * t = l % 4), as in the forward (cuda_attention_sm90.cu):
+ *   - wgmma m64nN accumulators: register i holds row 16 w + g +
+ *     8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2.
+ *   - wgmma register A (16-bit, 64 x 16 for k-step kk): a_r =
+ *     (acc[8 kk + 2 r], acc[8 kk + 2 r + 1]), r = 0..3 (mma.sync's A
+ *     fragment: rows g, g + 8; k 2t, 2t + 1, then 2t + 8, 2t + 9).
+ *   - Shared tiles: an R x D tile is D / 64 blocks of R rows x 128 bytes,
+ *     block x at x R 128 bytes, each 1024-byte aligned, the 128-byte swizzle
+ *     (16-byte unit u of row r at unit u ^ (r % 8)); TMA writes 64 x 64
+ *     boxes (a 128-row tile takes two per block, the second 64 128 bytes
+ *     in). K-major descriptor (the ss products: k = d): first row of the
+ *     block (a warpgroup's 64 rows of a 128-row tile start 64 x 128 bytes
+ *     in), + 32 bytes per 16 k, 8-row groups 1024 bytes apart (SBO).
+ *     MN-major descriptor (B of the rs products: k = the tile's rows, n =
+ *     d): + 2048 bytes per 16 rows, 8-row groups 1024 apart (SBO), the
+ *     64-column blocks of d R 128 bytes apart (LBO).
+ * The device code exists only in the sm_90a pass; other passes compile
+ * empty kernels, which the host never launches (it checks the device and
+ * the loaded binary). */
+#include <cudaTypedefs.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_attention_sm90_bwd.h"
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_sm90.cuh"
+
+#define FB_BK 128 /* keys per dK/dV CTA: two consumer warpgroups of 64 */
+#define FB_BQ 64  /* queries per streamed tile (dK/dV) */
+#define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
+#define FB_BN 64  /* keys per streamed tile (dQ) */
+#define FB_ST 2   /* ring stages */
+#define FB_MAXK 3 /* batch axes of size > 1 (tensor maps of rank 5 at most) */
+#define FB_THREADS 384
+#define FB_LOG2E 1.4426950408889634f
+
+namespace {
+
+/* Everything but the tensor maps, passed by value. The batch axes are those
+ * of size > 1 (a size-1 stand-in when there is none), nbk of them,
+ * innermost first: bdim their sizes, *_bs the views' strides there; b is the
+ * flat index over them (lse's row-major batch index). */
+struct fb_params {
+  uint16_t *dq, *dk, *dv;
+  const uint16_t *o, *g; /* o, dout: the pre-pass */
+  const float *lse;      /* (B, Lq) */
+  float *sl, *sd;        /* scratch (B, Lp): lse log2(e), delta */
+  int64_t dq_rs, dk_rs, dv_rs, o_rs, g_rs;
+  int64_t dq_bs[FB_MAXK], dk_bs[FB_MAXK], dv_bs[FB_MAXK], o_bs[FB_MAXK], g_bs[FB_MAXK];
+  int bdim[FB_MAXK], nbk;
+  int B, Lq, Lk, Lp, nblk; /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
+  float scale, sl2;        /* sl2 = scale log2(e) */
+  int causal;
+};
+
+template <int D> struct fb_cfg {
+  /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D) and the stats
+   * (lse2 [64], delta [64], padded to 1024 bytes: stages stay aligned) */
+  static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB + 1024;
+  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * STAGE + 8 * (1 + 2 * FB_ST);
+  /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
+  static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
+  static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_ST * 2 * NB + 8 * (1 + 2 * FB_ST);
+};
+
+/* Element offset of batch index b in a view of batch strides bs. */
+__device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64_t *bs) {
+  int64_t off = 0;
+#pragma unroll
+  for (int i = 0; i < FB_MAXK; i++)
+    if (i < p.nbk) {
+      off += (int64_t)(b % p.bdim[i]) * bs[i];
+      b /= p.bdim[i];
+    }
+  return off;
+}
+
+/* ---- pre-pass ---------------------------------------------------------- */
+/* Row r of the (B, Lp) scratch: delta = dout . o (f32, as the mma
+ * backward), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0. */
+template <typename T, int D> __global__ void fb_prep_kernel(const fb_params p) {
+  const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (r >= (int64_t)p.B * p.Lp) return; /* warp-uniform */
+  const int b = (int)(r / p.Lp), i = (int)(r % p.Lp);
+  float s = 0.0f, l2 = INFINITY;
+  if (i < p.Lq) { /* warp-uniform */
+    const T *g = (const T *)(p.g + fb_off(p, b, p.g_bs) + (int64_t)i * p.g_rs);
+    const T *o = (const T *)(p.o + fb_off(p, b, p.o_bs) + (int64_t)i * p.o_rs);
+    for (int d = 2 * lane; d < D; d += 64)
+      s += nb_to_f(g[d]) * nb_to_f(o[d]) + nb_to_f(g[d + 1]) * nb_to_f(o[d + 1]);
+    s = nb_warp_sum(s);
+    const float L = p.lse[(int64_t)b * p.Lq + i];
+    l2 = L != -INFINITY ? L * FB_LOG2E : INFINITY;
+  }
+  if (lane == 0) p.sl[r] = l2, p.sd[r] = s;
+}
+
+#ifdef NB_SM90A_DEVICE
+/* mbarriers after the tiles: the once-loaded tiles' full barrier, then per
+ * stage a full and an empty one. */
+struct fb_bars {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t once() const { return base; }
+  __device__ __forceinline__ uint32_t full(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_ST + s); }
+};
+
+/* TMA load of the 64 x 64 box at (d0, row, batch coordinates c) of a map of
+ * rank 2 + nbk into dst, completing on bar. */
+__device__ __forceinline__ void fb_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,
+                                       const int *c, int nbk) {
+  const uint64_t mp = (uint64_t)m;
+  if (nbk == 1)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]) : "memory");
+  else if (nbk == 2)
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]) : "memory");
+  else
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2])
+                 : "memory");
+}
+
+/* Rows [row, row + 64 nh) of a view into an R-row tile at dst (nh 64-row
+ * halves, D / 64 column blocks). */
+template <int D, int R>
+__device__ __forceinline__ void fb_tile(uint32_t dst, const CUtensorMap *m, uint32_t bar, int row, int nh,
+                                        const int *c, int nbk) {
+#pragma unroll
+  for (int x = 0; x < D / 64; x++)
+    for (int h = 0; h < nh; h++) fb_tma(dst + x * R * 128 + h * 64 * 128, m, bar, 64 * x, row + 64 * h, c, nbk);
+}
+
+/* Plain bulk copy of bytes (a multiple of 16, both ends 16-byte aligned). */
+__device__ __forceinline__ void fb_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void fb_coords(const fb_params &p, int b, int *c) {
+#pragma unroll
+  for (int i = 0; i < FB_MAXK; i++) {
+    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
+    if (i < p.nbk) b /= p.bdim[i];
+  }
+}
+
+/* ---- wgmma ------------------------------------------------------------- */
+#define FB_ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FB_ACC64 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FB_OUT32 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FB_OUT64 FB_OUT32, \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* ss: d (64 x 64) = (acc ? d : 0) + A B^T, A and B by descriptor, both
+ * K-major (S^T = K Q^T, dP^T = V dO^T, S = Q K^T, dP = dO V^T). rs64 /
+ * rs128: d (64 x 64 / 64 x 128) += A B, A from registers (4 per thread,
+ * the layout above), B by descriptor, MN-major (transpose bit 1: dV += P^T
+ * dO, dK += dS^T Q, dQ += dS K). */
+#define FB_MMA_BODY(TY)                                                                     \
+  static __device__ __forceinline__ void ss(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FB_ACC32          \
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
+                 : FB_OUT32 : "l"(da), "l"(db), "r"(acc));                                  \
+  }                                                                                         \
+  static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FB_ACC64         \
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                             \
+                 : FB_OUT64                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+  }                                                                                         \
+  static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db) {   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FB_ACC32          \
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                             \
+                 : FB_OUT32                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+  }
+template <typename T> struct fb_mma;
+template <> struct fb_mma<__nv_bfloat16> { FB_MMA_BODY("bf16") };
+template <> struct fb_mma<__half> { FB_MMA_BODY("f16") };
+
+__device__ __forceinline__ void fb_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void fb_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void fb_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accesses of registers an asynchronous
+ * wgmma reads or writes across the wait that completes it. */
+template <int N> __device__ __forceinline__ void fb_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void fb_fence(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) asm volatile("" : "+r"(a[i][r])::"memory");
+}
+
+/* d (64 x 64) = A B^T over k = d (D / 16 steps): a the 64 A rows in block
+ * 0 of a tile of RA rows, b block 0 of a 64-row tile of RB rows. */
+template <typename T, int D, int RA, int RB>
+__device__ __forceinline__ void fb_ss(float (&d)[32], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t x = kk / 4, off = (kk % 4) * 32;
+    fb_mma<T>::ss(d, sm90_desc(a + x * RA * 128 + off, 16), sm90_desc(b + x * RB * 128 + off, 16), kk > 0);
+  }
+}
+
+/* acc (64 x D) += A B over k = 64 rows: A the register fragments a, b
+ * block 0 of a tile of R rows (MN-major, rows [0, 64) of it). */
+template <typename T, int D, int R>
+__device__ __forceinline__ void fb_rs(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    const uint64_t db = sm90_desc(b + kk * 2048, R * 128);
+    if (D == 128) fb_mma<T>::rs128(acc, a[kk], db);
+    else fb_mma<T>::rs64(acc, a[kk], db);
+  }
+}
+
+/* A fragments (4 k-steps of 16) of a 64 x 64 accumulator, rounded to T. */
+template <typename T>
+__device__ __forceinline__ void fb_pack(uint32_t (&a)[4][4], const float (&s)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) a[kk][r] = nb_mma<T>::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+/* Rows r0, r0 + 8 (when before L) of a 64 x D accumulator, times mul, to
+ * dst (its batch's base) with row stride rs: 4-byte pair stores. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_store(uint16_t *dst, int64_t rs, int r0, int L, int t, const float (&acc)[D / 2],
+                                         float mul) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = r0 + 8 * h;
+    if (r >= L) continue;
+    T *row = (T *)(dst + (int64_t)r * rs) + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+      *(uint32_t *)(row + 8 * n) = nb_mma<T>::pack(acc[4 * n + 2 * h] * mul, acc[4 * n + 2 * h + 1] * mul);
+  }
+}
+
+/* ---- dK, dV -------------------------------------------------------------- */
+/* Producer (one thread): K, V once, then Q, dO and the stats of query tile
+ * it into stage it % FB_ST once the consumers have freed it. */
+template <int D>
+__device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
+                                              const CUtensorMap *mg, const fb_params &p, int b, int j0, int ibeg,
+                                              int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar) {
+  typedef fb_cfg<D> C;
+  int c[FB_MAXK];
+  fb_coords(p, b, c);
+  const int nh = j0 + 64 < p.Lk ? 2 : 1; /* a half wholly past Lk is not loaded */
+  sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
+  fb_tile<D, FB_BK>(sk, mk, bar.once(), j0, nh, c, p.nbk);
+  fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(), j0, nh, c, p.nbk);
+  for (int it = 0; it < ntiles; it++) {
+    const int s = it % FB_ST, i0 = ibeg + it * FB_BQ;
+    const uint32_t st = ss0 + s * C::STAGE;
+    sm90_bar_wait(bar.empty(s), ((uint32_t)(it / FB_ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
+    sm90_bar_expect(bar.full(s), 2 * C::QB + 2 * FB_BQ * 4);
+    fb_tile<D, FB_BQ>(st, mq, bar.full(s), i0, 1, c, p.nbk);
+    fb_tile<D, FB_BQ>(st + C::QB, mg, bar.full(s), i0, 1, c, p.nbk);
+    const int64_t r = (int64_t)b * p.Lp + i0; /* i0 + 64 <= Lp */
+    fb_bulk(st + 2 * C::QB, p.sl + r, FB_BQ * 4, bar.full(s));
+    fb_bulk(st + 2 * C::QB + FB_BQ * 4, p.sd + r, FB_BQ * 4, bar.full(s));
+  }
+}
+
+/* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
+                                              uint32_t sk, uint32_t ss0, const uint8_t *gss0, fb_bars bar) {
+  typedef fb_cfg<D> C;
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
+  const int kw = j0 + 64 * wg + 16 * w, kr = kw + lane / 4; /* the warp's first key; this thread's key g */
+  const uint32_t ka = sk + wg * 64 * 128, va = ka + C::KB;  /* this warpgroup's rows of K, V */
+  float dk[D / 2], dv[D / 2], s[32], dp[32];
+  uint32_t pa[4][4], da[4][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
+  if (ntiles) sm90_bar_wait(bar.once(), 0);
+  for (int it = 0; it < ntiles; it++) {
+    const int sg = it % FB_ST, i0 = ibeg + it * FB_BQ;
+    const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
+    const float *sl = (const float *)(gss0 + sg * C::STAGE + 2 * C::QB), *sd = sl + FB_BQ;
+    sm90_bar_wait(bar.full(sg), (uint32_t)(it / FB_ST) & 1);
+    fb_fence(s);
+    fb_fence(dp);
+    fb_wg_fence();
+    fb_ss<T, D, FB_BK, FB_BQ>(s, ka, qt); /* S^T = K Q^T (keys x queries) */
+    fb_commit();
+    fb_ss<T, D, FB_BK, FB_BQ>(dp, va, gt); /* dP^T = V dO^T */
+    fb_commit();
+    fb_wait<1>(); /* S^T complete; dP^T may still run */
+    fb_fence(s);
+    /* P^T: column (query) i0 + 8n + 2t + (e & 1), row (key) kr + 8 (e >> 1) */
+    const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+      const float2 l2 = *(const float2 *)(sl + 8 * n + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float pv = nb_mma_exp2(fmaf(s[4 * n + e], p.sl2, -((e & 1) ? l2.y : l2.x)));
+        s[4 * n + e] = diag && i0 + 8 * n + 2 * t + (e & 1) < kr + 8 * (e >> 1) ? 0.0f : pv;
+      }
+    }
+    fb_pack<T>(pa, s);
+    fb_fence(pa);
+    fb_fence(dv);
+    fb_wg_fence();
+    fb_rs<T, D, FB_BQ>(dv, pa, gt); /* dV += P^T dO */
+    fb_commit();
+    fb_wait<1>(); /* dP^T complete; dV's product may still run */
+    fb_fence(dp);
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+      const float2 dl = *(const float2 *)(sd + 8 * n + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; e++) dp[4 * n + e] = s[4 * n + e] * (dp[4 * n + e] - ((e & 1) ? dl.y : dl.x));
+    }
+    fb_pack<T>(da, dp);
+    fb_fence(da);
+    fb_fence(dk);
+    fb_wg_fence();
+    fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
+    fb_commit();
+    fb_wait<0>();
+    fb_fence(dv);
+    fb_fence(dk);
+    fb_fence(pa);
+    fb_fence(da);
+    if (lane == 0) sm90_bar_arrive(bar.empty(sg)); /* the stage (stats read above) is free */
+  }
+  fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
+  fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
+}
+
+/* ---- dQ ------------------------------------------------------------------ */
+/* Producer (one thread): Q, dO once, then K_j, V_j into stage j % FB_ST. */
+template <int D>
+__device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
+                                             const CUtensorMap *mg, const fb_params &p, int b, int i0, int ntiles,
+                                             uint32_t sq, uint32_t ss0, fb_bars bar) {
+  typedef fb_cfg<D> C;
+  int c[FB_MAXK];
+  fb_coords(p, b, c);
+  const int nh = i0 + 64 < p.Lq ? 2 : 1; /* a half wholly past Lq is not loaded */
+  sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
+  fb_tile<D, FB_BM>(sq, mq, bar.once(), i0, nh, c, p.nbk);
+  fb_tile<D, FB_BM>(sq + C::MB, mg, bar.once(), i0, nh, c, p.nbk);
+  for (int j = 0; j < ntiles; j++) {
+    const int s = j % FB_ST;
+    const uint32_t kt = ss0 + s * 2 * C::NB;
+    sm90_bar_wait(bar.empty(s), ((uint32_t)(j / FB_ST) & 1) ^ 1);
+    sm90_bar_expect(bar.full(s), 2 * C::NB);
+    fb_tile<D, FB_BN>(kt, mk, bar.full(s), j * FB_BN, 1, c, p.nbk);
+    fb_tile<D, FB_BN>(kt + C::NB, mv, bar.full(s), j * FB_BN, 1, c, p.nbk);
+  }
+}
+
+/* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
+                                             uint32_t ss0, fb_bars bar) {
+  typedef fb_cfg<D> C;
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
+  const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
+  const uint32_t qa = sq + wg * 64 * 128, ga = qa + C::MB;
+  float dq[D / 2], s[32], dp[32], l2[2], dl[2];
+  uint32_t da[4][4];
+#pragma unroll
+  for (int h = 0; h < 2; h++) { /* rows < nblk 128 <= Lp */
+    l2[h] = p.sl[(int64_t)b * p.Lp + r0 + 8 * h];
+    dl[h] = p.sd[(int64_t)b * p.Lp + r0 + 8 * h];
+  }
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
+  sm90_bar_wait(bar.once(), 0);
+  for (int j = 0; j < ntiles; j++) {
+    const int sg = j % FB_ST, j0 = j * FB_BN;
+    const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
+    sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_ST) & 1);
+    fb_fence(s);
+    fb_fence(dp);
+    fb_wg_fence();
+    fb_ss<T, D, FB_BM, FB_BN>(s, qa, kt); /* S = Q K^T */
+    fb_commit();
+    fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
+    fb_commit();
+    fb_wait<1>();
+    fb_fence(s);
+    /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = nb_mma_exp2(fmaf(s[i], p.sl2, -l2[(i >> 1) & 1]));
+    if (j0 + FB_BN > p.Lk || (p.causal && j0 + FB_BN - 1 > rw)) { /* warp-uniform */
+#pragma unroll
+      for (int i = 0; i < 32; i++) {
+        const int c = j0 + 8 * (i / 4) + 2 * t + (i & 1), r = r0 + 8 * ((i >> 1) & 1);
+        if (c >= p.Lk || (p.causal && c > r)) s[i] = 0.0f;
+      }
+    }
+    fb_wait<0>();
+    fb_fence(dp);
+#pragma unroll
+    for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
+    fb_pack<T>(da, dp);
+    fb_fence(da);
+    fb_fence(dq);
+    fb_wg_fence();
+    fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K */
+    fb_commit();
+    fb_wait<0>();
+    fb_fence(dq);
+    fb_fence(da);
+    if (lane == 0) sm90_bar_arrive(bar.empty(sg));
+  }
+  fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
+}
+#endif /* NB_SM90A_DEVICE */
+
+/* Shared setup of both kernels: the tiles' base (1024-aligned: the 128-byte
+ * swizzle repeats every 1024 bytes), barrier init by thread 0. */
+#define FB_PROLOGUE(SMEM_TILES)                                                          \
+  extern __shared__ uint8_t fb_raw[];                                                    \
+  const uint32_t s0 = (sm90_smem(fb_raw) + 1023) & ~1023u;                               \
+  const uint8_t *g0 = fb_raw + (s0 - sm90_smem(fb_raw));                                 \
+  const fb_bars bar = {s0 + (SMEM_TILES)};                                               \
+  if (threadIdx.x == 0) {                                                                \
+    for (int i = 0; i < 1 + 2 * FB_ST; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + FB_ST ? 1 : 8); \
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");                   \
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");                         \
+  }                                                                                      \
+  __syncthreads()
+
+// dk, dv (B, Lk, D): a CTA per (128 keys, batch index)
+template <typename T, int D>
+__global__ void __launch_bounds__(FB_THREADS, 1)
+    fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
+                 const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
+                 const __grid_constant__ fb_params p) {
+#ifdef NB_SM90A_DEVICE
+  typedef fb_cfg<D> C;
+  FB_PROLOGUE(2 * C::KB + FB_ST * C::STAGE);
+  const int b = blockIdx.x % p.B, j0 = (int)(blockIdx.x / p.B) * FB_BK; /* causal: heaviest first */
+  const int ibeg = p.causal ? j0 : 0; /* queries before the block's first key see none of it */
+  const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FB_BQ - 1) / FB_BQ : 0;
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (threadIdx.x == 0 && ntiles) fb_kv_produce<D>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0, s0 + 2 * C::KB, bar);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    fb_kv_consume<T, D>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB, g0 + 2 * C::KB, bar);
+  }
+#else
+  (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
+#endif
+}
+
+// dq (B, Lq, D): a CTA per (128 queries, batch index)
+template <typename T, int D>
+__global__ void __launch_bounds__(FB_THREADS, 1)
+    fb_q_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
+                const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
+                const __grid_constant__ fb_params p) {
+#ifdef NB_SM90A_DEVICE
+  typedef fb_cfg<D> C;
+  FB_PROLOGUE(2 * C::MB + FB_ST * 2 * C::NB);
+  (void)g0;
+  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - (int)(blockIdx.x / p.B)) * FB_BM;
+  /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
+  const int kend = p.causal ? min(p.Lk, min(i0 + FB_BM, p.Lq)) : p.Lk;
+  const int ntiles = (kend + FB_BN - 1) / FB_BN;
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (threadIdx.x == 0) fb_q_produce<D>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0, s0 + 2 * C::MB, bar);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::MB, bar);
+  }
+#else
+  (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
+#endif
+}
+
+/* ---- host -------------------------------------------------------------- */
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no
+ * -lcuda), as the forward does. NULL when the driver lacks it. */
+PFN_cuTensorMapEncodeTiled_v12000 fb_encode_fn(void) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+  static int tried = 0;
+  if (!tried) {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess && q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+    cudaGetLastError();
+    tried = 1;
+  }
+  return fn;
+}
+
+/* 1 on a compute capability 9.0 device (cached per device). */
+int fb_device_ok(int dev) {
+  static signed char cache[64];
+  if (dev < 0 || dev >= 64) return 0;
+  if (!cache[dev]) {
+    int ma = 0, mi = 0;
+    cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaGetLastError();
+    cache[dev] = ma == 9 && mi == 0 ? 1 : -1;
+  }
+  return cache[dev] == 1;
+}
+
+/* 1 when the loaded images of both kernels are the 9.0 ones (a binary built
+ * without that target would run the sm_80 image's empty kernels). */
+template <typename T, int D> int fb_ready(void) {
+  static int cache = 0;
+  if (!cache) {
+    cudaFuncAttributes a, b;
+    cache = cudaFuncGetAttributes(&a, fb_kv_kernel<T, D>) == cudaSuccess && a.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&b, fb_q_kernel<T, D>) == cudaSuccess && b.binaryVersion >= 90
+                ? 1 : -1;
+    cudaGetLastError();
+  }
+  return cache == 1;
+}
+
+/* The tensor map of a (.., L, D) view: dims {D, L, the batch axes axes[0..
+ * nbk) (innermost first; -1: a size-1 stand-in)}, 64 x 64 boxes in the
+ * 128-byte swizzle, zero fill out of bounds. 0 when TMA cannot take it
+ * (alignment, strides, sizes). */
+int fb_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = fb_encode_fn();
+  const int nd = v->ndim;
+  if (!enc || !v->data || ((uintptr_t)v->data & 15) || v->strides[nd - 1] != 1) return 0;
+  cuuint64_t dims[5] = {(cuuint64_t)D, (cuuint64_t)L, 1, 1, 1}, strides[4];
+  cuuint32_t box[5] = {64, 64, 1, 1, 1}, es[5] = {1, 1, 1, 1, 1};
+  int64_t st[4] = {v->strides[nd - 2] * 2, 0, 0, 0};
+  for (int i = 0; i < nbk; i++) {
+    dims[2 + i] = axes[i] < 0 ? 1 : (cuuint64_t)v->shape[axes[i]];
+    st[1 + i] = axes[i] < 0 ? st[0] * (L > 0 ? L : 1) : v->strides[axes[i]] * 2;
+  }
+  for (int i = 0; i < 1 + nbk; i++) {
+    if (st[i] <= 0 || st[i] % 16 || st[i] >= ((int64_t)1 << 40)) return 0;
+    strides[i] = (cuuint64_t)st[i];
+  }
+  if (L < 1 || L >= ((int64_t)1 << 31)) return 0;
+  return enc(m, v->dtype == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             (cuuint32_t)(2 + nbk), v->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* A (.., L, D) view of dtype dt whose rows the kernels address directly: D
+ * columns of unit stride, even strides (4-byte pair accesses), 4-byte
+ * aligned data. */
+int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
+  const int nd = o->ndim;
+  if (o->dtype != dt || o->shape[nd - 1] != D || o->shape[nd - 2] != L || o->strides[nd - 1] != 1 ||
+      ((uintptr_t)o->data & 3))
+    return 0;
+  for (int d = 0; d < nd - 1; d++)
+    if (o->shape[d] > 1 && o->strides[d] % 2) return 0;
+  return 1;
+}
+
+int64_t fb_launches;
+
+template <typename T, int D>
+nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb, int nqb) {
+  const int64_t rows = (int64_t)p.B * p.Lp;
+  fb_prep_kernel<T, D><<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(p);
+  nb_status st = nb_cuda_launch_check("attention_bwd (sm90 delta)");
+  if (st) return st;
+  auto kv = fb_kv_kernel<T, D>;
+  auto qk = fb_q_kernel<T, D>;
+  const size_t skv = fb_cfg<D>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
+  NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv),
+              "attention_bwd (sm90): shared memory attribute");
+  NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),
+              "attention_bwd (sm90): shared memory attribute");
+  p.nblk = nkb;
+  kv<<<(unsigned)((int64_t)p.B * nkb), FB_THREADS, skv, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  st = nb_cuda_launch_check("attention_bwd (sm90 dk, dv)");
+  if (st) return st;
+  p.nblk = nqb;
+  qk<<<(unsigned)((int64_t)p.B * nqb), FB_THREADS, sq, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  st = nb_cuda_launch_check("attention_bwd (sm90 dq)");
+  if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
+  return st;
+}
+
+} /* namespace */
+
+int64_t nb_cuda_attn_sm90_bwd_launches(int device) {
+  return fb_device_ok(device) ? __atomic_load_n(&fb_launches, __ATOMIC_RELAXED) : -1;
+}
+
+int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
+                          const nb_kview *dout, const nb_kview *q, const nb_kview *k, const nb_kview *v,
+                          const nb_kview *o, const nb_kview *lse, double scale, int causal, nb_status *st) {
+  const char *env = getenv("NABLA_ATTENTION_SM90_BWD");
+  if (env && !strcmp(env, "0")) return 0;
+  const int nd = q->ndim, nb = nd - 2;
+  const nb_dtype dt = q->dtype;
+  if (nd < 2 || (dt != NB_BF16 && dt != NB_F16) || !fb_device_ok(ctx->dev)) return 0;
+  const int64_t D = q->shape[nd - 1], Lq = q->shape[nd - 2], Lk = k->shape[nd - 2];
+  if ((D != 64 && D != 128) || Lq < 1 || Lk < 1 || Lq > INT32_MAX / 4 || Lk > INT32_MAX / 4) return 0;
+  const nb_kview *all[8] = {q, k, v, o, dout, dq, dk, dv};
+  for (int i = 0; i < 8; i++) {
+    if (all[i]->ndim != nd) return 0;
+    for (int d = 0; d < nb; d++) /* one batch shape (no grouped heads, no broadcasting) */
+      if (all[i]->shape[d] != q->shape[d]) return 0;
+  }
+  if (lse->dtype != NB_F32 || !fb_rows_ok(k, dt, Lk, D) || !fb_rows_ok(v, dt, Lk, D) ||
+      !fb_rows_ok(o, dt, Lq, D) || !fb_rows_ok(dout, dt, Lq, D) || !fb_rows_ok(dq, dt, Lq, D) ||
+      !fb_rows_ok(dk, dt, Lk, D) || !fb_rows_ok(dv, dt, Lk, D))
+    return 0;
+  if (!(D == 64 ? (dt == NB_BF16 ? fb_ready<__nv_bfloat16, 64>() : fb_ready<__half, 64>())
+                : (dt == NB_BF16 ? fb_ready<__nv_bfloat16, 128>() : fb_ready<__half, 128>())))
+    return 0;
+  /* the batch axes of size > 1, innermost first (all the views share them) */
+  fb_params p;
+  memset(&p, 0, sizeof p);
+  int axes[FB_MAXK], nbk = 0;
+  int64_t B = 1;
+  for (int d = nb - 1; d >= 0; d--) {
+    B *= q->shape[d];
+    if (q->shape[d] == 1) continue;
+    if (nbk == FB_MAXK) return 0;
+    axes[nbk] = d;
+    p.bdim[nbk] = (int)(q->shape[d] < INT32_MAX ? q->shape[d] : INT32_MAX); /* B checked below */
+    p.dq_bs[nbk] = dq->strides[d], p.dk_bs[nbk] = dk->strides[d], p.dv_bs[nbk] = dv->strides[d];
+    p.o_bs[nbk] = o->strides[d], p.g_bs[nbk] = dout->strides[d];
+    nbk++;
+  }
+  if (!nbk) { /* one batch index: a size-1 stand-in axis */
+    axes[0] = -1;
+    p.bdim[0] = 1;
+    nbk = 1;
+  }
+  const int64_t nqb = (Lq + FB_BM - 1) / FB_BM, nkb = (Lk + FB_BK - 1) / FB_BK, Lp = nqb * FB_BM;
+  if (B < 1 || B > INT32_MAX || B * nqb > INT32_MAX || B * nkb > INT32_MAX || B * Lp > INT32_MAX / 2) return 0;
+  CUtensorMap maps[4];
+  if (!fb_map(&maps[0], q, Lq, D, axes, nbk) || !fb_map(&maps[1], k, Lk, D, axes, nbk) ||
+      !fb_map(&maps[2], v, Lk, D, axes, nbk) || !fb_map(&maps[3], dout, Lq, D, axes, nbk))
+    return 0;
+  const size_t half = (size_t)B * Lp * sizeof(float);
+  float *scratch = (float *)nb_cuda_scratch(ctx, 2 * half);
+  if (!scratch) {
+    *st = nb_last_status();
+    return 1;
+  }
+  if ((uintptr_t)scratch & 15) { /* the bulk copies need 16-byte alignment */
+    nb_cuda_scratch_free(ctx, scratch, 2 * half);
+    return 0;
+  }
+  p.dq = (uint16_t *)dq->data, p.dk = (uint16_t *)dk->data, p.dv = (uint16_t *)dv->data;
+  p.o = (const uint16_t *)o->data, p.g = (const uint16_t *)dout->data;
+  p.lse = (const float *)lse->data;
+  p.sl = scratch, p.sd = scratch + B * Lp;
+  p.dq_rs = dq->strides[nd - 2], p.dk_rs = dk->strides[nd - 2], p.dv_rs = dv->strides[nd - 2];
+  p.o_rs = o->strides[nd - 2], p.g_rs = dout->strides[nd - 2];
+  p.nbk = nbk;
+  p.B = (int)B;
+  p.Lq = (int)Lq;
+  p.Lk = (int)Lk;
+  p.Lp = (int)Lp;
+  p.scale = (float)scale;
+  p.sl2 = (float)(scale * 1.4426950408889634);
+  p.causal = causal;
+  if (D == 64)
+    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb, (int)nqb)
+                        : fb_launch<__half, 64>(ctx, maps, p, (int)nkb, (int)nqb);
+  else
+    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb, (int)nqb)
+                        : fb_launch<__half, 128>(ctx, maps, p, (int)nkb, (int)nqb);
+  nb_cuda_scratch_free(ctx, scratch, 2 * half);
+  return 1;
+}
