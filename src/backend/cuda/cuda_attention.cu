@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_attention_extra.cuh"
 #include "backend/cuda/cuda_attention_mma.cuh"
 #include "backend/cuda/cuda_attention_sm90.h"
+#include "backend/cuda/cuda_attention_sm90_bwd.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -436,6 +437,9 @@ extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq0, const nb_kview *dk0, 
                         x && x->mask ? nb_dtype_name(x->mask->dtype) : "none");
   if (!a.B || (!a.Lq && !a.Lk)) return NB_OK;
   NB_CUDA_ENTER(ctx, st, dq->data, "attention_bwd");
+  /* the sm_90a backward takes plain calls only (no mask, dropout or grouped heads) */
+  if (!x && G == 1 && nb_cuda_attn_sm90_bwd(&ctx, dq, dk, dv, dout, q, k, v, o, lse, scale, causal, &st))
+    return st;
   if (nb_cuda_attn_mma_bwd(&ctx, dq, dk, dv, dout, q, k, v, o, lse, scale, causal,
                            x ? &a.x : NULL, (int)G, &st))
     return st;
