@@ -401,6 +401,10 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fb_fence(dk);
     fb_fence(pa);
     fb_fence(da);
+    /* every lane's reads of the stage (the statistics above) come before
+     * lane 0 releases it: racecheck reported the producer's next bulk copy
+     * against them without this ordering */
+    __syncwarp();
     if (lane == 0) sm90_bar_arrive(bar.empty(sg)); /* the stage (stats read above) is free */
   }
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
@@ -486,6 +490,7 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
     fb_wait<0>();
     fb_fence(dq);
     fb_fence(da);
+    __syncwarp(); /* as above: all lanes' reads before the release */
     if (lane == 0) sm90_bar_arrive(bar.empty(sg));
   }
   fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
