@@ -71,12 +71,11 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_attention_sm90.h"
-#include "backend/cuda/cuda_mma.cuh"
-#include "backend/cuda/cuda_sm90.cuh"
+#include "backend/cuda/cuda_attention_sm90.cuh"
+#include "backend/cuda/gemm_sm90_plan.h"
 
 #define FA3_BM 128     /* query rows per CTA: two consumer warpgroups of 64 */
 #define FA3_BN 128     /* keys per K/V tile */
-#define FA3_MAXK 3     /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FA3_THREADS 384
 #define FA3_SCHED_BAR 3 /* named barriers 3, 4: the consumers' GEMM turns (ping-pong) */
 #define FA3_EPI_BAR 5   /* named barriers 5, 6: a consumer's staged o before its TMA store */
@@ -118,26 +117,6 @@ template <int D> struct fa3_bars {
   __device__ __forceinline__ uint32_t ev(int s) const { return base + 8 * (1 + 3 * fa3_cfg<D>::ST + s); }
 };
 
-/* TMA load of the box at (d0, row, batch coordinates c) of a map of rank
- * 2 + nbk into dst, completing on bar. */
-__device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,
-                                        const int *c, int nbk) {
-  const uint64_t mp = (uint64_t)m;
-  if (nbk == 1)
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]) : "memory");
-  else if (nbk == 2)
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5, %6}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]) : "memory");
-  else
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2])
-                 : "memory");
-}
-
 /* TMA store of the staged box src to (d0, row, batch coordinates c) of a
  * map of rank 2 + nbk, in a bulk group; rows past the map's end are not
  * written. */
@@ -153,15 +132,6 @@ __device__ __forceinline__ void fa3_tma_store(const CUtensorMap *m, uint32_t src
   else
     asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];"
                  ::"l"(mp), "r"(src), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
-}
-
-/* The batch coordinates of the flat batch index b, innermost first. */
-__device__ __forceinline__ void fa3_coords(const fa3_params &p, int b, int (&c)[FA3_MAXK]) {
-#pragma unroll
-  for (int i = 0; i < FA3_MAXK; i++) {
-    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
-    if (i < p.nbk) b /= p.bdim[i];
-  }
 }
 
 /* Producer (one thread): Q once, then K_j and V_j of every tile j into
@@ -191,80 +161,14 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
 }
 
 /* ---- wgmma ------------------------------------------------------------- */
-#define FA3_ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define FA3_ACC64 "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define FA3_OUT32 \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FA3_OUT64 \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
-/* ss: d (64 x 128) = (acc ? d : 0) + A B, A and B by descriptor, both
- * K-major (S = Q K^T). rs64 / rs128: d (64 x 64 / 64 x 128) += A B, A from
- * registers (4 per thread, the layout above), B by descriptor, MN-major
- * (transpose bit 1: O += P V). */
-#define FA3_MMA_BODY(TY)                                                                    \
-  static __device__ __forceinline__ void ss(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                          \
-                 : FA3_OUT64 : "l"(da), "l"(db), "r"(acc));                                 \
-  }                                                                                         \
-  static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                             \
-                 : FA3_OUT64                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
-  }                                                                                         \
-  static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db) {   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA3_ACC32         \
-                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                             \
-                 : FA3_OUT32                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
-  }
-template <typename T> struct fa3_mma;
-template <> struct fa3_mma<__nv_bfloat16> { FA3_MMA_BODY("bf16") };
-template <> struct fa3_mma<__half> { FA3_MMA_BODY("f16") };
-
-__device__ __forceinline__ void fa3_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void fa3_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void fa3_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-/* Keeps the compiler from moving accesses of registers an asynchronous
- * wgmma reads or writes across the wait that completes it. */
-template <int N> __device__ __forceinline__ void fa3_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void fa3_fence(uint32_t (&a)[FA3_BN / 16][4]) {
-#pragma unroll
-  for (int i = 0; i < FA3_BN / 16; i++)
-#pragma unroll
-    for (int r = 0; r < 4; r++) asm volatile("" : "+r"(a[i][r])::"memory");
-}
-
 /* S = Q K^T for one consumer: qa its 64 rows of Q's block 0, kb K's block 0. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_qk(float (&s)[FA3_BN / 2], uint32_t qa, uint32_t kb) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t x = kk / 4, off = (kk % 4) * 32;
-    fa3_mma<T>::ss(s, sm90_desc(qa + x * FA3_BM * 128 + off, 16), sm90_desc(kb + x * FA3_BN * 128 + off, 16),
-                   kk > 0);
+    fa3_mma<T>::ss128(s, sm90_desc(qa + x * FA3_BM * 128 + off, 16),
+                      sm90_desc(kb + x * FA3_BN * 128 + off, 16), kk > 0);
   }
 }
 
@@ -318,15 +222,6 @@ __device__ __forceinline__ void fa3_softmax(float (&s)[FA3_BN / 2], float *m, fl
     }
     l[h] = l[h] * corr[h] + sum;
   }
-}
-
-/* P's A fragments from the probabilities, rounded to T (layout above). */
-template <typename T>
-__device__ __forceinline__ void fa3_pack(uint32_t (&pa)[FA3_BN / 16][4], const float (&s)[FA3_BN / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < FA3_BN / 16; kk++)
-#pragma unroll
-    for (int r = 0; r < 4; r++) pa[kk][r] = nb_mma<T>::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
 template <int D> __device__ __forceinline__ void fa3_rescale(float (&o)[D / 2], const float *corr) {
@@ -533,37 +428,6 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
 }
 
 /* ---- host -------------------------------------------------------------- */
-/* cuTensorMapEncodeTiled through the runtime's driver entry point (no
- * -lcuda), as the GEMM's plan does. NULL when the driver lacks it. */
-PFN_cuTensorMapEncodeTiled_v12000 fa3_encode_fn(void) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-  static int tried = 0;
-  if (!tried) {
-    void *f = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess && q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-    cudaGetLastError();
-    tried = 1;
-  }
-  return fn;
-}
-
-/* 1 on a compute capability 9.0 device (cached per device). */
-int fa3_device_ok(int dev) {
-  static signed char cache[64];
-  if (dev < 0 || dev >= 64) return 0;
-  if (!cache[dev]) {
-    int ma = 0, mi = 0;
-    cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaGetLastError();
-    cache[dev] = ma == 9 && mi == 0 ? 1 : -1;
-  }
-  return cache[dev] == 1;
-}
-
 /* 1 when the image of kern loaded on this (9.0) device is the 9.0 one: a
  * binary built without that target would run the sm_80 image's empty
  * kernel. */
@@ -574,32 +438,6 @@ template <typename K> int fa3_binary_ok(K kern, int *cache) {
     cudaGetLastError();
   }
   return *cache == 1;
-}
-
-/* The tensor map of a (.., L, D) view: dims {D, L, the batch axes axes[0..
- * nbk) (innermost first; -1: a size-1 stand-in)}, boxes of 64 x rows in the
- * 128-byte swizzle, zero fill out of bounds. 0 when TMA cannot take it
- * (alignment, strides, sizes). */
-int fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk, int rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = fa3_encode_fn();
-  const int nd = v->ndim;
-  if (!enc || !v->data || ((uintptr_t)v->data & 15) || v->strides[nd - 1] != 1) return 0;
-  cuuint64_t dims[5] = {(cuuint64_t)D, (cuuint64_t)L, 1, 1, 1}, strides[4];
-  cuuint32_t box[5] = {64, (cuuint32_t)rows, 1, 1, 1}, es[5] = {1, 1, 1, 1, 1};
-  int64_t st[4] = {v->strides[nd - 2] * 2, 0, 0, 0};
-  for (int i = 0; i < nbk; i++) {
-    dims[2 + i] = axes[i] < 0 ? 1 : (cuuint64_t)v->shape[axes[i]];
-    st[1 + i] = axes[i] < 0 ? st[0] * (L > 0 ? L : 1) : v->strides[axes[i]] * 2;
-  }
-  for (int i = 0; i < 1 + nbk; i++) {
-    if (st[i] <= 0 || st[i] % 16 || st[i] >= ((int64_t)1 << 40)) return 0;
-    strides[i] = (cuuint64_t)st[i];
-  }
-  if (L < 1 || L >= ((int64_t)1 << 31)) return 0;
-  return enc(m, v->dtype == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             (cuuint32_t)(2 + nbk), v->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 /* o as the kernel writes it: the dtype, D columns of unit stride, even
@@ -638,8 +476,31 @@ template <typename T, int D> int fa3_ready(void) {
 
 } /* namespace */
 
+/* The map of a (.., L, D) view (cuda_attention_sm90.cuh), for the forward
+ * and the backward. */
+int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk, int rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = nb_sm90_encode_fn();
+  const int nd = v->ndim;
+  if (!enc || !v->data || ((uintptr_t)v->data & 15) || v->strides[nd - 1] != 1) return 0;
+  cuuint64_t dims[5] = {(cuuint64_t)D, (cuuint64_t)L, 1, 1, 1}, strides[4];
+  cuuint32_t box[5] = {64, (cuuint32_t)rows, 1, 1, 1};
+  int64_t st[4] = {v->strides[nd - 2] * 2, 0, 0, 0};
+  for (int i = 0; i < nbk; i++) {
+    dims[2 + i] = axes[i] < 0 ? 1 : (cuuint64_t)v->shape[axes[i]];
+    st[1 + i] = axes[i] < 0 ? st[0] * (L > 0 ? L : 1) : v->strides[axes[i]] * 2;
+  }
+  for (int i = 0; i < 1 + nbk; i++) {
+    if (st[i] <= 0 || st[i] % 16 || st[i] >= ((int64_t)1 << 40)) return 0;
+    strides[i] = (cuuint64_t)st[i];
+  }
+  if (L < 1 || L >= ((int64_t)1 << 31)) return 0;
+  return nb_sm90_encode(enc, m,
+                        v->dtype == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                        (cuuint32_t)(2 + nbk), v->data, dims, strides, box);
+}
+
 int64_t nb_cuda_attn_sm90_launches(int device) {
-  return fa3_device_ok(device) ? __atomic_load_n(&fa3_launches, __ATOMIC_RELAXED) : -1;
+  return nb_sm90_device_ok(device) ? __atomic_load_n(&fa3_launches, __ATOMIC_RELAXED) : -1;
 }
 
 int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse, const nb_kview *q,
@@ -648,7 +509,7 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   if (env && !strcmp(env, "0")) return 0;
   const int nd = q->ndim, nb = nd - 2;
   const nb_dtype dt = q->dtype;
-  if (nd < 2 || (dt != NB_BF16 && dt != NB_F16) || !fa3_device_ok(ctx->dev)) return 0;
+  if (nd < 2 || (dt != NB_BF16 && dt != NB_F16) || !nb_sm90_device_ok(ctx->dev)) return 0;
   const int64_t D = q->shape[nd - 1], Lq = q->shape[nd - 2], Lk = k->shape[nd - 2];
   if ((D != 64 && D != 128) || k->shape[nd - 1] != D || v->shape[nd - 1] != D || v->shape[nd - 2] != Lk) return 0;
   if (k->dtype != dt || v->dtype != dt || lse->dtype != NB_F32 || !fa3_out_ok(o, dt, D)) return 0;
@@ -681,13 +542,13 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   const int64_t nblk = (Lq + FA3_BM - 1) / FA3_BM;
   if (B < 1 || B > INT32_MAX || B * nblk > INT32_MAX) return 0;
   CUtensorMap maps[4];
-  if (!fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !fa3_map(&maps[1], k, Lk, D, axes, nbk, FA3_BN) ||
-      !fa3_map(&maps[2], v, Lk, D, axes, nbk, FA3_BN))
+  if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, FA3_BN) ||
+      !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, FA3_BN))
     return 0;
   /* o by TMA (boxes of a warpgroup's 64 rows) when its view allows; else
    * (or NABLA_ATTENTION_SM90_TMA_STORE=0) each thread's pair stores */
   memset(&maps[3], 0, sizeof maps[3]);
-  p.tma_o = fa3_switch("NABLA_ATTENTION_SM90_TMA_STORE") && fa3_map(&maps[3], o, Lq, D, axes, nbk, 64);
+  p.tma_o = fa3_switch("NABLA_ATTENTION_SM90_TMA_STORE") && nb_fa3_map(&maps[3], o, Lq, D, axes, nbk, 64);
   p.pingpong = fa3_switch("NABLA_ATTENTION_SM90_PINGPONG");
   p.o = (uint16_t *)o->data;
   p.o_rs = o->strides[nd - 2];

@@ -69,15 +69,15 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_attention_sm90_bwd.h"
-#include "backend/cuda/cuda_mma.cuh"
-#include "backend/cuda/cuda_sm90.cuh"
+#include "backend/cuda/cuda_attention_sm90.cuh"
+#include "backend/cuda/gemm_sm90_plan.h"
 
 #define FB_BK 128 /* keys per dK/dV CTA: two consumer warpgroups of 64 */
 #define FB_BQ 64  /* queries per streamed tile (dK/dV) */
 #define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
 #define FB_BN 64  /* keys per streamed tile (dQ) */
 #define FB_ST 2   /* ring stages */
-#define FB_MAXK 3 /* batch axes of size > 1 (tensor maps of rank 5 at most) */
+#define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FB_THREADS 384
 #define FB_LOG2E 1.4426950408889634f
 
@@ -153,26 +153,6 @@ struct fb_bars {
   __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_ST + s); }
 };
 
-/* TMA load of the 64 x 64 box at (d0, row, batch coordinates c) of a map of
- * rank 2 + nbk into dst, completing on bar. */
-__device__ __forceinline__ void fb_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,
-                                       const int *c, int nbk) {
-  const uint64_t mp = (uint64_t)m;
-  if (nbk == 1)
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]) : "memory");
-  else if (nbk == 2)
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5, %6}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]) : "memory");
-  else
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2])
-                 : "memory");
-}
-
 /* Rows [row, row + 64 nh) of a view into an R-row tile at dst (nh 64-row
  * halves, D / 64 column blocks). */
 template <int D, int R>
@@ -180,81 +160,10 @@ __device__ __forceinline__ void fb_tile(uint32_t dst, const CUtensorMap *m, uint
                                         const int *c, int nbk) {
 #pragma unroll
   for (int x = 0; x < D / 64; x++)
-    for (int h = 0; h < nh; h++) fb_tma(dst + x * R * 128 + h * 64 * 128, m, bar, 64 * x, row + 64 * h, c, nbk);
-}
-
-__device__ __forceinline__ void fb_coords(const fb_params &p, int b, int *c) {
-#pragma unroll
-  for (int i = 0; i < FB_MAXK; i++) {
-    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
-    if (i < p.nbk) b /= p.bdim[i];
-  }
+    for (int h = 0; h < nh; h++) fa3_tma(dst + x * R * 128 + h * 64 * 128, m, bar, 64 * x, row + 64 * h, c, nbk);
 }
 
 /* ---- wgmma ------------------------------------------------------------- */
-#define FB_ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define FB_ACC64 "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define FB_OUT32 \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FB_OUT64 FB_OUT32, \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
-/* ss: d (64 x 64) = (acc ? d : 0) + A B^T, A and B by descriptor, both
- * K-major (S^T = K Q^T, dP^T = V dO^T, S = Q K^T, dP = dO V^T). rs64 /
- * rs128: d (64 x 64 / 64 x 128) += A B, A from registers (4 per thread,
- * the layout above), B by descriptor, MN-major (transpose bit 1: dV += P^T
- * dO, dK += dS^T Q, dQ += dS K). */
-#define FB_MMA_BODY(TY)                                                                     \
-  static __device__ __forceinline__ void ss(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FB_ACC32          \
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
-                 : FB_OUT32 : "l"(da), "l"(db), "r"(acc));                                  \
-  }                                                                                         \
-  static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FB_ACC64         \
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                             \
-                 : FB_OUT64                                                                 \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
-  }                                                                                         \
-  static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db) {   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FB_ACC32          \
-                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                             \
-                 : FB_OUT32                                                                 \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
-  }
-template <typename T> struct fb_mma;
-template <> struct fb_mma<__nv_bfloat16> { FB_MMA_BODY("bf16") };
-template <> struct fb_mma<__half> { FB_MMA_BODY("f16") };
-
-__device__ __forceinline__ void fb_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void fb_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void fb_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-/* Keeps the compiler from moving accesses of registers an asynchronous
- * wgmma reads or writes across the wait that completes it. */
-template <int N> __device__ __forceinline__ void fb_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void fb_fence(uint32_t (&a)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; i++)
-#pragma unroll
-    for (int r = 0; r < 4; r++) asm volatile("" : "+r"(a[i][r])::"memory");
-}
-
 /* d (64 x 64) = A B^T over k = d (D / 16 steps): a the 64 A rows in block
  * 0 of a tile of RA rows, b block 0 of a 64-row tile of RB rows. */
 template <typename T, int D, int RA, int RB>
@@ -262,7 +171,7 @@ __device__ __forceinline__ void fb_ss(float (&d)[32], uint32_t a, uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t x = kk / 4, off = (kk % 4) * 32;
-    fb_mma<T>::ss(d, sm90_desc(a + x * RA * 128 + off, 16), sm90_desc(b + x * RB * 128 + off, 16), kk > 0);
+    fa3_mma<T>::ss64(d, sm90_desc(a + x * RA * 128 + off, 16), sm90_desc(b + x * RB * 128 + off, 16), kk > 0);
   }
 }
 
@@ -273,18 +182,9 @@ __device__ __forceinline__ void fb_rs(float (&acc)[D / 2], const uint32_t (&a)[4
 #pragma unroll
   for (int kk = 0; kk < 4; kk++) {
     const uint64_t db = sm90_desc(b + kk * 2048, R * 128);
-    if (D == 128) fb_mma<T>::rs128(acc, a[kk], db);
-    else fb_mma<T>::rs64(acc, a[kk], db);
+    if (D == 128) fa3_mma<T>::rs128(acc, a[kk], db);
+    else fa3_mma<T>::rs64(acc, a[kk], db);
   }
-}
-
-/* A fragments (4 k-steps of 16) of a 64 x 64 accumulator, rounded to T. */
-template <typename T>
-__device__ __forceinline__ void fb_pack(uint32_t (&a)[4][4], const float (&s)[32]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-    for (int r = 0; r < 4; r++) a[kk][r] = nb_mma<T>::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
 /* Rows r0, r0 + 8 (when before L) of a 64 x D accumulator, times mul, to
@@ -312,7 +212,7 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
                                               int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar) {
   typedef fb_cfg<D> C;
   int c[FB_MAXK];
-  fb_coords(p, b, c);
+  fa3_coords(p, b, c);
   const int nh = j0 + 64 < p.Lk ? 2 : 1; /* a half wholly past Lk is not loaded */
   sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
   fb_tile<D, FB_BK>(sk, mk, bar.once(), j0, nh, c, p.nbk);
@@ -351,15 +251,15 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     /* rows i0 .. i0 + 63 of the pre-pass's statistics (i0 + 64 <= Lp) */
     const float *sl = p.sl + (int64_t)b * p.Lp + i0, *sd = p.sd + (int64_t)b * p.Lp + i0;
     sm90_bar_wait(bar.full(sg), (uint32_t)(it / FB_ST) & 1);
-    fb_fence(s);
-    fb_fence(dp);
-    fb_wg_fence();
+    fa3_fence(s);
+    fa3_fence(dp);
+    fa3_wg_fence();
     fb_ss<T, D, FB_BK, FB_BQ>(s, ka, qt); /* S^T = K Q^T (keys x queries) */
-    fb_commit();
+    fa3_commit();
     fb_ss<T, D, FB_BK, FB_BQ>(dp, va, gt); /* dP^T = V dO^T */
-    fb_commit();
-    fb_wait<1>(); /* S^T complete; dP^T may still run */
-    fb_fence(s);
+    fa3_commit();
+    fa3_wait<1>(); /* S^T complete; dP^T may still run */
+    fa3_fence(s);
     /* P^T: column (query) i0 + 8n + 2t + (e & 1), row (key) kr + 8 (e >> 1) */
     const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
 #pragma unroll
@@ -371,31 +271,31 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
         s[4 * n + e] = diag && i0 + 8 * n + 2 * t + (e & 1) < kr + 8 * (e >> 1) ? 0.0f : pv;
       }
     }
-    fb_pack<T>(pa, s);
-    fb_fence(pa);
-    fb_fence(dv);
-    fb_wg_fence();
+    fa3_pack<T>(pa, s);
+    fa3_fence(pa);
+    fa3_fence(dv);
+    fa3_wg_fence();
     fb_rs<T, D, FB_BQ>(dv, pa, gt); /* dV += P^T dO */
-    fb_commit();
-    fb_wait<1>(); /* dP^T complete; dV's product may still run */
-    fb_fence(dp);
+    fa3_commit();
+    fa3_wait<1>(); /* dP^T complete; dV's product may still run */
+    fa3_fence(dp);
 #pragma unroll
     for (int n = 0; n < 8; n++) {
       const float2 dl = *(const float2 *)(sd + 8 * n + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * n + e] = s[4 * n + e] * (dp[4 * n + e] - ((e & 1) ? dl.y : dl.x));
     }
-    fb_pack<T>(da, dp);
-    fb_fence(da);
-    fb_fence(dk);
-    fb_wg_fence();
+    fa3_pack<T>(da, dp);
+    fa3_fence(da);
+    fa3_fence(dk);
+    fa3_wg_fence();
     fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
-    fb_commit();
-    fb_wait<0>();
-    fb_fence(dv);
-    fb_fence(dk);
-    fb_fence(pa);
-    fb_fence(da);
+    fa3_commit();
+    fa3_wait<0>();
+    fa3_fence(dv);
+    fa3_fence(dk);
+    fa3_fence(pa);
+    fa3_fence(da);
     /* every lane's reads of the stage (the statistics above) come before
      * lane 0 releases it: racecheck reported the producer's next bulk copy
      * against them without this ordering */
@@ -414,7 +314,7 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
                                              uint32_t sq, uint32_t ss0, fb_bars bar) {
   typedef fb_cfg<D> C;
   int c[FB_MAXK];
-  fb_coords(p, b, c);
+  fa3_coords(p, b, c);
   const int nh = i0 + 64 < p.Lq ? 2 : 1; /* a half wholly past Lq is not loaded */
   sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
   fb_tile<D, FB_BM>(sq, mq, bar.once(), i0, nh, c, p.nbk);
@@ -453,15 +353,15 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
     const int sg = j % FB_ST, j0 = j * FB_BN;
     const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
     sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_ST) & 1);
-    fb_fence(s);
-    fb_fence(dp);
-    fb_wg_fence();
+    fa3_fence(s);
+    fa3_fence(dp);
+    fa3_wg_fence();
     fb_ss<T, D, FB_BM, FB_BN>(s, qa, kt); /* S = Q K^T */
-    fb_commit();
+    fa3_commit();
     fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
-    fb_commit();
-    fb_wait<1>();
-    fb_fence(s);
+    fa3_commit();
+    fa3_wait<1>();
+    fa3_fence(s);
     /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = nb_mma_exp2(fmaf(s[i], p.sl2, -l2[(i >> 1) & 1]));
@@ -472,19 +372,19 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
         if (c >= p.Lk || (p.causal && c > r)) s[i] = 0.0f;
       }
     }
-    fb_wait<0>();
-    fb_fence(dp);
+    fa3_wait<0>();
+    fa3_fence(dp);
 #pragma unroll
     for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
-    fb_pack<T>(da, dp);
-    fb_fence(da);
-    fb_fence(dq);
-    fb_wg_fence();
+    fa3_pack<T>(da, dp);
+    fa3_fence(da);
+    fa3_fence(dq);
+    fa3_wg_fence();
     fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K */
-    fb_commit();
-    fb_wait<0>();
-    fb_fence(dq);
-    fb_fence(da);
+    fa3_commit();
+    fa3_wait<0>();
+    fa3_fence(dq);
+    fa3_fence(da);
     __syncwarp(); /* as above: all lanes' reads before the release */
     if (lane == 0) sm90_bar_arrive(bar.empty(sg));
   }
@@ -557,37 +457,6 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 }
 
 /* ---- host -------------------------------------------------------------- */
-/* cuTensorMapEncodeTiled through the runtime's driver entry point (no
- * -lcuda), as the forward does. NULL when the driver lacks it. */
-PFN_cuTensorMapEncodeTiled_v12000 fb_encode_fn(void) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-  static int tried = 0;
-  if (!tried) {
-    void *f = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess && q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-    cudaGetLastError();
-    tried = 1;
-  }
-  return fn;
-}
-
-/* 1 on a compute capability 9.0 device (cached per device). */
-int fb_device_ok(int dev) {
-  static signed char cache[64];
-  if (dev < 0 || dev >= 64) return 0;
-  if (!cache[dev]) {
-    int ma = 0, mi = 0;
-    cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaGetLastError();
-    cache[dev] = ma == 9 && mi == 0 ? 1 : -1;
-  }
-  return cache[dev] == 1;
-}
-
 /* 1 when the loaded images of both kernels are the 9.0 ones (a binary built
  * without that target would run the sm_80 image's empty kernels). */
 template <typename T, int D> int fb_ready(void) {
@@ -600,32 +469,6 @@ template <typename T, int D> int fb_ready(void) {
     cudaGetLastError();
   }
   return cache == 1;
-}
-
-/* The tensor map of a (.., L, D) view: dims {D, L, the batch axes axes[0..
- * nbk) (innermost first; -1: a size-1 stand-in)}, 64 x 64 boxes in the
- * 128-byte swizzle, zero fill out of bounds. 0 when TMA cannot take it
- * (alignment, strides, sizes). */
-int fb_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = fb_encode_fn();
-  const int nd = v->ndim;
-  if (!enc || !v->data || ((uintptr_t)v->data & 15) || v->strides[nd - 1] != 1) return 0;
-  cuuint64_t dims[5] = {(cuuint64_t)D, (cuuint64_t)L, 1, 1, 1}, strides[4];
-  cuuint32_t box[5] = {64, 64, 1, 1, 1}, es[5] = {1, 1, 1, 1, 1};
-  int64_t st[4] = {v->strides[nd - 2] * 2, 0, 0, 0};
-  for (int i = 0; i < nbk; i++) {
-    dims[2 + i] = axes[i] < 0 ? 1 : (cuuint64_t)v->shape[axes[i]];
-    st[1 + i] = axes[i] < 0 ? st[0] * (L > 0 ? L : 1) : v->strides[axes[i]] * 2;
-  }
-  for (int i = 0; i < 1 + nbk; i++) {
-    if (st[i] <= 0 || st[i] % 16 || st[i] >= ((int64_t)1 << 40)) return 0;
-    strides[i] = (cuuint64_t)st[i];
-  }
-  if (L < 1 || L >= ((int64_t)1 << 31)) return 0;
-  return enc(m, v->dtype == NB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             (cuuint32_t)(2 + nbk), v->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 /* A (.., L, D) view of dtype dt whose rows the kernels address directly: D
@@ -670,7 +513,7 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
 } /* namespace */
 
 int64_t nb_cuda_attn_sm90_bwd_launches(int device) {
-  return fb_device_ok(device) ? __atomic_load_n(&fb_launches, __ATOMIC_RELAXED) : -1;
+  return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_launches, __ATOMIC_RELAXED) : -1;
 }
 
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
@@ -682,7 +525,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   if (!env || strcmp(env, "1")) return 0;
   const int nd = q->ndim, nb = nd - 2;
   const nb_dtype dt = q->dtype;
-  if (nd < 2 || (dt != NB_BF16 && dt != NB_F16) || !fb_device_ok(ctx->dev)) return 0;
+  if (nd < 2 || (dt != NB_BF16 && dt != NB_F16) || !nb_sm90_device_ok(ctx->dev)) return 0;
   const int64_t D = q->shape[nd - 1], Lq = q->shape[nd - 2], Lk = k->shape[nd - 2];
   if ((D != 64 && D != 128) || Lq < 1 || Lk < 1 || Lq > INT32_MAX / 4 || Lk > INT32_MAX / 4) return 0;
   const nb_kview *all[8] = {q, k, v, o, dout, dq, dk, dv};
@@ -721,8 +564,8 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   const int64_t nqb = (Lq + FB_BM - 1) / FB_BM, nkb = (Lk + FB_BK - 1) / FB_BK, Lp = nqb * FB_BM;
   if (B < 1 || B > INT32_MAX || B * nqb > INT32_MAX || B * nkb > INT32_MAX || B * Lp > INT32_MAX / 2) return 0;
   CUtensorMap maps[4];
-  if (!fb_map(&maps[0], q, Lq, D, axes, nbk) || !fb_map(&maps[1], k, Lk, D, axes, nbk) ||
-      !fb_map(&maps[2], v, Lk, D, axes, nbk) || !fb_map(&maps[3], dout, Lq, D, axes, nbk))
+  if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, 64) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, 64) ||
+      !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, 64) || !nb_fa3_map(&maps[3], dout, Lq, D, axes, nbk, 64))
     return 0;
   const size_t half = (size_t)B * Lp * sizeof(float);
   float *scratch = (float *)nb_cuda_scratch(ctx, 2 * half);

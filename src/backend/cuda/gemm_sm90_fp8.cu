@@ -361,36 +361,18 @@ __global__ void __launch_bounds__(256)
 } /* namespace */
 
 /* ---- host ------------------------------------------------------------------------------ */
-/* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda). */
-static PFN_cuTensorMapEncodeTiled_v12000 f8_encode_fn(void) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-  static int tried = 0;
-  if (!tried) {
-    void *p = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess && q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-    cudaGetLastError();
-    tried = 1;
-  }
-  return fn;
-}
-
 /* A K-major fp8 operand: rows of K bytes, ld bytes apart; boxes of 128 k x box_rows rows
  * with the 128-byte swizzle and zero fill. 0 when TMA cannot take it (a base or row
  * stride not 16-byte aligned: K not a multiple of 16; sizes past its limits). */
 static int f8_map(CUtensorMap *m, const void *p, int64_t K, int64_t rows, int64_t ld, uint32_t box_rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = f8_encode_fn();
+  PFN_cuTensorMapEncodeTiled_v12000 enc = nb_sm90_encode_fn();
   if (!enc || !p || ((uintptr_t)p & 15)) return 0;
   int64_t sb = rows == 1 ? ((K + 15) & ~(int64_t)15) : ld;
   if (sb % 16 || sb < K || sb >= ((int64_t)1 << 40) || K >= ((int64_t)1 << 32) || rows >= ((int64_t)1 << 32))
     return 0;
   cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)sb};
-  cuuint32_t box[2] = {(cuuint32_t)kBK, box_rows}, es1[2] = {1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dims, strides, box, es1,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  cuuint32_t box[2] = {(cuuint32_t)kBK, box_rows};
+  return nb_sm90_encode(enc, m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dims, strides, box);
 }
 
 static int64_t f8_launch_count[64];

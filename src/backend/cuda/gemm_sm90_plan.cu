@@ -14,9 +14,7 @@
 
 constexpr int kBM = NB_SM90_BM, kBN = NB_SM90_BN, kBK = NB_SM90_BK, kGroupM = NB_SM90_GROUP_M;
 
-/* cuTensorMapEncodeTiled through the runtime's driver entry point, so the
- * library needs no -lcuda. NULL when the driver lacks it. */
-static PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
+PFN_cuTensorMapEncodeTiled_v12000 nb_sm90_encode_fn(void) {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
   static int tried = 0;
   if (!tried) {
@@ -29,6 +27,14 @@ static PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
     tried = 1;
   }
   return fn;
+}
+
+int nb_sm90_encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, CUtensorMapDataType type,
+                   cuuint32_t rank, void *p, const cuuint64_t *dims, const cuuint64_t *strides,
+                   const cuuint32_t *box) {
+  static const cuuint32_t es[5] = {1, 1, 1, 1, 1};
+  return enc(m, type, rank, p, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 int nb_sm90_device_ok(int dev) {
@@ -54,17 +60,15 @@ static CUtensorMapDataType sm90_tma_type(nb_dtype dt) {
  * 0 when TMA cannot take it (alignment, sizes). */
 static int sm90_map(CUtensorMap *m, nb_dtype dt, const void *p, int64_t inner, int64_t outer,
                     int64_t stride_el, uint32_t box_in, uint32_t box_out) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = sm90_encode_fn();
+  PFN_cuTensorMapEncodeTiled_v12000 enc = nb_sm90_encode_fn();
   int64_t es = (int64_t)nb_dtype_size(dt);
   if (!enc || !p || ((uintptr_t)p & 15)) return 0;
   int64_t sb = outer == 1 ? ((inner * es + 15) & ~(int64_t)15) : stride_el * es;
   if (sb % 16 || sb < inner * es || sb >= ((int64_t)1 << 40)) return 0;
   if (inner >= ((int64_t)1 << 32) || outer >= ((int64_t)1 << 32)) return 0;
   cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, strides[1] = {(cuuint64_t)sb};
-  cuuint32_t box[2] = {box_in, box_out}, es1[2] = {1, 1};
-  return enc(m, sm90_tma_type(dt), 2, (void *)p, dims, strides, box, es1,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  cuuint32_t box[2] = {box_in, box_out};
+  return nb_sm90_encode(enc, m, sm90_tma_type(dt), 2, (void *)p, dims, strides, box);
 }
 
 /* An output's TMA store map: boxes of 64 rows x 128 bytes. */

@@ -1,11 +1,13 @@
 /* The own sm_90a GEMM's host-side planning (gemm_sm90_plan.cu), used by its
  * kernel and launch (gemm_sm90.cu): the tile shape both sides agree on, the
  * schedule candidates and their heuristic, the split-K workspace, and the
- * checks that turn a product's views into TMA maps. CUDA C++ only. */
+ * checks that turn a product's views into TMA maps; the tensor-map encoding
+ * and device check every sm_90a kernel uses. CUDA C++ only. */
 #ifndef NB_GEMM_SM90_PLAN_H
 #define NB_GEMM_SM90_PLAN_H
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemm.h"
@@ -34,6 +36,16 @@ int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b);
  * when it cannot be had (the caller then runs data-parallel). */
 int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigned *epoch);
 
+/* cuTensorMapEncodeTiled through the runtime's driver entry point, so the
+ * library needs no -lcuda (looked up once). NULL when the driver lacks it. */
+PFN_cuTensorMapEncodeTiled_v12000 nb_sm90_encode_fn(void);
+/* enc's tiled map of p (rank dims, rank - 1 byte strides, boxes box) as the
+ * sm_90a kernels read and write them: unit element strides, no interleave,
+ * the 128-byte swizzle, 256-byte L2 promotion, zero fill out of bounds. 1
+ * when the driver accepted it. */
+int nb_sm90_encode(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, CUtensorMapDataType type,
+                   cuuint32_t rank, void *p, const cuuint64_t *dims, const cuuint64_t *strides,
+                   const cuuint32_t *box);
 /* 1 if the device is compute capability 9.0 (the sm_90a code runs there). */
 int nb_sm90_device_ok(int dev);
 /* "NAME-132sm" for the context's device into buf (the autotuning key). */

@@ -1,0 +1,144 @@
+/* What the Hopper (sm_90a) flash attention forward (cuda_attention_sm90.cu)
+ * and backward (cuda_attention_sm90_bwd.cu) share. Device (sm_90a pass
+ * only, NB_SM90A_DEVICE): the TMA load of a box of a rank 2 + nbk map (a
+ * (.., L, D) view with up to FA3_MAXK batch axes), the batch coordinates of
+ * a flat batch index, the wgmma products they issue (ss: both operands by
+ * descriptor, K-major; rs: A from registers, B by descriptor, MN-major), the
+ * wgmma fence, commit and wait, the register fences around asynchronous
+ * wgmma, and the packing of an accumulator into register A fragments. Host:
+ * the tensor map of a (.., L, D) view. The fragment layouts are described in
+ * cuda_attention_sm90.cu. */
+#ifndef NB_CUDA_ATTENTION_SM90_CUH
+#define NB_CUDA_ATTENTION_SM90_CUH
+
+#include <cuda.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_sm90.cuh"
+
+#define FA3_MAXK 3 /* batch axes of size > 1 (tensor maps of rank 5 at most) */
+
+/* The tensor map of a (.., L, D) bf16 or f16 view: dims {D, L, the batch
+ * axes axes[0..nbk) (innermost first; -1: a size-1 stand-in)}, boxes of
+ * 64 x rows in the 128-byte swizzle, zero fill out of bounds. 0 when TMA
+ * cannot take it (alignment, strides, sizes). */
+int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk, int rows);
+
+#ifdef NB_SM90A_DEVICE
+namespace {
+
+/* TMA load of the box at (d0, row, batch coordinates c) of a map of rank
+ * 2 + nbk into dst, completing on bar. */
+__device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,
+                                        const int *c, int nbk) {
+  const uint64_t mp = (uint64_t)m;
+  if (nbk == 1)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]) : "memory");
+  else if (nbk == 2)
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]) : "memory");
+  else
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
+                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2])
+                 : "memory");
+}
+
+/* The batch coordinates c[0..FA3_MAXK) of the flat batch index b over the
+ * p.nbk batch axes of sizes p.bdim, innermost first (0 past nbk). */
+template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int b, int *c) {
+#pragma unroll
+  for (int i = 0; i < FA3_MAXK; i++) {
+    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
+    if (i < p.nbk) b /= p.bdim[i];
+  }
+}
+
+/* ---- wgmma ------------------------------------------------------------- */
+#define FA3_ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA3_ACC64 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FA3_OUT32 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FA3_OUT64 FA3_OUT32, \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* ss128 / ss64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B^T, A and B by
+ * descriptor, both K-major. rs128 / rs64: d (64 x 128 / 64 x 64) += A B, A
+ * from registers (4 per thread, mma.sync's A fragment), B by descriptor,
+ * MN-major (transpose bit 1). */
+#define FA3_MMA_BODY(TY)                                                                    \
+  static __device__ __forceinline__ void ss128(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                          \
+                 : FA3_OUT64 : "l"(da), "l"(db), "r"(acc));                                 \
+  }                                                                                         \
+  static __device__ __forceinline__ void ss64(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA3_ACC32         \
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
+                 : FA3_OUT32 : "l"(da), "l"(db), "r"(acc));                                 \
+  }                                                                                         \
+  static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                             \
+                 : FA3_OUT64                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+  }                                                                                         \
+  static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db) {   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA3_ACC32         \
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                             \
+                 : FA3_OUT32                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+  }
+template <typename T> struct fa3_mma;
+template <> struct fa3_mma<__nv_bfloat16> { FA3_MMA_BODY("bf16") };
+template <> struct fa3_mma<__half> { FA3_MMA_BODY("f16") };
+
+__device__ __forceinline__ void fa3_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void fa3_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void fa3_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accesses of registers an asynchronous
+ * wgmma reads or writes across the wait that completes it. */
+template <int N> __device__ __forceinline__ void fa3_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void fa3_fence(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) asm volatile("" : "+r"(a[i][r])::"memory");
+}
+
+/* A fragments (N k-steps of 16) of a 64 x 16 N accumulator, rounded to T:
+ * a[kk][r] = (s[8 kk + 2 r], s[8 kk + 2 r + 1]). */
+template <typename T, int N>
+__device__ __forceinline__ void fa3_pack(uint32_t (&a)[N][4], const float (&s)[8 * N]) {
+#pragma unroll
+  for (int kk = 0; kk < N; kk++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) a[kk][r] = nb_mma<T>::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+} /* namespace */
+#endif /* NB_SM90A_DEVICE */
+
+#endif /* NB_CUDA_ATTENTION_SM90_CUH */
