@@ -39,6 +39,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_sm90.cuh"
 #include "backend/cuda/gemm_sm90_plan.h"
+#include "backend/cuda/gemm_sm90_store.cuh"
 
 namespace {
 
@@ -46,7 +47,7 @@ constexpr int kBM = 128, kBN = 256, kBK = 128, kStages = 4, kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK; /* one byte per element */
 constexpr int kStageBytes = kABytes + kBBytes;          /* 48 KB */
-constexpr int kOutBuf = 64 * 128;                       /* a staging chunk: 64 rows x 128 B */
+constexpr int kOutBuf = NB_SM90_OUT_BUF;                /* a staging chunk (gemm_sm90_store.cuh) */
 constexpr int kOutBytes = kConsumers * 2 * kOutBuf;
 constexpr size_t kSmem = (size_t)kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * sizeof(uint64_t);
 struct f8_params {
@@ -161,16 +162,10 @@ __device__ __forceinline__ void f8_consume(float *d, int c, uint32_t ring, uint3
   if (lead) sm90_bar_arrive(empty + 8 * ((it0 + ktiles - 1) % kStages));
 }
 
-/* ---- epilogue (the bf16 kernel's stores) -------------------------------------------
- * Accumulator fragment of m64nN: register i of thread (warp w, lane l) is row
- * 16w + l/4 + 8((i/2)%2), column 8(i/4) + 2(l%4) + i%2. */
-__device__ __forceinline__ void f8_store2(__nv_bfloat16 *p, float a, float b) {
-  *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
-}
-__device__ __forceinline__ void f8_store2(__half *p, float a, float b) { *(__half2 *)p = __floats2half2_rn(a, b); }
-__device__ __forceinline__ void f8_store2(float *p, float a, float b) { *(float2 *)p = make_float2(a, b); }
-
-/* Direct bounds-checked stores of this consumer's 64 x 256. */
+/* ---- epilogue (the bf16 kernel's stores: gemm_sm90_store.cuh) ----------------------
+ * Direct bounds-checked stores of this consumer's 64 x 256, reading the output's
+ * pointer, stride and bounds from p (the same code through sm90_store_direct's
+ * arguments compiles differently). */
 template <typename TO>
 __device__ __forceinline__ void f8_store_direct(const float *d, const f8_params &p, int row0, int col0) {
   int t = threadIdx.x % 128, w = t / 32, l = t % 32;
@@ -185,81 +180,12 @@ __device__ __forceinline__ void f8_store_direct(const float *d, const f8_params 
       int col = col0 + 8 * j + 2 * (l % 4);
       float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
       if (p.pairs_c && col + 1 < p.N) {
-        f8_store2(crow + col, v0, v1);
+        sm90_store2(crow + col, v0, v1);
       } else {
         if (col < p.N) crow[col] = nb_from_f<TO>(v0);
         if (col + 1 < p.N) crow[col + 1] = nb_from_f<TO>(v1);
       }
     }
-  }
-}
-
-__device__ __forceinline__ uint32_t f8_pack(__nv_bfloat16 *, float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *(uint32_t *)&v;
-}
-__device__ __forceinline__ uint32_t f8_pack(__half *, float a, float b) {
-  __half2 v = __floats2half2_rn(a, b);
-  return *(uint32_t *)&v;
-}
-
-/* Chunk ch of the fragment into staging buffer buf (64 rows x 128 B, 128-byte swizzle:
- * 16-byte unit u of row r at unit u ^ (r % 8)). 16-bit: 64 columns, four stmatrix.x4 per
- * thread (8x8 matrices (j, rows +0..7), (j, +8..15), (j+1, ...) of column blocks
- * j = 8ch + 2pp, j + 1; lane i addresses row i % 8 of matrix i / 8). */
-template <typename TO>
-__device__ __forceinline__ void f8_stage(const float *d, uint32_t buf, int ch) {
-  int t = threadIdx.x % 128, w = t / 32, l = t % 32;
-  int q = l / 8, rr = l % 8, row = 16 * w + 8 * (q % 2) + rr;
-#pragma unroll
-  for (int pp = 0; pp < 4; pp++) {
-    const float *v = d + 4 * (8 * ch + 2 * pp);
-    uint32_t r0 = f8_pack((TO *)0, v[0], v[1]), r1 = f8_pack((TO *)0, v[2], v[3]);
-    uint32_t r2 = f8_pack((TO *)0, v[4], v[5]), r3 = f8_pack((TO *)0, v[6], v[7]);
-    uint32_t u = 2 * pp + q / 2;
-    uint32_t addr = buf + row * 128 + ((u ^ rr) << 4);
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
-                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
-  }
-}
-/* f32: 32 columns (column blocks 4ch .. 4ch + 3), one 8-byte store per block and row half. */
-template <>
-__device__ __forceinline__ void f8_stage<float>(const float *d, uint32_t buf, int ch) {
-  int t = threadIdx.x % 128, w = t / 32, l = t % 32;
-#pragma unroll
-  for (int jj = 0; jj < 4; jj++) {
-    int j = 4 * ch + jj;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      int r = 16 * w + l / 4 + 8 * h;
-      uint32_t u = 2 * jj + (l % 4) / 2;
-      uint32_t addr = buf + r * 128 + ((u ^ (uint32_t)(r % 8)) << 4) + 8 * (l % 2);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(d[4 * j + 2 * h]),
-                   "f"(d[4 * j + 2 * h + 1]) : "memory");
-    }
-  }
-}
-
-/* This consumer's 64 x 256 through its two staging buffers: per chunk, wait until the
- * store two chunks back has read the buffer, stage, fence (the copy engine reads what
- * ordinary stores wrote), sync the warpgroup, one thread issues the TMA store. */
-template <typename TO>
-__device__ __forceinline__ void f8_store_tma(const float *d, const CUtensorMap *map, uint32_t stage,
-                                             int c, int *nbuf, const f8_params &p, int row0, int col0) {
-  constexpr int cols = 128 / (int)sizeof(TO), chunks = kBN / cols;
-  int t = threadIdx.x % 128;
-  if (row0 >= p.M) return;
-#pragma unroll
-  for (int ch = 0; ch < chunks; ch++) {
-    if (col0 + ch * cols >= p.N) break;
-    uint32_t buf = stage + (2 * c + (*nbuf & 1)) * kOutBuf;
-    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-    sm90_wg_sync(c);
-    f8_stage<TO>(d, buf, ch);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    sm90_wg_sync(c);
-    if (t == 0) sm90_tma_store(map, buf, col0 + ch * cols, row0);
-    (*nbuf)++;
   }
 }
 #endif /* NB_SM90A_DEVICE */
@@ -299,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       it0 += p.ktiles;
 #pragma unroll
       for (int i = 0; i < 128; i++) d[i] *= scale; /* the scales, once */
-      if (p.tma_c) f8_store_tma<TO>(d, &mc, stage, c, &nbuf, p, m0 + 64 * c, n0);
+      if (p.tma_c) sm90_store_tma<TO, kBN>(d, &mc, stage, c, &nbuf, p, m0 + 64 * c, n0);
       else f8_store_direct<TO>(d, p, m0 + 64 * c, n0);
     }
     /* the staging buffers must stay until the last stores have read them */
