@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "backend/amp_rule.h"
 #include "backend/cpu/cpu_iter.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/core.h"
@@ -210,35 +211,9 @@ nb_status nb_cpu_adamw_multi_ex(int n, const nb_kview *p, const nb_kview *g, con
   return NB_OK;
 }
 
-/* The scaler's decision and update, as backend_entries.h states them. */
-static float amp_f32(double x) { return (float)x; }
-
+/* The scaler's decision and update: amp_rule.h. */
 nb_status nb_cpu_amp_update(const nb_kview *ctl, const nb_kview *scale32, const nb_amp_args *a) {
-  double *c = (double *)ctl->data;
-  const double scale = c[NB_AMP_SCALE], inv = 1.0 / scale, sumsq = c[NB_AMP_SUMSQ];
-  const int found = !isfinite(sumsq);
-  const double norm = sqrt(sumsq) * inv;
-  double coef = a->max_norm >= 0 && isfinite(a->max_norm) ? a->max_norm / (norm + 1e-6) : 1.0;
-  if (!(coef < 1.0) && !isnan(coef)) coef = 1.0;
-  c[NB_AMP_FOUND] = found;
-  c[NB_AMP_GSCALE] = coef * inv;
-  c[NB_AMP_NORM] = norm;
-  c[NB_AMP_LAST] = scale;
-  double s = scale, tracker = c[NB_AMP_TRACKER];
-  if (found) {
-    s = amp_f32(scale * a->backoff);
-    tracker = 0;
-    c[NB_AMP_SKIPS] += 1;
-  } else {
-    c[NB_AMP_GOOD] += 1;
-    if (++tracker >= (double)a->interval) {
-      double grown = amp_f32(scale * a->growth);
-      if (isfinite(grown)) s = grown;
-      tracker = 0;
-    }
-  }
-  c[NB_AMP_SCALE] = s;
-  c[NB_AMP_TRACKER] = tracker;
+  double s = nb_amp_rule((double *)ctl->data, a);
   *(float *)scale32->data = (float)s;
   return NB_OK;
 }

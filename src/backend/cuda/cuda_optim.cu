@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "backend/amp_rule.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -426,30 +427,7 @@ extern "C" nb_status nb_cuda_adamw_multi(int n, const nb_kview *p, const nb_kvie
 
 /* ---- the loss scaler's decision (amp_update), one thread ------------------ */
 __global__ void nb_amp_update_kernel(double *c, float *scale32, nb_amp_args a) {
-  const double scale = c[NB_AMP_SCALE], inv = 1.0 / scale, sumsq = c[NB_AMP_SUMSQ];
-  const int found = !isfinite(sumsq);
-  const double norm = sqrt(sumsq) * inv;
-  double coef = a.max_norm >= 0 && isfinite(a.max_norm) ? a.max_norm / (norm + 1e-6) : 1.0;
-  if (!(coef < 1.0) && !isnan(coef)) coef = 1.0;
-  c[NB_AMP_FOUND] = found;
-  c[NB_AMP_GSCALE] = coef * inv;
-  c[NB_AMP_NORM] = norm;
-  c[NB_AMP_LAST] = scale;
-  double s = scale, tracker = c[NB_AMP_TRACKER];
-  if (found) {
-    s = (double)(float)(scale * a.backoff);
-    tracker = 0;
-    c[NB_AMP_SKIPS] += 1;
-  } else {
-    c[NB_AMP_GOOD] += 1;
-    if (++tracker >= (double)a.interval) {
-      double grown = (double)(float)(scale * a.growth);
-      if (isfinite(grown)) s = grown;
-      tracker = 0;
-    }
-  }
-  c[NB_AMP_SCALE] = s;
-  c[NB_AMP_TRACKER] = tracker;
+  double s = nb_amp_rule(c, &a);
   *scale32 = (float)s;
 }
 
