@@ -39,4 +39,15 @@ static inline void nb_attn_group_split(nb_kview *v, int64_t G, int kv) {
   v->ndim = nd + 1;
 }
 
+/* Splits the q-like views qv[0..nq) and k-like views kv[0..nk) for q and
+ * k's group size; returns G, or 0 (views left alone) when the split does
+ * not fit. */
+static inline int64_t nb_attn_group_views(const nb_kview *q, const nb_kview *k, nb_kview *qv,
+                                          int nq, nb_kview *kv, int nk) {
+  int64_t G = nb_attn_group_of(q, k);
+  for (int i = 0; i < nq && G; i++) nb_attn_group_split(&qv[i], G, 0);
+  for (int i = 0; i < nk && G; i++) nb_attn_group_split(&kv[i], G, 1);
+  return G;
+}
+
 #endif /* NB_ATTN_GROUP_H */

@@ -163,22 +163,12 @@ static void att_fwd_row(const nb_kview *o, const nb_kview *lse, const nb_kview *
   nb_cpu_store_f64(lse->dtype, 1, &L, (char *)lse->data + (b * a.Lq + i) * nb_dtype_size(lse->dtype), 0);
 }
 
-/* The views with grouped-query heads split (attn_group.h): q-like views in
- * qv[0..nq), k-like in kv[0..nk); 0 when the group does not fit. */
-static int64_t att_split(const nb_kview *q, const nb_kview *k, nb_kview *qv, int nq, nb_kview *kv,
-                         int nk) {
-  int64_t G = nb_attn_group_of(q, k);
-  for (int i = 0; i < nq && G; i++) nb_attn_group_split(&qv[i], G, 0);
-  for (int i = 0; i < nk && G; i++) nb_attn_group_split(&kv[i], G, 1);
-  return G;
-}
-
 nb_status nb_cpu_attn_fwd(const nb_kview *o0, const nb_kview *lse, const nb_kview *q0,
                           const nb_kview *k0, const nb_kview *v0, double scale, int causal,
                           const nb_attn_extra *x) {
   nb_kview qv[3] = {*q0, *o0}, kv[2] = {*k0, *v0};
   if (x && x->mask) qv[2] = *x->mask;
-  int64_t G = att_split(q0, k0, qv, x && x->mask ? 3 : 2, kv, 2);
+  int64_t G = nb_attn_group_views(q0, k0, qv, x && x->mask ? 3 : 2, kv, 2);
   if (!G) return nb_error_set(NB_ERR_UNSUPPORTED, "attention (cpu): grouped heads need one more axis");
   const nb_kview *q = &qv[0], *o = &qv[1], *k = &kv[0], *v = &kv[1];
   att_ext e = att_ext_of(x);
@@ -278,7 +268,7 @@ nb_status nb_cpu_attn_bwd(const nb_kview *dq0, const nb_kview *dk0, const nb_kvi
                           int causal, const nb_attn_extra *x) {
   nb_kview qv[5] = {*q0, *o0, *dout0, *dq0}, kv[4] = {*k0, *v0, *dk0, *dv0};
   if (x && x->mask) qv[4] = *x->mask;
-  int64_t G = att_split(q0, k0, qv, x && x->mask ? 5 : 4, kv, 4);
+  int64_t G = nb_attn_group_views(q0, k0, qv, x && x->mask ? 5 : 4, kv, 4);
   if (!G)
     return nb_error_set(NB_ERR_UNSUPPORTED, "attention backward (cpu): grouped heads need one more axis");
   const nb_kview *q = &qv[0], *o = &qv[1], *dout = &qv[2], *dq = &qv[3];

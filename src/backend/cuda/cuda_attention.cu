@@ -371,22 +371,12 @@ static nb_status att_launch(const nb_cuda_ctx *ctx, K k, int64_t grid, size_t sm
   return nb_cuda_launch_check(name);
 }
 
-/* The views with grouped-query heads split (attn_group.h): q-like views
- * qv[0..nq), k-like kv[0..nk); G, or 0 when the split does not fit. */
-static int64_t att_split(const nb_kview *q, const nb_kview *k, nb_kview *qv, int nq, nb_kview *kv,
-                         int nk) {
-  int64_t G = nb_attn_group_of(q, k);
-  for (int i = 0; i < nq && G; i++) nb_attn_group_split(&qv[i], G, 0);
-  for (int i = 0; i < nk && G; i++) nb_attn_group_split(&kv[i], G, 1);
-  return G;
-}
-
 extern "C" nb_status nb_cuda_attn_fwd(const nb_kview *o0, const nb_kview *lse, const nb_kview *q0,
                                       const nb_kview *k0, const nb_kview *v0, double scale,
                                       int causal, const nb_attn_extra *x) {
   nb_kview qv[3] = {*q0, *o0}, kv[2] = {*k0, *v0};
   if (x && x->mask) qv[2] = *x->mask;
-  const int64_t G = att_split(q0, k0, qv, x && x->mask ? 3 : 2, kv, 2);
+  const int64_t G = nb_attn_group_views(q0, k0, qv, x && x->mask ? 3 : 2, kv, 2);
   nb_attn_extra xs;
   if (x) xs = *x, xs.mask = x->mask ? &qv[2] : NULL;
   const nb_kview *q = &qv[0], *o = &qv[1], *k = &kv[0], *v = &kv[1];
@@ -420,7 +410,7 @@ extern "C" nb_status nb_cuda_attn_bwd(const nb_kview *dq0, const nb_kview *dk0, 
                                       double scale, int causal, const nb_attn_extra *x) {
   nb_kview qv[5] = {*q0, *o0, *dout0, *dq0}, kv[4] = {*k0, *v0, *dk0, *dv0};
   if (x && x->mask) qv[4] = *x->mask;
-  const int64_t G = att_split(q0, k0, qv, x && x->mask ? 5 : 4, kv, 4);
+  const int64_t G = nb_attn_group_views(q0, k0, qv, x && x->mask ? 5 : 4, kv, 4);
   nb_attn_extra xs;
   if (x) xs = *x, xs.mask = x->mask ? &qv[4] : NULL;
   const nb_kview *q = &qv[0], *o = &qv[1], *dout = &qv[2], *dq = &qv[3];
