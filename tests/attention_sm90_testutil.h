@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_testutil.h"
 #include "testutil.h"
 
 typedef struct {
@@ -34,10 +35,7 @@ static int make_leaves(const scase *c, uint64_t seed, nb_tensor **leaf) {
   return 3;
 }
 
-typedef struct {
-  double *y, *g[3];
-  int64_t ny, ng[3];
-} sresult;
+typedef atest_result sresult;
 
 /* Attention on dev in dtype dt from the leaves (cast, copied, made leaves
  * that require gradients): the output and the gradients of sum(y * w). */
@@ -68,27 +66,10 @@ static sresult run(const scase *c, int causal, nb_tensor *const *in, int n, nb_d
   if (!loss || nb_backward(loss, NULL)) {
     printf("attention run failed: %s\n", nb_last_error());
   } else {
-    r.y = nbt_f64(y);
-    r.ny = nb_numel(y);
-    for (int i = 0; i < n; i++) {
-      r.g[i] = nbt_f64(nb_grad(leaf[i]));
-      r.ng[i] = nb_numel(leaf[i]);
-    }
+    atest_read(&r, y, leaf, n);
   }
   nb_scope_end();
   return r;
-}
-
-static void release(sresult *r) {
-  free(r->y);
-  for (int i = 0; i < 3; i++) free(r->g[i]);
-}
-
-/* ||a - b|| / ||b|| over n elements. */
-static double norm_err(const double *a, const double *b, int64_t n) {
-  double e = 0, s = 0;
-  for (int64_t i = 0; i < n; i++) e += (a[i] - b[i]) * (a[i] - b[i]), s += b[i] * b[i];
-  return s > 0 ? sqrt(e / s) : sqrt(e);
 }
 
 static void compare(const char *name, const char *what, const sresult *got, const sresult *ref, int n,
@@ -97,10 +78,10 @@ static void compare(const char *name, const char *what, const sresult *got, cons
     NBT_CHECK(0, "%s: a run failed", name);
     return;
   }
-  double e = norm_err(got->y, ref->y, got->ny);
+  double e = atest_norm_err(got->y, ref->y, got->ny);
   NBT_CHECK(e <= tol, "%s: output against %s, norm error %.3g (tolerance %g)", name, what, e, tol);
   for (int i = 0; i < n; i++) {
-    e = norm_err(got->g[i], ref->g[i], got->ng[i]);
+    e = atest_norm_err(got->g[i], ref->g[i], got->ng[i]);
     NBT_CHECK(e <= tol, "%s: gradient %d against %s, norm error %.3g (tolerance %g)", name, i, what, e, tol);
   }
 }

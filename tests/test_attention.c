@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_testutil.h"
 #include "testutil.h"
 
 typedef struct {
@@ -56,10 +57,7 @@ static ainputs make_inputs(const acase *c, uint64_t seed) {
 /* Runs attention on dev in dtype dt (fused, or composed when composed) and
  * returns, as float64 arrays, the output and the gradients of sum(y * w)
  * with respect to each leaf (cast from the leaves' rounded copies). */
-typedef struct {
-  double *y, *g[3];
-  int64_t ny, ng[3];
-} aresult;
+typedef atest_result aresult;
 
 static aresult run(const acase *c, const ainputs *in, nb_dtype dt, nb_device dev, int composed) {
   aresult r;
@@ -93,20 +91,10 @@ static aresult run(const acase *c, const ainputs *in, nb_dtype dt, nb_device dev
   if (!loss || nb_backward(loss, NULL)) {
     printf("attention run failed: %s\n", nb_last_error());
   } else {
-    r.y = nbt_f64(y);
-    r.ny = nb_numel(y);
-    for (int i = 0; i < in->n; i++) {
-      r.g[i] = nbt_f64(nb_grad(leaf[i]));
-      r.ng[i] = nb_numel(leaf[i]);
-    }
+    atest_read(&r, y, leaf, in->n);
   }
   nb_scope_end();
   return r;
-}
-
-static void free_result(aresult *r) {
-  free(r->y);
-  for (int i = 0; i < 3; i++) free(r->g[i]);
 }
 
 /* Two runs of one case give the same bits: output and every gradient. */
@@ -140,13 +128,6 @@ static void compare(const char *name, const aresult *got, const aresult *ref, in
   }
 }
 
-/* ||a - b|| / ||b|| over n elements. */
-static double norm_err(const double *a, const double *b, int64_t n) {
-  double e = 0, r = 0;
-  for (int64_t i = 0; i < n; i++) e += (a[i] - b[i]) * (a[i] - b[i]), r += b[i] * b[i];
-  return r > 0 ? sqrt(e / r) : sqrt(e);
-}
-
 /* 16-bit results on the GPU: the output and the gradients within tol in
  * norm (o is stored in 16 bits and its rounding enters delta = dout.o, as
  * in every flash attention; elementwise bounds would be set by the
@@ -156,10 +137,10 @@ static void compare_norm(const char *name, const aresult *got, const aresult *re
     NBT_CHECK(0, "%s: a run failed", name);
     return;
   }
-  double e = norm_err(got->y, ref->y, got->ny);
+  double e = atest_norm_err(got->y, ref->y, got->ny);
   NBT_CHECK(e <= tol, "%s: output norm error %.3g (tolerance %g)", name, e, tol);
   for (int i = 0; i < n; i++) {
-    e = norm_err(got->g[i], ref->g[i], got->ng[i]);
+    e = atest_norm_err(got->g[i], ref->g[i], got->ng[i]);
     NBT_CHECK(e <= tol, "%s: gradient %d norm error %.3g (tolerance %g)", name, i, e, tol);
   }
 }
@@ -190,8 +171,8 @@ static void cpu_cases(void) {
       char name[160];
       compare(case_name(c, dts[t], "cpu", name, sizeof name), &got, &ref, in.n, rtol_of(dts[t]),
               dts[t] == NB_F64 ? 1e-12 : rtol_of(dts[t]) * 0.1);
-      free_result(&ref);
-      free_result(&got);
+      atest_free(&ref);
+      atest_free(&got);
       for (int j = 0; j < in.n; j++) nb_release(rounded[j]), nb_release(in.leaf[j]);
     }
 }
@@ -260,9 +241,9 @@ static void cuda_cases(void) {
         compare(name, &got, &ref, in.n, dts[t] == NB_F32 ? 1e-4 : rtol_of(dts[t]),
                 dts[t] == NB_F32 ? 1e-5 : 1e-11);
       check_same_bits(name, &got, &again, in.n);
-      free_result(&ref);
-      free_result(&got);
-      free_result(&again);
+      atest_free(&ref);
+      atest_free(&got);
+      atest_free(&again);
       for (int j = 0; j < in.n; j++) nb_release(rounded[j]), nb_release(in.leaf[j]);
     }
 }
@@ -283,9 +264,9 @@ static void cuda_check(const acase *c, nb_dtype dt, uint64_t seed, double tol) {
   case_name(c, dt, "cuda mma", name, sizeof name);
   compare_norm(name, &got, &ref, in.n, tol);
   check_same_bits(name, &got, &again, in.n);
-  free_result(&ref);
-  free_result(&got);
-  free_result(&again);
+  atest_free(&ref);
+  atest_free(&got);
+  atest_free(&again);
   for (int j = 0; j < in.n; j++) nb_release(rounded[j]), nb_release(in.leaf[j]);
 }
 

@@ -91,12 +91,12 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
                 (long long)(v1 - v0), c->runs ? 1 : 0);
     compare(vname, "float64", &var, &ref, n, tol);
     NBT_CHECK(same_bits(&var, &got, n), "%s: differs from the default variant's bits", vname);
-    release(&var);
+    atest_free(&var);
   }
-  release(&got);
-  release(&again);
-  release(&mma);
-  release(&ref);
+  atest_free(&got);
+  atest_free(&again);
+  atest_free(&mma);
+  atest_free(&ref);
   for (int i = 0; i < n; i++) nb_release(in[i]), nb_release(rounded[i]);
 }
 

@@ -59,10 +59,10 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "float64", &got, &ref, n, tol);
   compare(name, "the mma.sync backward", &got, &mma, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
-  release(&got);
-  release(&again);
-  release(&mma);
-  release(&ref);
+  atest_free(&got);
+  atest_free(&again);
+  atest_free(&mma);
+  atest_free(&ref);
   for (int i = 0; i < n; i++) nb_release(in[i]), nb_release(rounded[i]);
 }
 
