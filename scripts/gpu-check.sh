@@ -105,14 +105,19 @@ if [ "$built" -eq 0 ]; then
         step memcheck-acc 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
           --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_cuda_accuracy"
       fi
-      if want sanitize || want memcheck; then
-        step memcheck-attn 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
-          --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_attention"
-      fi
-      if want sanitize || want racecheck; then
-        step racecheck-attn 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
-          --error-exitcode 99 "$BUILD/tests/test_attention"
-      fi
+      # every attention program: the SIMT, mma and sm_90a kernels, masks,
+      # dropout, grouped heads, the packed projection, the sm_90a backward
+      for t in attention attention_qkv attention_mask attention_sm90 attention_sm90_bwd; do
+        [ -x "$BUILD/tests/test_$t" ] || continue
+        if want sanitize || want memcheck; then
+          step "memcheck-${t#attention}" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+            --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_$t"
+        fi
+        if want sanitize || want racecheck; then
+          step "racecheck-${t#attention}" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+            --error-exitcode 99 "$BUILD/tests/test_$t"
+        fi
+      done
       if want sanitize || want racecheck; then
         # racecheck does not follow the mbarrier/TMA synchronisation of
         # cuBLASLt's own sm_90 kernels (nvjet_*) and reports hazards inside
