@@ -110,11 +110,11 @@ if [ "$built" -eq 0 ]; then
       for t in attention attention_qkv attention_mask attention_sm90 attention_sm90_bwd; do
         [ -x "$BUILD/tests/test_$t" ] || continue
         if want sanitize || want memcheck; then
-          step "memcheck-${t#attention}" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+          step "memcheck-$t" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
             --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_$t"
         fi
         if want sanitize || want racecheck; then
-          step "racecheck-${t#attention}" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+          step "racecheck-$t" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
             --error-exitcode 99 "$BUILD/tests/test_$t"
         fi
       done
