@@ -187,7 +187,7 @@ for i in "${!names[@]}"; do
   n=${names[$i]} detail=""
   if [ -f "$OUT/$n.log" ]; then
     case "$n" in
-      test-cuda|cuda-accuracy|op-table|memcheck|racecheck|memcheck-attn|racecheck-attn|memcheck-acc) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
+      test-cuda|cuda-accuracy|op-table|memcheck|racecheck|memcheck-*|racecheck-*) detail=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$OUT/$n.log" | tail -1) ;;
       ctest-cpu) detail=$(grep -E 'tests passed' "$OUT/$n.log" | tail -1) ;;
       same-bits) detail=$(grep -E '^same-bits' "$OUT/$n.log" | sed -E 's/, checkpoints/:/' | tr '\n' ' ') ;;
       train-compare*) detail=$(grep -E '^train \(' "$OUT/$n.log" | sed -E 's/^train \(([a-z0-9]+, [a-z0-9]+)[^)]*\): /\1: /') ;;
@@ -197,7 +197,7 @@ for i in "${!names[@]}"; do
       gpt2-shape) detail=$(grep -iE '^throughput|peak|out of memory' "$OUT/$n.log" | tr '\n' ' ') ;;
     esac
     case "$n" in
-      memcheck|memcheck-attn|racecheck-attn|memcheck-acc) detail="$detail $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$n.log" | tail -1)" ;;
+      memcheck|memcheck-*|racecheck-*) detail="$detail $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$n.log" | tail -1)" ;;
       racecheck) detail="$detail $(grep -E '^racecheck: ' "$OUT/$n.log" | tail -1)" ;;
     esac
   fi
