@@ -92,4 +92,37 @@ static int same_bits(const sresult *a, const sresult *b, int n) {
   return same;
 }
 
+/* The cases both programs run (each causal and not, in bf16 and f16;
+ * NABLA_TEST_QUICK leaves out the long ones): check(case, causal, dtype,
+ * seed) for each after the common set-up. prog names the program,
+ * launches reads its kernel's launch counter (negative: not a 9.0 device). */
+static int sm90_run_cases(const char *prog, int64_t (*launches)(void),
+                          void (*check)(const scase *, int, nb_dtype, uint64_t)) {
+  if (nb_cuda_available() <= 0) {
+    printf("%s: no CUDA device, skipped\n", prog);
+    return 77;
+  }
+  setenv("NABLA_ATTENTION", "fused", 1); /* whatever the size (small calls would compose) */
+  if (launches() < 0) printf("%s: not a 9.0 device, the mma.sync path is compared\n", prog);
+  const scase cases[] = {
+    {2, 3, 1, 1, 64, 0, 1},       {2, 3, 7, 7, 128, 0, 1},       {2, 2, 64, 64, 64, 0, 1},
+    {1, 2, 129, 129, 128, 1, 1},  {2, 2, 129, 64, 64, 0, 1},     {2, 1, 64, 129, 128, 0, 1},
+    {1, 3, 7, 129, 64, 0, 1},     {1, 1, 129, 7, 128, 0, 1},     {3, 1, 257, 257, 64, 1, 1},
+    {1, 2, 1000, 1000, 64, 1, 1}, {1, 1, 1000, 700, 128, 0, 1},  {1, 1, 300, 1000, 64, 0, 1},
+    {1, 1, 4097, 4097, 128, 0, 1}, {1, 2, 4097, 4097, 64, 1, 1},
+    {1, 2, 100, 100, 96, 0, 0},   {1, 2, 100, 100, 64, 2, 0}, /* D 96; rows of stride 65: not taken */
+  };
+  const nb_dtype dts[] = {NB_BF16, NB_F16};
+  const int quick = getenv("NABLA_TEST_QUICK") != NULL;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (int causal = 0; causal < 2; causal++)
+      for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
+        const scase *c = &cases[i];
+        if (quick && (c->Lq >= 1000 || c->Lk >= 1000)) continue;
+        if (c->Lq > 4000 && dts[t] != NB_BF16) continue; /* 4097: bf16 only (the f64 reference's time) */
+        check(c, causal, dts[t], 700 + 10 * i + 2 * causal + t);
+      }
+  return nbt_finish();
+}
+
 #endif

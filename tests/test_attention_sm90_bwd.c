@@ -67,29 +67,5 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
 }
 
 int main(void) {
-  if (nb_cuda_available() <= 0) {
-    printf("test_attention_sm90_bwd: no CUDA device, skipped\n");
-    return 77;
-  }
-  setenv("NABLA_ATTENTION", "fused", 1); /* whatever the size (small calls would compose) */
-  if (launches() < 0) printf("test_attention_sm90_bwd: not a 9.0 device, the mma.sync path is compared\n");
-  const scase cases[] = {
-    {2, 3, 1, 1, 64, 0, 1},       {2, 3, 7, 7, 128, 0, 1},       {2, 2, 64, 64, 64, 0, 1},
-    {1, 2, 129, 129, 128, 1, 1},  {2, 2, 129, 64, 64, 0, 1},     {2, 1, 64, 129, 128, 0, 1},
-    {1, 3, 7, 129, 64, 0, 1},     {1, 1, 129, 7, 128, 0, 1},     {3, 1, 257, 257, 64, 1, 1},
-    {1, 2, 1000, 1000, 64, 1, 1}, {1, 1, 1000, 700, 128, 0, 1},  {1, 1, 300, 1000, 64, 0, 1},
-    {1, 1, 4097, 4097, 128, 0, 1}, {1, 2, 4097, 4097, 64, 1, 1},
-    {1, 2, 100, 100, 96, 0, 0},   {1, 2, 100, 100, 64, 2, 0}, /* D 96; rows of stride 65: not taken */
-  };
-  const nb_dtype dts[] = {NB_BF16, NB_F16};
-  const int quick = getenv("NABLA_TEST_QUICK") != NULL;
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-    for (int causal = 0; causal < 2; causal++)
-      for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
-        const scase *c = &cases[i];
-        if (quick && (c->Lq >= 1000 || c->Lk >= 1000)) continue;
-        if (c->Lq > 4000 && dts[t] != NB_BF16) continue; /* 4097: bf16 only (the f64 reference's time) */
-        check_case(c, causal, dts[t], 700 + 10 * i + 2 * causal + t);
-      }
-  return nbt_finish();
+  return sm90_run_cases("test_attention_sm90_bwd", launches, check_case);
 }
