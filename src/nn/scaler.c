@@ -23,25 +23,28 @@
  * gradients on several devices or on a backend without the entries), the
  * host's: the norm comes to the host (one synchronisation), the gradients
  * are multiplied in place when it is finite, and the optimizers step or
- * not. Both follow torch's _amp_update_scale_: on a step with a non-finite
- * gradient, scale *= backoff and the counter goes to 0; otherwise the
- * counter counts up, and when it reaches the interval, scale *= growth
- * (kept only if finite in f32) and the counter goes to 0. The scale is an
- * f32 value, as torch's scale tensor is. */
+ * not. Both apply one rule (backend/amp_rule.h), torch's
+ * _amp_update_scale_: on a step with a non-finite gradient, scale *=
+ * backoff and the counter goes to 0; otherwise the counter counts up,
+ * and when it reaches the interval, scale *= growth (kept only if finite
+ * in f32) and the counter goes to 0. The scale is an f32 value, as
+ * torch's scale tensor is. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "backend/amp_rule.h"
 #include "core/core.h"
 #include "nn/grads.h"
 #include "ops/op_optim.h"
 
 struct nb_scaler {
-  double scale, growth_factor, backoff_factor;  /* scale: the host's copy */
-  int64_t growth_interval, growth_tracker, skipped, good;
-  /* On the device (owned; NULL until the first use there): the control
-   * block f64[NB_AMP_N] and the scale as a 0-d f32. When ctl is set, it
-   * holds the state and the host fields are a copy of its last read. */
+  nb_amp_args rule; /* growth, backoff, interval (max_norm: the step's) */
+  /* The control block (NB_AMP_*): the host's copy. On the device (owned;
+   * NULL until the first use there): the block f64[NB_AMP_N] and the scale
+   * as a 0-d f32. When ctl is set, it holds the state and c is a copy of
+   * its last read. */
+  double c[NB_AMP_N];
   nb_tensor *ctl, *scale32;
 };
 
@@ -64,24 +67,14 @@ nb_scaler *nb_scaler_new(double init_scale, double growth_factor, double backoff
     nb_error_set(NB_ERR_OOM, "nb_scaler_new: out of memory");
     return NULL;
   }
-  s->scale = scaler_f32(init_scale);
-  s->growth_factor = growth_factor;
-  s->backoff_factor = backoff_factor;
-  s->growth_interval = growth_interval;
+  s->rule = (nb_amp_args){-1.0, growth_factor, backoff_factor, growth_interval};
+  s->c[NB_AMP_SCALE] = scaler_f32(init_scale);
   return s;
 }
 
 /* The host's copy of the device state (one read: a synchronisation). */
 static nb_status scaler_read(nb_scaler *s) {
-  if (!s->ctl) return NB_OK;
-  double c[NB_AMP_N];
-  nb_status st = nb_to_host(s->ctl, c, sizeof c);
-  if (st) return st;
-  s->scale = c[NB_AMP_SCALE];
-  s->growth_tracker = (int64_t)c[NB_AMP_TRACKER];
-  s->good = (int64_t)c[NB_AMP_GOOD];
-  s->skipped = (int64_t)c[NB_AMP_SKIPS];
-  return NB_OK;
+  return s->ctl ? nb_to_host(s->ctl, s->c, sizeof s->c) : NB_OK;
 }
 
 /* The state back on the host only (the device copy dropped). */
@@ -99,13 +92,13 @@ static nb_status scaler_to_device(nb_scaler *s, nb_device dev) {
   if (s->ctl && nb_same_device(nb_device_of(s->ctl), dev)) return NB_OK;
   nb_status st = scaler_to_host(s);
   if (st) return st;
-  double c[NB_AMP_N] = {0};
-  c[NB_AMP_SCALE] = c[NB_AMP_LAST] = s->scale;
-  c[NB_AMP_TRACKER] = (double)s->growth_tracker;
+  double c[NB_AMP_N] = {0}; /* the state; no step's results */
+  c[NB_AMP_SCALE] = c[NB_AMP_LAST] = s->c[NB_AMP_SCALE];
+  c[NB_AMP_TRACKER] = s->c[NB_AMP_TRACKER];
   c[NB_AMP_GSCALE] = 1;
-  c[NB_AMP_GOOD] = (double)s->good;
-  c[NB_AMP_SKIPS] = (double)s->skipped;
-  float f = (float)s->scale;
+  c[NB_AMP_GOOD] = s->c[NB_AMP_GOOD];
+  c[NB_AMP_SKIPS] = s->c[NB_AMP_SKIPS];
+  float f = (float)c[NB_AMP_SCALE];
   nb_scope_begin();
   nb_tensor *ctl = nb_to_device(nb_from_buffer(c, 1, (int64_t[]){NB_AMP_N}, NB_F64, NB_DEVICE_CPU), dev);
   nb_tensor *s32 = nb_to_device(nb_from_buffer(&f, 0, NULL, NB_F32, NB_DEVICE_CPU), dev);
@@ -130,30 +123,30 @@ void nb_scaler_free(nb_scaler *s) {
 /* The getters read the device's state: logically const. */
 double nb_scaler_get_scale(const nb_scaler *s) {
   if (!s) return NAN;
-  return scaler_read((nb_scaler *)s) ? NAN : s->scale;
+  return scaler_read((nb_scaler *)s) ? NAN : s->c[NB_AMP_SCALE];
 }
 
 int64_t nb_scaler_growth_tracker(const nb_scaler *s) {
   if (!s) return -1;
-  return scaler_read((nb_scaler *)s) ? -1 : s->growth_tracker;
+  return scaler_read((nb_scaler *)s) ? -1 : (int64_t)s->c[NB_AMP_TRACKER];
 }
 
 int64_t nb_scaler_skipped(const nb_scaler *s) {
   if (!s) return -1;
-  return scaler_read((nb_scaler *)s) ? -1 : s->skipped;
+  return scaler_read((nb_scaler *)s) ? -1 : (int64_t)s->c[NB_AMP_SKIPS];
 }
 
 nb_status nb_scaler_set_state(nb_scaler *s, double scale, int64_t growth_tracker) {
   if (!s) return nb_error_null("nb_scaler_set_state", "s");
   if (!(scale > 0) || !isfinite(scaler_f32(scale)) || growth_tracker < 0 ||
-      growth_tracker >= s->growth_interval)
+      growth_tracker >= s->rule.interval)
     return nb_error_set(NB_ERR_VALUE, "nb_scaler_set_state: scale %g, growth tracker %lld (expected "
                         "scale > 0 and finite in f32, tracker in [0, %lld))", scale,
-                        (long long)growth_tracker, (long long)s->growth_interval);
+                        (long long)growth_tracker, (long long)s->rule.interval);
   nb_status st = scaler_to_host(s); /* the device's copy is made again from these */
   if (st) return st;
-  s->scale = scaler_f32(scale);
-  s->growth_tracker = growth_tracker;
+  s->c[NB_AMP_SCALE] = scaler_f32(scale);
+  s->c[NB_AMP_TRACKER] = (double)growth_tracker;
   return NB_OK;
 }
 
@@ -171,22 +164,6 @@ nb_tensor *nb_scaler_scale(const nb_scaler *s, nb_tensor *loss) {
   if (scaler_to_device((nb_scaler *)s, nb_device_of(loss))) return NULL;
   nb_dtype dt = nb_dtype_is_float(nb_dtype_of(loss)) ? nb_dtype_of(loss) : NB_F32;
   return nb_mul(loss, nb_cast(s->scale32, dt));
-}
-
-/* torch's update rule after a step that found (or did not find) a
- * non-finite gradient. */
-static void scaler_update(nb_scaler *s, int found_inf) {
-  if (found_inf) {
-    s->scale = scaler_f32(s->scale * s->backoff_factor);
-    s->growth_tracker = 0;
-    s->skipped++;
-    return;
-  }
-  s->good++;
-  if (++s->growth_tracker < s->growth_interval) return;
-  double grown = scaler_f32(s->scale * s->growth_factor);
-  if (isfinite(grown)) s->scale = grown;
-  s->growth_tracker = 0;
 }
 
 /* The device's way: the sum of squares into the block, amp_update, the
@@ -214,8 +191,8 @@ static nb_status scaler_step_device(nb_scaler *s, nb_params *params, double max_
   nb_tensor *sumsq = nb_select(s->ctl, 0, NB_AMP_SUMSQ);
   st = sumsq ? nb_nn_grad_sumsq_device(params, sumsq, done) : nb_last_status();
   if (!st && *done)
-    st = nb_op_amp_update(s->ctl, s->scale32, max_norm >= 0 ? max_norm : -1.0, s->growth_factor,
-                          s->backoff_factor, s->growth_interval);
+    st = nb_op_amp_update(s->ctl, s->scale32, max_norm >= 0 ? max_norm : -1.0, s->rule.growth,
+                          s->rule.backoff, s->rule.interval);
   for (int i = 0; i < n_optims && !st && *done; i++) st = nb_nn_optim_step_ctl(optims[i], s->ctl);
   nb_scope_end();
   return st;
@@ -226,14 +203,16 @@ static nb_status scaler_step_host(nb_scaler *s, nb_params *params, double max_no
                                   nb_optim *const *optims, nb_scaler_result *r) {
   nb_status st = scaler_to_host(s);
   if (st) return st;
-  r->scale = s->scale;
-  st = nb_nn_grad_unscale_clip(params, 1.0 / s->scale, max_norm, 1, &r->norm);
+  r->scale = s->c[NB_AMP_SCALE];
+  st = nb_nn_grad_unscale_clip(params, 1.0 / r->scale, max_norm, 1, &r->norm);
   if (st) return st;
   r->stepped = isfinite(r->norm);
   for (int i = 0; i < n_optims && r->stepped && !st; i++) st = nb_optim_step(optims[i]);
   if (st) return st;
-  scaler_update(s, !r->stepped);
-  r->new_scale = s->scale;
+  /* the device's rule (amp_rule.h), told only whether a gradient was not
+   * finite: the counters and the next scale */
+  s->c[NB_AMP_SUMSQ] = r->stepped ? 0.0 : INFINITY;
+  r->new_scale = nb_amp_rule(s->c, &s->rule);
   return NB_OK;
 }
 
@@ -258,11 +237,10 @@ nb_status nb_scaler_step(nb_scaler *s, nb_params *params, double max_norm, int n
     return st;
   }
   if (!res) return NB_OK; /* nothing read back: no wait */
-  double c[NB_AMP_N];
-  if ((st = nb_to_host(s->ctl, c, sizeof c))) return st;
-  res->stepped = c[NB_AMP_FOUND] == 0;
-  res->norm = c[NB_AMP_NORM];
-  res->scale = c[NB_AMP_LAST];
-  res->new_scale = c[NB_AMP_SCALE];
+  if ((st = scaler_read(s))) return st;
+  res->stepped = s->c[NB_AMP_FOUND] == 0;
+  res->norm = s->c[NB_AMP_NORM];
+  res->scale = s->c[NB_AMP_LAST];
+  res->new_scale = s->c[NB_AMP_SCALE];
   return NB_OK;
 }
