@@ -192,9 +192,7 @@ enum { ATT_IN_DY, ATT_IN_Q, ATT_IN_K, ATT_IN_V, ATT_IN_O, ATT_IN_LSE, ATT_IN_MAS
 
 extern const nb_op nb_op_scaled_dot_product_attention, nb_op_scaled_dot_product_attention_backward;
 
-/* t itself when its last axis has stride 1 (what the kernels read), else a
- * contiguous copy (autoreleased). */
-static const nb_tensor *att_rows(const nb_tensor *t) {
+const nb_tensor *nb_attention_rows(const nb_tensor *t) {
   return t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] <= 1 ? t : nb_contiguous(t);
 }
 
@@ -254,7 +252,7 @@ static nb_status att_infer(const nb_op_call *c, nb_meta *out) {
 
 static nb_status att_prepare(const nb_op_call *c, const nb_tensor **in) {
   for (int i = 0; i < 3; i++)
-    if (!(in[i] = att_rows(c->in[i]))) return nb_last_status();
+    if (!(in[i] = nb_attention_rows(c->in[i]))) return nb_last_status();
   return NB_OK;
 }
 
@@ -313,7 +311,7 @@ static nb_status att_backward_infer(const nb_op_call *c, nb_meta *out) {
 static nb_status att_backward_prepare(const nb_op_call *c, const nb_tensor **in) {
   in[ATT_IN_DY] = nb_cast(c->in[ATT_IN_DY], c->in[ATT_IN_Q]->dtype);
   for (int i = ATT_IN_DY; i <= ATT_IN_V; i++)
-    if (!in[i] || !(in[i] = att_rows(in[i]))) return nb_last_status();
+    if (!in[i] || !(in[i] = nb_attention_rows(in[i]))) return nb_last_status();
   return NB_OK;
 }
 

@@ -72,12 +72,6 @@ static void qkv_part(const nb_kview *x, int j, int64_t H, int64_t D, nb_kview *v
   v->data = (char *)x->data + (size_t)(j * H * D * sl) * nb_dtype_size(x->dtype);
 }
 
-/* t itself when its last axis has stride 1 (what the kernels read), else a
- * contiguous copy (autoreleased). */
-static const nb_tensor *qkv_rows(const nb_tensor *t) {
-  return t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] <= 1 ? t : nb_contiguous(t);
-}
-
 /* ---- forward ------------------------------------------------------------ */
 static nb_status qkv_infer(const nb_op_call *c, nb_meta *out) {
   const qkv_params *p = c->p;
@@ -91,7 +85,7 @@ static nb_status qkv_infer(const nb_op_call *c, nb_meta *out) {
 }
 
 static nb_status qkv_prepare(const nb_op_call *c, const nb_tensor **in) {
-  return (in[0] = qkv_rows(c->in[0])) ? NB_OK : nb_last_status();
+  return (in[0] = nb_attention_rows(c->in[0])) ? NB_OK : nb_last_status();
 }
 
 /* o into out through its (..., H, T, D) view; the log-sum-exp (..., H, T)
@@ -130,7 +124,7 @@ static nb_status qkv_backward_infer(const nb_op_call *c, nb_meta *out) {
 static nb_status qkv_backward_prepare(const nb_op_call *c, const nb_tensor **in) {
   in[QKV_IN_DY] = nb_cast(c->in[QKV_IN_DY], c->in[QKV_IN_QKV]->dtype);
   for (int i = QKV_IN_DY; i <= QKV_IN_O; i++)
-    if (!in[i] || !(in[i] = qkv_rows(in[i]))) return nb_last_status();
+    if (!in[i] || !(in[i] = nb_attention_rows(in[i]))) return nb_last_status();
   return NB_OK;
 }
 

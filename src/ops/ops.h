@@ -22,5 +22,8 @@ nb_tensor *nb_op_scalar_for(const nb_tensor *t, double s);
  * (op_attention.c's policy; 0: the composition). */
 int nb_attention_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
                           const nb_tensor *mask, double p);
+/* t itself when its last axis has stride 1 (what the attention kernels
+ * read), else a contiguous copy (autoreleased). */
+const nb_tensor *nb_attention_rows(const nb_tensor *t);
 
 #endif
