@@ -6,6 +6,13 @@
 
 #include "ops/ops.h"
 
+/* Input i's name in op's messages: its entry name, else "input i". */
+static const char *in_name(const nb_op *op, int i, char *buf, size_t size) {
+  if (i < NB_OP_MAX_IN && op->in_names[i]) return op->in_names[i];
+  snprintf(buf, size, "input %d", i);
+  return buf;
+}
+
 /* NULL inputs: required ones are an error naming the op and the position;
  * present ones must share one device. */
 static nb_status check_inputs(const nb_op *op, int n, const nb_tensor *const *in) {
@@ -15,8 +22,7 @@ static nb_status check_inputs(const nb_op *op, int n, const nb_tensor *const *in
   for (int i = 0; i < n; i++) {
     if (in[i] || (i >= op->n_in - op->n_opt && i < op->n_in)) continue;
     char what[24];
-    snprintf(what, sizeof what, "input %d", i);
-    return nb_error_null(op->name, i < NB_OP_MAX_IN && op->in_names[i] ? op->in_names[i] : what);
+    return nb_error_null(op->name, in_name(op, i, what, sizeof what));
   }
   return nb_op_same_device(op->name, n, in);
 }
@@ -27,11 +33,9 @@ static nb_status check_fp8(const nb_op *op, int n, const nb_tensor *const *in) {
   for (int i = 0; i < n; i++) {
     if (!in[i] || !nb_dtype_is_fp8(in[i]->dtype)) continue;
     char what[24];
-    snprintf(what, sizeof what, "input %d", i);
     return nb_error_set(NB_ERR_DTYPE, "%s: %s is %s, a storage-only dtype (fp8 tensors take casts, "
                         "copies, views and scaled_mm; cast to a wider float first)", op->name,
-                        i < NB_OP_MAX_IN && op->in_names[i] ? op->in_names[i] : what,
-                        nb_dtype_name(in[i]->dtype));
+                        in_name(op, i, what, sizeof what), nb_dtype_name(in[i]->dtype));
   }
   return NB_OK;
 }
