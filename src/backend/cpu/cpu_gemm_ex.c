@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_iter.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_vmath.h"
 #include "core/core.h"
-#include "core/half.h"
 
 static int gx_float(nb_dtype d) { return d == NB_F64 || d == NB_F32 || d == NB_F16 || d == NB_BF16; }
 
@@ -88,27 +88,16 @@ static char *gx_at(const nb_kview *v, int64_t r, int64_t c) {
   return (char *)v->data + (size_t)off * nb_dtype_size(v->dtype);
 }
 
-/* Columns n0 .. n0 + cnt - 1 of row r (the last stride) into or out of d. */
+/* Columns n0 .. n0 + cnt - 1 of row r (the last stride) into or out of d:
+ * cpu_iter.h's tile loaders. */
 static void gx_load(double *d, const nb_kview *v, int64_t r, int64_t n0, int cnt) {
-  const char *p = gx_at(v, r, n0);
-  int64_t s = v->strides[v->ndim - 1];
-  switch (v->dtype) {
-  case NB_F64: for (int j = 0; j < cnt; j++) d[j] = ((const double *)p)[j * s]; break;
-  case NB_F32: for (int j = 0; j < cnt; j++) d[j] = ((const float *)p)[j * s]; break;
-  case NB_F16: for (int j = 0; j < cnt; j++) d[j] = nb_f16_to_f32(((const uint16_t *)p)[j * s]); break;
-  default: for (int j = 0; j < cnt; j++) d[j] = nb_bf16_to_f32(((const uint16_t *)p)[j * s]); break;
-  }
+  size_t isz = nb_dtype_size(v->dtype);
+  nb_cpu_load_f64(v->dtype, cnt, gx_at(v, r, n0), v->strides[v->ndim - 1] * (int64_t)isz, d);
 }
 
 static void gx_store(const nb_kview *v, int64_t r, int64_t n0, int cnt, const double *d) {
-  char *p = gx_at(v, r, n0);
-  int64_t s = v->strides[v->ndim - 1];
-  switch (v->dtype) {
-  case NB_F64: for (int j = 0; j < cnt; j++) ((double *)p)[j * s] = d[j]; break;
-  case NB_F32: for (int j = 0; j < cnt; j++) ((float *)p)[j * s] = (float)d[j]; break;
-  case NB_F16: for (int j = 0; j < cnt; j++) ((uint16_t *)p)[j * s] = nb_f64_to_f16(d[j]); break;
-  default: for (int j = 0; j < cnt; j++) ((uint16_t *)p)[j * s] = nb_f64_to_bf16(d[j]); break;
-  }
+  size_t isz = nb_dtype_size(v->dtype);
+  nb_cpu_store_f64(v->dtype, cnt, d, gx_at(v, r, n0), v->strides[v->ndim - 1] * (int64_t)isz);
 }
 
 /* The tanh form of the elementwise gelu_tanh kernel (cpu_elementwise.c):
