@@ -394,14 +394,17 @@ static double train_peak_mib(const trainer *tr) {
  * FLOPs forward and backward for the N parameters used in products (all
  * but the position table: the token table is also the output head) plus
  * 6 L C T for causal attention's two products at sequence length T (PaLM's
- * 12 L C T, halved for the causal mask, as llm.c counts). */
-static double train_mfu(const trainer *tr, double tps) {
+ * 12 L C T, halved for the causal mask, as llm.c counts). The device's
+ * description and the peak used go to *info and *peak_out when given. */
+static double train_mfu(const trainer *tr, double tps, nb_cuda_info *info, double *peak_out) {
   nb_cuda_info d;
   if (tr->device.type != NB_CUDA || nb_cuda_device_info(tr->device.index, &d) != NB_OK) {
     nb_clear_error();
     return -1;
   }
   double peak = strcmp(tr->o.precision, "f32") ? d.peak_flops_low : d.peak_flops_f32;
+  if (info) *info = d;
+  if (peak_out) *peak_out = peak;
   const gpt_config *g = &tr->model->cfg;
   double n = (double)(nb_params_numel(tr->model->all) - nb_numel(tr->model->wpe));
   double per_token = 6 * n + 6.0 * g->layers * g->dim * (double)train_seq_len(tr);
@@ -435,7 +438,7 @@ static int train_progress(trainer *tr, train_clock *c, int64_t last) {
   double tps = done * (double)tr->o.batch * train_seq_len(tr) / (el > 0 ? el : 1e-9);
   char eta[32], peak[48] = "", mfu[24] = "";
   train_fmt_time(done ? el / done * (double)(last - tr->step) : 0, eta, sizeof eta);
-  double mib = train_peak_mib(tr), u = train_mfu(tr, tps);
+  double mib = train_peak_mib(tr), u = train_mfu(tr, tps, NULL, NULL);
   if (mib >= 0) snprintf(peak, sizeof peak, "  peak %.0f MiB", mib);
   if (u >= 0) snprintf(mfu, sizeof mfu, "  MFU %.1f%%", 100 * u);
   fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  %.1fk tok/s%s%s  ETA %s%s",
@@ -758,11 +761,11 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
          (long long)k);
   double tps = n * (double)tr->o.batch * train_seq_len(tr) / (seconds > 0 ? seconds : 1e-9);
   printf("throughput: %.0f tokens/s (%lld steps in %.1f s)\n", tps, (long long)n, seconds);
-  double u = train_mfu(tr, tps);
   nb_cuda_info d;
-  if (u >= 0 && nb_cuda_device_info(tr->device.index, &d) == NB_OK)
+  double peak = 0, u = train_mfu(tr, tps, &d, &peak);
+  if (u >= 0)
     printf("model FLOPs utilisation: %.1f%% of %.0f TFLOP/s (%s peak of %s: %d SMs at %d MHz)\n",
-           100 * u, (strcmp(tr->o.precision, "f32") ? d.peak_flops_low : d.peak_flops_f32) / 1e12,
+           100 * u, peak / 1e12,
            strcmp(tr->o.precision, "f32") ? "bf16/f16 tensor-core" : "f32 FMA", d.name, d.n_sm,
            d.clock_mhz);
   if (tr->skipped || !strcmp(tr->o.precision, "f16")) {
