@@ -90,19 +90,20 @@ static att_ext att_ext_of(const nb_attn_extra *x) {
   return e;
 }
 
-/* Mask values of keys [j0, j0 + n) of row (b, i), added into s (bool: 0
- * where true, -inf where false). */
+/* Mask values of keys [j0, j0 + n) of row (b, i), n <= ATT_BLOCK, added
+ * into s (bool: 0 where true, -inf where false). */
 static void att_mask_add(const att_ext *e, int64_t b, int64_t i, int64_t j0, int64_t n, double *s) {
   const nb_kview *m = e->mask;
   if (!m) return;
   int64_t cs = m->strides[m->ndim - 1] * (int64_t)nb_dtype_size(m->dtype);
   const char *r = att_row(m, b, i) + j0 * cs;
-  for (int64_t t = 0; t < n; t++) {
-    double v;
-    if (m->dtype == NB_BOOL) v = *(const uint8_t *)(r + t * cs) ? 0.0 : -INFINITY;
-    else nb_cpu_load_f64(m->dtype, 1, r + t * cs, 0, &v);
-    s[t] += v;
+  if (m->dtype == NB_BOOL) {
+    for (int64_t t = 0; t < n; t++) s[t] += *(const uint8_t *)(r + t * cs) ? 0.0 : -INFINITY;
+    return;
   }
+  double mv[ATT_BLOCK];
+  nb_cpu_load_f64(m->dtype, n, r, cs, mv); /* the row's values at once, not one switch each */
+  for (int64_t t = 0; t < n; t++) s[t] += mv[t];
 }
 
 /* The dropout factor of element (b, i, j): z = keep / (1 - p), 1 without
