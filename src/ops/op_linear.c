@@ -103,13 +103,8 @@ static nb_tensor *linear_run(const nb_tensor *x, const nb_tensor *w, const nb_te
 static nb_status linear_bw(nb_node *n, nb_tensor *g, nb_tensor **gin) {
   const nb_tensor *x = n->inputs[0], *w = n->inputs[1], *bias = n->inputs[2];
   int nd = g->ndim;
-  int64_t N = w->shape[0], K = w->shape[1], M = nb_shape_numel(nd - 1, g->shape);
   if (nb_node_needs_grad(n, 0)) gin[0] = nb_op_grad_to(linear_run(g, nb_transpose(w, 0, 1), NULL), x);
-  if (nb_node_needs_grad(n, 1)) {
-    nb_tensor *g2 = nb_reshape(g, 2, (const int64_t[]){M, N});
-    nb_tensor *x2 = nb_reshape(x, 2, (const int64_t[]){M, K});
-    gin[1] = nb_op_grad_to(nb_matmul(nb_transpose(g2, 0, 1), x2), w);
-  }
+  if (nb_node_needs_grad(n, 1)) gin[1] = nb_op_grad_to(nb_matmul_tn_folded(g, x), w);
   if (bias && nb_node_needs_grad(n, 2)) {
     int axes[NB_MAX_DIMS];
     for (int d = 0; d < nd - 1; d++) axes[d] = d;

@@ -10,18 +10,22 @@
 
 static int64_t batch_numel(const nb_tensor *t) { return nb_shape_numel(t->ndim - 2, t->shape); }
 
-/* t (.., R, C) with its batch axes folded into the rows: (batch R, C); a
+/* t (..., C) with all its leading axes folded into the rows: (rows, C); a
  * view where they merge, else a copy (recorded). */
 static nb_tensor *fold_rows(const nb_tensor *t) {
   int nd = t->ndim;
-  return nb_reshape(t, 2, (const int64_t[]){batch_numel(t) * t->shape[nd - 2], t->shape[nd - 1]});
+  return nb_reshape(t, 2, (const int64_t[]){nb_shape_numel(nd - 1, t->shape), t->shape[nd - 1]});
+}
+
+nb_tensor *nb_matmul_tn_folded(const nb_tensor *a, const nb_tensor *b) {
+  return nb_matmul(nb_transpose(fold_rows(a), 0, 1), fold_rows(b));
 }
 
 /* dB of a b broadcast along every batch axis ((B.., M, K) @ (K, N), the
  * common case): sum_i a_i^T g_i = fold(a)^T @ fold(g), one GEMM with the
  * batch folded into K, instead of batched products summed over the batch. */
 static nb_tensor *fold_db(const nb_tensor *a, const nb_tensor *g, const nb_tensor *b) {
-  nb_tensor *d = nb_matmul(nb_transpose(fold_rows(a), 0, 1), fold_rows(g));
+  nb_tensor *d = nb_matmul_tn_folded(a, g);
   return nb_op_grad_to(nb_reshape(d, b->ndim, b->shape), b);
 }
 

@@ -22,6 +22,10 @@ nb_tensor *nb_op_scalar_for(const nb_tensor *t, double s);
  * (op_attention.c's policy; 0: the composition). */
 int nb_attention_fused_ok(const nb_tensor *q, const nb_tensor *k, const nb_tensor *v,
                           const nb_tensor *mask, double p);
+/* sum_i a_i^T b_i over every leading axis of a (..., Ca) and b (..., Cb)
+ * (the same leading axes): (Ca, Cb), one product with both folded to rows
+ * (views where their leading axes merge, else recorded copies). */
+nb_tensor *nb_matmul_tn_folded(const nb_tensor *a, const nb_tensor *b);
 /* t itself when its last axis has stride 1 (what the attention kernels
  * read), else a contiguous copy (autoreleased). */
 const nb_tensor *nb_attention_rows(const nb_tensor *t);
