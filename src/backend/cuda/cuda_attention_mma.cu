@@ -93,6 +93,15 @@ struct fa_params {
   nb_attx x;           /* mask, dropout */
 };
 
+/* The (query i, key j) of element e of S's n-th 16 x 8 fragment (a warp's
+ * rows row, row + 8; keys col0 + ...); TR: transposed, as below. */
+template <bool TR>
+__device__ __forceinline__ void fa_frag_ij(int row, int col0, int lane, int n, int e, int &i, int &j) {
+  const int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1), r = row + 8 * (e >> 1);
+  i = TR ? c : r;
+  j = TR ? r : c;
+}
+
 /* S[16 x 8 NT] (a warp's rows row, row + 8; keys col0 + ...) += mask / scale,
  * rows at or past Lq and keys at or past Lk left alone. T: transposed
  * (keys x queries, dK/dV's S^T: the row is a key, columns queries). */
@@ -103,8 +112,8 @@ __device__ __forceinline__ void fa_add_mask(float (&s)[NT][4], const fa_params &
   for (int n = 0; n < NT; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      const int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1), r = row + 8 * (e >> 1);
-      const int i = TR ? c : r, j = TR ? r : c;
+      int i, j;
+      fa_frag_ij<TR>(row, col0, lane, n, e, i, j);
       if (i < p.Lq && j < p.Lk)
         s[n][e] += nb_attx_val(p.x, mb + (int64_t)i * p.x.mrs + (int64_t)j * p.x.mcs) * p.inv_scale;
     }
@@ -120,8 +129,8 @@ __device__ __forceinline__ uint32_t fa_keep_bits(const fa_params &p, int64_t b, 
   for (int n = 0; n < NT; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      const int c = col0 + 8 * n + 2 * (lane & 3) + (e & 1), r = row + 8 * (e >> 1);
-      const int i = TR ? c : r, j = TR ? r : c;
+      int i, j;
+      fa_frag_ij<TR>(row, col0, lane, n, e, i, j);
       if (i < p.Lq && j < p.Lk && nb_attx_keep(p.x, b, i, j, p.Lq, p.Lk)) bits |= 1u << (4 * n + e);
     }
   return bits;
