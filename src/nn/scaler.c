@@ -23,7 +23,7 @@
  * gradients on several devices or on a backend without the entries), the
  * host's: the norm comes to the host (one synchronisation), the gradients
  * are multiplied in place when it is finite, and the optimizers step or
- * not. Both apply one rule (backend/amp_rule.h), torch's
+ * not. Both apply one rule (amp_rule.h; nb_op_amp_rule here), torch's
  * _amp_update_scale_: on a step with a non-finite gradient, scale *=
  * backoff and the counter goes to 0; otherwise the counter counts up,
  * and when it reaches the interval, scale *= growth (kept only if finite
@@ -33,7 +33,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "backend/amp_rule.h"
 #include "core/core.h"
 #include "nn/grads.h"
 #include "ops/op_optim.h"
@@ -209,10 +208,10 @@ static nb_status scaler_step_host(nb_scaler *s, nb_params *params, double max_no
   r->stepped = isfinite(r->norm);
   for (int i = 0; i < n_optims && r->stepped && !st; i++) st = nb_optim_step(optims[i]);
   if (st) return st;
-  /* the device's rule (amp_rule.h), told only whether a gradient was not
+  /* the device's rule (nb_op_amp_rule), told only whether a gradient was not
    * finite: the counters and the next scale */
   s->c[NB_AMP_SUMSQ] = r->stepped ? 0.0 : INFINITY;
-  r->new_scale = nb_amp_rule(s->c, &s->rule);
+  r->new_scale = nb_op_amp_rule(s->c, &s->rule);
   return NB_OK;
 }
 

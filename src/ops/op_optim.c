@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "backend/amp_rule.h"
 #include "ops/op_optim.h"
 #include "ops/ops.h"
 
@@ -149,3 +150,5 @@ nb_status nb_op_scale_multi(int n, nb_tensor *const *x, double s) {
   free(kv);
   return st;
 }
+
+double nb_op_amp_rule(double *c, const nb_amp_args *a) { return nb_amp_rule(c, a); }

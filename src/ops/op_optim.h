@@ -43,6 +43,10 @@ nb_status nb_op_adamw_multi(int n, nb_tensor *const *p, nb_tensor *const *g, nb_
  * backend/backend_entries.h): ctl f64[NB_AMP_N], scale32 a 0-d f32. */
 nb_status nb_op_amp_update(nb_tensor *ctl, nb_tensor *scale32, double max_norm, double growth,
                            double backoff, int64_t interval);
+/* The same decision and update on a host copy of the block (the scaler's
+ * host route): the backend's one rule (backend/amp_rule.h). Returns the
+ * next scale. */
+double nb_op_amp_rule(double *c, const nb_amp_args *a);
 /* SGD on one parameter; buf is the momentum buffer or NULL (momentum 0). */
 nb_status nb_op_sgd_step(nb_tensor *p, const nb_tensor *g, nb_tensor *buf, double lr,
                          double momentum, double dampening, int nesterov, double weight_decay);
