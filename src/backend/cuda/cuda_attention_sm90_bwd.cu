@@ -519,10 +519,9 @@ int64_t nb_cuda_attn_sm90_bwd_launches(int device) {
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
                           const nb_kview *dout, const nb_kview *q, const nb_kview *k, const nb_kview *v,
                           const nb_kview *o, const nb_kview *lse, double scale, int causal, nb_status *st) {
-  /* opt-in (NABLA_ATTENTION_SM90_BWD=1) until a device run shows its
-   * racecheck clean after the statistics moved out of the ring */
+  /* NABLA_ATTENTION_SM90_BWD=0 leaves the call to the mma.sync backward */
   const char *env = getenv("NABLA_ATTENTION_SM90_BWD");
-  if (!env || strcmp(env, "1")) return 0;
+  if (env && !strcmp(env, "0")) return 0;
   const int nd = q->ndim, nb = nd - 2;
   const nb_dtype dt = q->dtype;
   if (nd < 2 || (dt != NB_BF16 && dt != NB_F16) || !nb_sm90_device_ok(ctx->dev)) return 0;

@@ -14,8 +14,8 @@
  * dimension, Dv != D, Lq or Lk = 0, a view TMA cannot describe or an
  * output view of odd strides, batch shapes that differ, more than three
  * batch axes of size > 1, a device other than 9.0, a binary without the
- * sm_90a code, or NABLA_ATTENTION_SM90_BWD other than 1 in the environment,
- * read at every call: the kernels are opt-in for now), and 1 when it ran the call, with *st its status. Same views and
+ * sm_90a code, or NABLA_ATTENTION_SM90_BWD=0 in the environment, read at
+ * every call), and 1 when it ran the call, with *st its status. Same views and
  * contract as attn_bwd (backend_entries.h) without mask, dropout or grouped
  * heads: lse (.., Lq) f32 contiguous as the forwards write it; dq, dk, dv
  * written (not accumulated), the same bits every run. */
