@@ -26,7 +26,7 @@ nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview
  * than the cuBLASLt fallback. */
 int64_t nb_cuda_gemm_own_launches(int device);
 /* Launches of the sm_90a FP8 kernel of nb_scaled_mm (gemm_sm90_fp8.cu) on
- * CUDA device `device` so far. */
+ * CUDA device `device` so far; -1 when it cannot run there (not 9.0). */
 int64_t nb_cuda_scaled_mm_own_launches(int device);
 
 /* The name of candidate i among the own sm_90a GEMM's schedules that
@@ -46,6 +46,10 @@ typedef struct {
 } nb_gemm_own_schedule;
 int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
                               nb_gemm_own_schedule *out);
+/* The same for nb_scaled_mm's FP8 product of rows x N x K (its k-tiles are
+ * 128 elements deep, not 64): the same candidates and rules. */
+int nb_cuda_scaled_mm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
+                                   nb_gemm_own_schedule *out);
 
 #ifdef __cplusplus
 }

@@ -1,486 +1,37 @@
-/* nabla's own GEMM for Hopper (sm_90a): C (M x N, row-major) = epilogue(A (M x K) B (K x N))
- * for bf16 and f16 operands with f32 accumulation; C in the operands' dtype or f32.
- *
- * Structure (a persistent grid of one CTA per SM, each taking 128 x 256
- * output tiles in turn in a grouped raster order; 384 threads):
- *   - warpgroup 0 is the producer: one thread issues TMA bulk tensor copies
- *     (cp.async.bulk.tensor) of the A tile (128 x 64) and B tile (256 x 64)
- *     into a 4-stage shared-memory ring; each stage has a "full" mbarrier
- *     (the copy engine completes its transaction bytes there) and an "empty"
- *     mbarrier (each consumer warpgroup arrives once it has finished reading).
- *   - warpgroups 1 and 2 are consumers: each owns 64 rows of the tile and
- *     issues wgmma.mma_async m64n256k16 reading both operands from shared
- *     memory, keeping one k-tile of wgmma in flight before releasing a stage.
- *   - setmaxnreg moves registers from the producer (40) to the consumers
- *     (232): 128 f32 accumulators per consumer thread.
- *   - Tiles are stored with the 128-byte swizzle (TMA writes it, the wgmma
- *     descriptors read it), so neither side has bank conflicts.
- *   - Operands may be K-major (row-major A, B given as (N, K)) or MN-major
- *     (transposed views): an MN-major operand is loaded as 64-wide column
- *     blocks and fed to wgmma with its transpose bit set, so NT, NN, TN and
- *     TT all run without copies.
- *   - Out-of-bounds rows/columns/k are zero-filled by TMA.
- *   - Epilogue: the accumulators get alpha, beta * C_in, bias and GELU in
- *     registers, then go out through shared memory: each consumer writes
- *     64 x 64 (16-bit) or 64 x 32 (f32) chunks into one of its two 8 KB
- *     staging buffers (stmatrix / st.shared in the 128-byte swizzle, no bank
- *     conflicts) and one thread issues a TMA store of the chunk. The stores
- *     drain while the consumers run the next tile's main loop; a buffer is
- *     rewritten only after the store two chunks back has read it
- *     (cp.async.bulk.wait_group.read 1). TMA clips rows and columns past the
- *     edges. An output TMA cannot describe is stored directly instead.
- *   - Split-K: when the tiles fill at most half of the SMs and K is long
- *     (weight gradients), each tile's k range is cut into S equal parts,
- *     one CTA each (S * tiles <= SMs, one wave). CTA u takes part u / tiles
- *     of tile u % tiles, so all CTAs of a part read the same k columns at
- *     the same time and share them in L2. A part other than the last
- *     writes its partial tile (f32) to a workspace slot of its own and
- *     raises a flag; the last part's CTA (the highest-numbered: it waits
- *     only on CTAs launched before it) adds the others in part order and
- *     stores the tile: deterministic, no atomics on data. Stream-K (an
- *     even split of the k-iterations over the CTAs, a tuning candidate)
- *     uses the same partial tiles.
- *   - Clusters of 2 (a tuning candidate): the two CTAs take vertically
- *     adjacent tiles in step; each producer loads its own A tile and one
- *     half of the shared B tile, multicast into both CTAs' rings (one TMA
- *     with a CTA mask), so each full barrier receives half of B from each
- *     producer; a stage is refilled only when the consumers of both CTAs
- *     have released it (each arrives on its own and the other's empty
- *     barrier).
- *   - Schedules: the raster group, split-K, stream-K, clusters and the grid size are
- *     launch parameters, not template ones; a few candidate schedules are
- *     timed per problem class with NABLA_AUTOTUNE=1 and the fastest cached
- *     (backend/autotune.h); candidate 0, the heuristic above, otherwise.
- * The device code exists only in the sm_90a pass; other passes compile an
- * empty kernel, and the host never launches it off a 9.0 device.
- * This file holds the kernel, its launch and the autotuning runs; the
+/* nabla's own GEMM for Hopper (sm_90a), host side: C (M x N, row-major) =
+ * epilogue(A (M x K) B (K x N)) for bf16 and f16 operands (nb_sm90_matmul,
+ * nb_sm90_gemm_ex), and the run of any planned problem (nb_sm90_run, also
+ * for the FP8 products of gemm_sm90_fp8.cu): parameters, the schedule
+ * candidate (heuristic, cached, forced or tuned), the launch of the
+ * bf16/f16 instantiations and the autotuning runs.
+ * The kernel, its structure and its schedules: gemm_sm90_kernel.cuh. The
  * host-side planning (TMA maps, which products fit, the split-K model and
- * workspace, the schedule candidates) is in gemm_sm90_plan.cu. */
-#include <pthread.h>
+ * workspace, the schedule candidates): gemm_sm90_plan.cu. */
 #include <stdio.h>
 #include <string.h>
 
 #include "backend/autotune.h"
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/cuda_sm90.cuh"
 #include "backend/cuda/gemm_sm90.h"
+#include "backend/cuda/gemm_sm90_kernel.cuh"
 #include "backend/cuda/gemm_sm90_plan.h"
-#include "backend/cuda/gemm_sm90_store.cuh"
-
-
-namespace {
-
-constexpr int kBM = NB_SM90_BM, kBN = NB_SM90_BN, kBK = NB_SM90_BK, kStages = 4, kConsumers = 2;
-constexpr int kThreads = 128 * (kConsumers + 1);
-constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2;
-constexpr int kStageBytes = kABytes + kBBytes;
-constexpr int kOutBuf = NB_SM90_OUT_BUF; /* one staging chunk (gemm_sm90_store.cuh) */
-constexpr int kOutBytes = kConsumers * 2 * kOutBuf;
-constexpr size_t kSmem = (size_t)kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * sizeof(uint64_t);
-
-/* Everything but the tensor maps; passed by value. */
-struct sm90_params {
-  int M, N, K, tiles_m, tiles_n, ktiles;
-  int group;       /* tile raster: this many tile rows walk N together */
-  int sk;          /* stream-K schedule */
-  int64_t work;    /* stream-K: tiles * ktiles */
-  int splits;      /* split-K: k parts per tile, one CTA each (1: no split-K) */
-  int cluster;     /* CTAs per cluster (1, or 2: pairs of tile rows share B by multicast) */
-  float alpha, beta;
-  int gelu;
-  int tma_c, tma_aux;     /* store through TMA (maps valid) */
-  int pairs_c, pairs_aux; /* direct stores: 2 elements at a time */
-  void *c; int64_t ldc;
-  void *aux; int64_t ldaux;      /* NULL: no pre-activation output */
-  const void *cin; int64_t ldcin; /* read when beta != 0 */
-  const void *bias;               /* NULL: none */
-  float *ws;                      /* split partial tiles, one slot per CTA */
-  unsigned *flags;                /* split tiles: per (CTA, consumer) epoch */
-  unsigned epoch;
-};
-
-#ifdef NB_SM90A_DEVICE
-constexpr int kBlock64 = 64 * 64 * 2; /* one 64 x 64 swizzled block */
-__device__ __forceinline__ uint32_t sm90_rank(const sm90_params &p) {
-  uint32_t r = 0;
-  if (p.cluster > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-#define NB_SM90_WGMMA_256(TY)                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                 \
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " "   \
-               NB_SM90_ACC128 ", %128, %129, p, 1, 1, %131, %132;\n}\n"      \
-               : NB_SM90_OUT128 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB))
-
-/* One m64n256k16 wgmma: d += A(desc da) * B(desc db); TA/TB: transpose bits
- * (1 = the operand is MN-major in shared memory). */
-template <typename T, int TA, int TB> struct sm90_mma;
-template <int TA, int TB> struct sm90_mma<__nv_bfloat16, TA, TB> {
-  static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t scale_d) {
-    NB_SM90_WGMMA_256("bf16");
-  }
-};
-template <int TA, int TB> struct sm90_mma<__half, TA, TB> {
-  static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t scale_d) {
-    NB_SM90_WGMMA_256("f16");
-  }
-};
-
-/* Unit t of the grid in the raster order: p.group unit rows walk N together
- * so that their A rows and B columns stay in L2. A unit is a tile, or with
- * clusters of 2 a pair of vertically adjacent tiles sharing their B tile,
- * of which cluster rank r takes the r-th (past the last tile row when
- * tiles_m is odd: that tile loads zeros and stores nothing). */
-__device__ __forceinline__ void sm90_tile(int t, const sm90_params &p, uint32_t rank, int *m0, int *n0) {
-  int rows = (p.tiles_m + p.cluster - 1) / p.cluster;
-  int per_group = p.group * p.tiles_n;
-  int first_m = (t / per_group) * p.group;
-  int gsize = min(rows - first_m, p.group);
-  *m0 = ((first_m + (t % per_group) % gsize) * p.cluster + (int)rank) * kBM;
-  *n0 = ((t % per_group) / gsize) * kBN;
-}
-
-/* ---- schedule: the (tile, k range) segments of this CTA -------------------
- * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ...; with clusters,
- * units blockIdx.x / 2, + gridDim.x / 2, ... (both CTAs of a cluster walk
- * the same units, so their rings stay in step). Stream-K: CTA c
- * owns k-iterations [c W / P, (c + 1) W / P) of the W = tiles * ktiles
- * iterations laid end to end, cut into segments at tile boundaries. Only a
- * CTA's first segment can start inside a tile (kb > 0). Split-K: one
- * segment, part blockIdx.x / tiles of tile blockIdx.x % tiles.
- * A segment's role: store a whole tile, put a partial tile, or be the
- * tile's head, which adds the other parts' partials and stores it. */
-enum { SM90_WHOLE, SM90_PUT, SM90_HEAD };
-__device__ __forceinline__ int64_t sm90_sk_begin(const sm90_params &p, int c) {
-  return (int64_t)c * p.work / gridDim.x;
-}
-struct sm90_walk {
-  int64_t it, end;
-  __device__ __forceinline__ explicit sm90_walk(const sm90_params &p) {
-    it = p.sk ? sm90_sk_begin(p, blockIdx.x) : blockIdx.x / p.cluster;
-    end = p.sk ? sm90_sk_begin(p, blockIdx.x + 1)
-          : p.splits > 1 ? it + 1 : (int64_t)((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n;
-  }
-  /* The next segment: tile, k-tiles [kb, ke), role. false when done. */
-  __device__ __forceinline__ bool next(const sm90_params &p, int *tile, int *kb, int *ke, int *role) {
-    if (it >= end) return false;
-    if (p.splits > 1) {
-      /* the last part is the head: a CTA waits only on lower-numbered ones */
-      int tiles = p.tiles_m * p.tiles_n, part = (int)it / tiles;
-      *tile = (int)it % tiles;
-      *kb = (int)((int64_t)part * p.ktiles / p.splits);
-      *ke = (int)((int64_t)(part + 1) * p.ktiles / p.splits);
-      *role = part == p.splits - 1 ? SM90_HEAD : SM90_PUT;
-      it = end;
-      return true;
-    }
-    if (!p.sk) {
-      *tile = (int)it;
-      *kb = 0;
-      *ke = p.ktiles;
-      *role = SM90_WHOLE;
-      it += gridDim.x / p.cluster;
-      return true;
-    }
-    *tile = (int)(it / p.ktiles);
-    *kb = (int)(it % p.ktiles);
-    int64_t left = end - it;
-    *ke = left < p.ktiles - *kb ? *kb + (int)left : p.ktiles;
-    *role = *kb > 0 ? SM90_PUT : *ke < p.ktiles ? SM90_HEAD : SM90_WHOLE;
-    it += *ke - *kb;
-    return true;
-  }
-};
-
-/* Producer: one thread streams the k-tiles of this CTA's segments into the
- * ring; it runs ahead into the next tile while the consumers store. The B
- * tile goes in two halves of 128 rows; in a cluster of 2, rank r loads
- * half r and multicasts it to both CTAs, so each CTA's full barrier counts
- * the whole stage, half of B from each producer. */
-template <int TA, int TB>
-__device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtensorMap *mb,
-                                             const sm90_params &p, uint32_t ring, uint32_t full,
-                                             uint32_t empty) {
-  int it = 0; /* k-tiles issued so far: selects stage and phase */
-  uint32_t rank = sm90_rank(p);
-  int h0 = p.cluster > 1 ? (int)rank : 0, h1 = p.cluster > 1 ? h0 + 1 : 2; /* B halves to load */
-  sm90_walk w(p);
-  int tile, kb, ke, role;
-  while (w.next(p, &tile, &kb, &ke, &role)) {
-    int m0, n0;
-    sm90_tile(tile, p, rank, &m0, &n0);
-    for (int kt = kb; kt < ke; kt++, it++) {
-      int s = it % kStages;
-      uint32_t parity = (uint32_t)((it / kStages) & 1);
-      sm90_bar_wait(empty + 8 * s, parity ^ 1); /* fresh barriers pass parity 1 */
-      uint32_t fb = full + 8 * s, sa = ring + s * kStageBytes, sb = sa + kABytes;
-      sm90_bar_expect(fb, kStageBytes);
-      int k0 = kt * kBK;
-      if (TA) {
-        for (int j = 0; j < kBM / 64; j++) sm90_tma_load(sa + j * kBlock64, ma, fb, m0 + 64 * j, k0);
-      } else {
-        sm90_tma_load(sa, ma, fb, k0, m0);
-      }
-      for (int h = h0; h < h1; h++) {
-        if (TB) { /* half h: two 64-column blocks */
-          for (int j = 2 * h; j < 2 * h + 2; j++) {
-            if (p.cluster > 1) sm90_tma_load_mc(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0, 3);
-            else sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
-          }
-        } else if (p.cluster > 1) {
-          sm90_tma_load_mc(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2), 3);
-        } else {
-          sm90_tma_load(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2));
-        }
-      }
-    }
-  }
-}
-
-/* Frees stage s: arrives on its empty barrier in this CTA and, in a
- * cluster, in the other CTA, whose producer multicasts into this one.
- * (The rank is read here, not kept: the consumers have no register to
- * spare.) */
-__device__ __forceinline__ void sm90_release(const sm90_params &p, uint32_t empty, int s) {
-  sm90_bar_arrive(empty + 8 * s);
-  if (p.cluster > 1) sm90_bar_arrive_remote(sm90_mapa(empty + 8 * s, sm90_rank(p) ^ 1));
-}
-
-/* Consumer c: rows [64c, 64c + 64) of one tile, all 256 columns, over
- * k-tiles it0 .. it0 + ktiles - 1 of the ring. */
-template <typename T, int TA, int TB>
-__device__ __forceinline__ void sm90_consume(float *d, int c, uint32_t ring, uint32_t full,
-                                             uint32_t empty, const sm90_params &p, int it0,
-                                             int ktiles, int lead) {
-  const uint32_t a_lbo = TA ? kBlock64 : 16, b_lbo = TB ? kBlock64 : 16;
-  for (int kt = 0; kt < ktiles; kt++) {
-    int it = it0 + kt, s = it % kStages;
-    sm90_bar_wait(full + 8 * s, (uint32_t)((it / kStages) & 1));
-    uint32_t sa = ring + s * kStageBytes + c * (64 * kBK * 2), sb = ring + s * kStageBytes + kABytes;
-    sm90_fence_acc(d);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int k = 0; k < kBK / 16; k++) {
-      /* next 16 k: 32 bytes along a K-major row, 16 rows (2048 B) down an MN-major block */
-      uint32_t oa = TA ? k * 2048 : k * 32, ob = TB ? k * 2048 : k * 32;
-      sm90_mma<T, TA, TB>::run(d, sm90_desc(sa + oa, a_lbo), sm90_desc(sb + ob, b_lbo), kt > 0 || k > 0);
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    sm90_fence_acc(d);
-    /* the group of k-tile kt-1 has finished reading its stage */
-    if (kt > 0 && lead) sm90_release(p, empty, (it - 1) % kStages);
-  }
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  sm90_fence_acc(d);
-  if (lead) sm90_release(p, empty, (it0 + ktiles - 1) % kStages);
-}
-
-/* ---- split partial tiles (split-K, stream-K) ------------------------------
- * A slot holds one CTA's 128 x 256 f32 partial in fragment order: float4 q
- * of consumer c's thread t at (c * 32 + q) * 128 + t, so both the write and
- * the read are 16-byte accesses contiguous across the warpgroup. */
-__device__ __forceinline__ void sm90_partial_put(const float *d, const sm90_params &p, int c) {
-  int t = threadIdx.x % 128;
-  float4 *slot = (float4 *)(p.ws + (size_t)blockIdx.x * kBM * kBN) + c * 32 * 128;
-#pragma unroll
-  for (int q = 0; q < 32; q++)
-    __stcg(slot + q * 128 + t, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
-  __threadfence();
-  sm90_wg_sync(c);
-  if (t == 0)
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.flags + 2 * blockIdx.x + c), "r"(p.epoch)
-                 : "memory");
-}
-
-/* Adds CTA o's partial (consumer c's half) once its flag shows this launch. */
-__device__ __forceinline__ void sm90_partial_take(float *d, const sm90_params &p, int c, int o) {
-  int t = threadIdx.x % 128;
-  if (t == 0) {
-    const unsigned *f = p.flags + 2 * o + c;
-    unsigned v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-    } while (v != p.epoch);
-  }
-  sm90_wg_sync(c);
-  const float4 *slot = (const float4 *)(p.ws + (size_t)o * kBM * kBN) + c * 32 * 128;
-#pragma unroll
-  for (int q = 0; q < 32; q++) {
-    float4 v = __ldcg(slot + q * 128 + t);
-    d[4 * q] += v.x; d[4 * q + 1] += v.y; d[4 * q + 2] += v.z; d[4 * q + 3] += v.w;
-  }
-}
-
-/* The head of a split tile adds the other parts' partials in a fixed order,
- * so the sum does not depend on which CTA finished first. Stream-K: the
- * CTAs after this one whose ranges start inside the tile, in k order.
- * Split-K: parts 0 .. S-2 (CTAs tile + s * tiles) onto the last part's. */
-__device__ __forceinline__ void sm90_partial_add(float *d, const sm90_params &p, int c, int tile) {
-  if (p.splits > 1) {
-    int tiles = p.tiles_m * p.tiles_n;
-    for (int s = 0; s < p.splits - 1; s++) sm90_partial_take(d, p, c, tile + s * tiles);
-    return;
-  }
-  int64_t tile_end = (int64_t)(tile + 1) * p.ktiles;
-  for (int o = blockIdx.x + 1; o < (int)gridDim.x; o++) {
-    int64_t b = sm90_sk_begin(p, o);
-    if (b >= tile_end) break;
-    if (sm90_sk_begin(p, o + 1) == b) continue; /* an empty range */
-    sm90_partial_take(d, p, c, o);
-  }
-}
-
-/* ---- epilogue -------------------------------------------------------------
- * Accumulator fragment of m64nN: register i of thread (warp w, lane l) is
- * row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2. */
-template <typename TO> __device__ __forceinline__ float sm90_gelu(float x) {
-  /* tanh form through 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)), as the
-   * elementwise kernel computes it; f32 outputs with the standard expf and
-   * an exact division, 16-bit ones with the hardware's ex2 and rcp (ftz:
-   * without it each adds a subnormal rescale, 0.7% of the fused GEMM on the
-   * H100), whose error (under 1e-5 relative for |x| < 10; beyond, the
-   * result is x to 2^-24, or under 1e-36 in size, or -0 for results under
-   * 2^-126) is far below the 16-bit rounding of the result */
-  float u = 0.79788456080286535588f * fmaf(0.044715f * x, x * x, x);
-  if (sizeof(TO) == 4) return x / (1.0f + expf(-2.0f * u));
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(u * -2.8853900817779268f)); /* e^(-2u) */
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
-  return x * r;
-}
-
-/* d = alpha * d + beta * cin + bias, in place (row0/col0: this consumer's
- * first row and the tile's first column). */
-template <typename TO>
-__device__ __forceinline__ void sm90_affine(float *d, const sm90_params &p, int row0, int col0) {
-  int t = threadIdx.x % 128, w = t / 32, l = t % 32;
-  const TO *bias = (const TO *)p.bias, *cin = (const TO *)p.cin;
-  int use_c = p.beta != 0.0f;
-#pragma unroll
-  for (int j = 0; j < kBN / 8; j++) {
-    int col = col0 + 8 * j + 2 * (l % 4);
-    float b0 = 0.0f, b1 = 0.0f;
-    if (bias) {
-      if (col < p.N) b0 = nb_to_f(bias[col]);
-      if (col + 1 < p.N) b1 = nb_to_f(bias[col + 1]);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      int r = row0 + 16 * w + l / 4 + 8 * h;
-      float c0 = 0.0f, c1 = 0.0f;
-      if (use_c && r < p.M) {
-        const TO *crow = cin + (int64_t)r * p.ldcin;
-        if (col < p.N) c0 = nb_to_f(crow[col]);
-        if (col + 1 < p.N) c1 = nb_to_f(crow[col + 1]);
-      }
-      float *v = d + 4 * j + 2 * h;
-      v[0] = fmaf(p.alpha, v[0], fmaf(p.beta, c0, b0));
-      v[1] = fmaf(p.alpha, v[1], fmaf(p.beta, c1, b1));
-    }
-  }
-}
-
-template <typename TO>
-__device__ __forceinline__ void sm90_store(const float *d, const sm90_params &p, const CUtensorMap *map,
-                                           int use_tma, TO *C, int64_t ld, int pairs, uint32_t stage,
-                                           int c, int *nbuf, int row0, int col0) {
-  if (use_tma) sm90_store_tma<TO, kBN>(d, map, stage, c, nbuf, p, row0, col0);
-  else sm90_store_direct<TO, kBN>(d, C, ld, pairs, p.M, p.N, row0, col0);
-}
-
-template <typename TO>
-__device__ __forceinline__ void sm90_epilogue(float *d, const sm90_params &p, const CUtensorMap *mc,
-                                              const CUtensorMap *maux, uint32_t stage, int c,
-                                              int *nbuf, int row0, int col0) {
-  if (p.alpha != 1.0f || p.beta != 0.0f || p.bias) sm90_affine<TO>(d, p, row0, col0);
-  if (p.aux)
-    sm90_store<TO>(d, p, maux, p.tma_aux, (TO *)p.aux, p.ldaux, p.pairs_aux, stage, c, nbuf, row0, col0);
-  if (p.gelu) {
-#pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = sm90_gelu<TO>(d[i]);
-  }
-  sm90_store<TO>(d, p, mc, p.tma_c, (TO *)p.c, p.ldc, p.pairs_c, stage, c, nbuf, row0, col0);
-}
-#endif /* NB_SM90A_DEVICE */
-
-template <typename T, typename TO, int TA, int TB>
-__global__ void __launch_bounds__(kThreads, 1)
-    sm90_gemm_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
-                     const __grid_constant__ CUtensorMap mc, const __grid_constant__ CUtensorMap maux,
-                     const __grid_constant__ sm90_params p) {
-#ifdef NB_SM90A_DEVICE
-  extern __shared__ uint8_t sm90_raw[];
-  /* the 128-byte swizzle repeats every 1024 B: align the ring to it */
-  uint32_t base = sm90_smem(sm90_raw);
-  uint32_t ring = (base + 1023) & ~1023u;
-  uint32_t stage = ring + kStages * kStageBytes;
-  uint32_t full = stage + kOutBytes, empty = full + 8 * kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; s++) {
-      sm90_bar_init(full + 8 * s, 1);
-      sm90_bar_init(empty + 8 * s, kConsumers * p.cluster);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
-  __syncthreads();
-  /* the other CTA's barriers must exist before anything lands in them */
-  if (p.cluster > 1) sm90_cluster_sync();
-  int wg = threadIdx.x / 128;
-  if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 0) sm90_produce<TA, TB>(&ma, &mb, p, ring, full, empty);
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    float d[128];
-#pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = 0.0f;
-    int c = wg - 1, it0 = 0, nbuf = 0, lead = threadIdx.x % 128 == 0;
-    sm90_walk w(p);
-    int tile, kb, ke, role;
-    /* the first wgmma of each segment (scale-d 0) overwrites the accumulators */
-    while (w.next(p, &tile, &kb, &ke, &role)) {
-      int m0, n0;
-      sm90_tile(tile, p, sm90_rank(p), &m0, &n0);
-      sm90_consume<T, TA, TB>(d, c, ring, full, empty, p, it0, ke - kb, lead);
-      it0 += ke - kb;
-      if (role == SM90_PUT) { /* one part of a split tile: its head stores it */
-        sm90_partial_put(d, p, c);
-        continue;
-      }
-      if (role == SM90_HEAD) sm90_partial_add(d, p, c, tile);
-      sm90_epilogue<TO>(d, p, &mc, &maux, stage, c, &nbuf, m0 + 64 * c, n0);
-    }
-    /* the staging buffers must stay until the last stores have read them */
-    if (lead) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  }
-  /* a CTA leaves only after the other one's last arrivals on its barriers */
-  __syncwarp();
-  if (p.cluster > 1) sm90_cluster_sync();
-#else
-  (void)ma; (void)mb; (void)mc; (void)maux; (void)p;
-#endif
-}
-
-} /* namespace */
 
 /* ---- host: parameters and launch ------------------------------------------ */
-/* Zeroed parameters for a rows x N x K product: sizes and tile counts
- * (each at most INT32_MAX: nb_sm90_plan checks). */
-static void sm90_shape(sm90_params *p, int64_t rows, int64_t N, int64_t K) {
+/* Zeroed parameters for a rows x N x K product with bk-element k-tiles:
+ * sizes and tile counts (each at most INT32_MAX: the planners check). */
+static void sm90_shape(nb_sm90_params *p, int64_t rows, int64_t N, int64_t K, int bk) {
   memset(p, 0, sizeof *p);
   p->M = (int)rows;
   p->N = (int)N;
   p->K = (int)K;
   p->tiles_m = (int)((rows + kBM - 1) / kBM);
   p->tiles_n = (int)((N + kBN - 1) / kBN);
-  p->ktiles = (int)((K + kBK - 1) / kBK);
+  p->ktiles = (int)((K + bk - 1) / bk);
 }
 
 /* Sets p's schedule to s and returns the grid; a split schedule without its
  * workspace falls back to the persistent data-parallel grid. */
-static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const nb_sm90_sched &s) {
+static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm90_sched &s) {
   int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   p->group = s.group;
   p->cluster = s.cluster;
@@ -495,73 +46,32 @@ static int64_t sm90_apply(const nb_cuda_ctx *ctx, sm90_params *p, const nb_sm90_
   return s.sk || s.splits > 1 ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
 }
 
+
 /* ---- launch ----------------------------------------------------------------- */
-/* Launches of the own kernel, for tests that must know it ran. */
+/* Launches of the own kernel's bf16/f16 instantiations, for tests that must
+ * know it ran (the FP8 ones count in gemm_sm90_fp8.cu). */
 static int64_t sm90_launches;
 
 int64_t nb_sm90_launches(int dev) {
   return nb_sm90_device_ok(dev) ? __atomic_load_n(&sm90_launches, __ATOMIC_RELAXED) : -1;
 }
 
-/* How many clusters of p.cluster CTAs can run at once (cached per device:
- * every instantiation has the same threads and shared memory). */
-static pthread_mutex_t sm90_occ_lock = PTHREAD_MUTEX_INITIALIZER;
-static int sm90_occ[64];
-template <typename K>
-static int sm90_max_clusters(const nb_cuda_ctx *ctx, K kern, const cudaLaunchConfig_t *cfg) {
-  pthread_mutex_lock(&sm90_occ_lock);
-  int *n = &sm90_occ[ctx->dev]; /* dev < 64: nb_sm90_device_ok */
-  if (!*n && (cudaOccupancyMaxActiveClusters(n, kern, cfg) != cudaSuccess || *n < 1)) {
-    cudaGetLastError();
-    *n = ctx->n_sm / 2; /* one CTA per SM */
-  }
-  int r = *n;
-  pthread_mutex_unlock(&sm90_occ_lock);
-  return r;
-}
-
-template <typename T, typename TO, int TA, int TB>
-static nb_status sm90_launch(const nb_cuda_ctx *ctx, const nb_sm90_maps &m, const sm90_params &p,
-                             int64_t grid) {
-  auto kern = sm90_gemm_kernel<T, TO, TA, TB>;
-  NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
-              "matmul sm90: shared memory attribute");
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cudaLaunchAttribute at[1];
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmem;
-  cfg.stream = ctx->stream;
-  if (p.cluster > 1) {
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)p.cluster;
-    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cfg.gridDim = dim3((unsigned)grid);
-    /* a persistent grid: no more clusters than can be resident together */
-    int64_t most = (int64_t)p.cluster * sm90_max_clusters(ctx, kern, &cfg);
-    if (grid > most) grid = most;
-  }
-  cfg.gridDim = dim3((unsigned)grid);
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kern, m.a, m.b, m.c, m.aux, p);
-  __atomic_add_fetch(&sm90_launches, 1, __ATOMIC_RELAXED);
-  if (e != cudaSuccess) return nb_cuda_status(e, "sm90_gemm_kernel launch");
-  return nb_cuda_launch_check("sm90_gemm_kernel");
-}
-
 template <typename T, typename TO>
 static nb_status sm90_dispatch(const nb_cuda_ctx *ctx, int ta, int tb, const nb_sm90_maps &m,
-                               const sm90_params &p, int64_t grid) {
-  if (!ta && !tb) return sm90_launch<T, TO, 0, 0>(ctx, m, p, grid);
-  if (!ta && tb) return sm90_launch<T, TO, 0, 1>(ctx, m, p, grid);
-  if (ta && !tb) return sm90_launch<T, TO, 1, 0>(ctx, m, p, grid);
-  return sm90_launch<T, TO, 1, 1>(ctx, m, p, grid);
+                               const nb_sm90_params &p, int64_t grid) {
+  if (!ta && !tb) return sm90_launch<T, TO, 0, 0>(ctx, m, p, grid, &sm90_launches);
+  if (!ta && tb) return sm90_launch<T, TO, 0, 1>(ctx, m, p, grid, &sm90_launches);
+  if (ta && !tb) return sm90_launch<T, TO, 1, 0>(ctx, m, p, grid, &sm90_launches);
+  return sm90_launch<T, TO, 1, 1>(ctx, m, p, grid, &sm90_launches);
 }
 
-/* Launches the kernel for operand dtype in and output dtype out on grid CTAs. */
-static nb_status sm90_go(const nb_cuda_ctx *ctx, nb_dtype in, nb_dtype out, int ta, int tb,
-                         const nb_sm90_maps &m, const sm90_params &p, int64_t grid) {
+/* Launches the kernel for problem pr's operands and output dtype out on grid
+ * CTAs (maps m: pr's, or with a scratch output). */
+static nb_status sm90_go(const nb_cuda_ctx *ctx, const nb_sm90_problem *pr, nb_dtype out,
+                         const nb_sm90_maps &m, const nb_sm90_params &p, int64_t grid) {
+  nb_dtype in = pr->in;
+  int ta = pr->ta, tb = pr->tb;
+  if (nb_dtype_is_fp8(in)) return nb_sm90_go_f8(ctx, in, pr->in_b, out, m, p, grid);
   if (in == NB_BF16)
     return out == NB_F32 ? sm90_dispatch<__nv_bfloat16, float>(ctx, ta, tb, m, p, grid)
                          : sm90_dispatch<__nv_bfloat16, __nv_bfloat16>(ctx, ta, tb, m, p, grid);
@@ -570,8 +80,9 @@ static nb_status sm90_go(const nb_cuda_ctx *ctx, nb_dtype in, nb_dtype out, int 
 }
 
 /* ---- autotuning ------------------------------------------------------------
- * The key: device name and SM count, "gemm_sm90", operand dtype (with the
- * output's when it differs: an f32 output doubles the stores), layout as
+ * The key: device name and SM count, "gemm_sm90", operand dtype (A's and
+ * B's when an FP8 product mixes formats; with the output's when it
+ * differs: an f32 output doubles the stores), layout as
  * in BLAS for row-major matrices (N: a as stored, T: a transposed view; A
  * then B) and the rows (batches folded in) x N x K class. No epilogue in
  * the key: fused calls (nb_sm90_gemm_ex) share the plain product's choice.
@@ -589,7 +100,7 @@ static nb_status sm90_go(const nb_cuda_ctx *ctx, nb_dtype in, nb_dtype out, int 
 struct sm90_tune {
   const nb_cuda_ctx *ctx;
   const nb_sm90_problem *pr;
-  sm90_params p;
+  nb_sm90_params p;
   nb_sm90_maps m;
   nb_dtype out;
   int scratch;
@@ -628,7 +139,7 @@ static int sm90_time_reps(const nb_sm90_problem *pr) {
  * three samples come from nb_tune_pick. Each launch takes its own epoch. */
 static double sm90_time(void *arg, int i) {
   sm90_tune *t = (sm90_tune *)arg;
-  const sm90_params &q = t->p;
+  const nb_sm90_params &q = t->p;
   nb_sm90_sched s = nb_sm90_resolve(i, q.tiles_m, q.tiles_n, q.ktiles, t->ctx->n_sm);
   for (int j = 0; j < i; j++)
     if (nb_sm90_same(nb_sm90_resolve(j, q.tiles_m, q.tiles_n, q.ktiles, t->ctx->n_sm), s)) return -1;
@@ -639,9 +150,9 @@ static double sm90_time(void *arg, int i) {
     cudaStream_t st = t->ctx->stream;
     int ok = cudaEventRecord(t->e0, st) == cudaSuccess;
     for (int r = 0; ok && r < reps; r++) {
-      sm90_params p = t->p;
+      nb_sm90_params p = t->p;
       int64_t grid = sm90_apply(t->ctx, &p, s);
-      ok = sm90_go(t->ctx, t->pr->in, t->out, t->pr->ta, t->pr->tb, t->m, p, grid) == NB_OK;
+      ok = sm90_go(t->ctx, t->pr, t->out, t->m, p, grid) == NB_OK;
     }
     if (!ok || cudaEventRecord(t->e1, st) != cudaSuccess || cudaEventSynchronize(t->e1) != cudaSuccess ||
         cudaEventElapsedTime(&ms, t->e0, t->e1) != cudaSuccess)
@@ -658,13 +169,15 @@ static double sm90_time(void *arg, int i) {
 /* The candidate for a planned problem whose parameters (schedule unset)
  * are p: cached, tuned (NABLA_AUTOTUNE=1) or 0. With tuning off and nothing
  * cached, no key is built. ep: a fused call (times into scratch). */
-static int sm90_pick(const nb_cuda_ctx *ctx, const nb_sm90_problem *pr, const sm90_params &p,
+static int sm90_pick(const nb_cuda_ctx *ctx, const nb_sm90_problem *pr, const nb_sm90_params &p,
                      nb_dtype out, int ep) {
   if (!nb_tune_active()) return 0;
-  char dev[112], dtype[16], key[192];
+  char dev[112], dtype[32], key[192];
   const char layout[3] = {pr->ta ? 'T' : 'N', pr->tb ? 'N' : 'T', 0};
   nb_sm90_device_label(ctx, dev, sizeof dev);
-  if (out == pr->in) snprintf(dtype, sizeof dtype, "%s", nb_dtype_name(pr->in));
+  if (pr->in_b != pr->in) /* FP8 mixes: both formats, then the output */
+    snprintf(dtype, sizeof dtype, "%sx%s-%s", nb_dtype_name(pr->in), nb_dtype_name(pr->in_b), nb_dtype_name(out));
+  else if (out == pr->in) snprintf(dtype, sizeof dtype, "%s", nb_dtype_name(pr->in));
   else snprintf(dtype, sizeof dtype, "%s-%s", nb_dtype_name(pr->in), nb_dtype_name(out));
   const int64_t dims[3] = {pr->rows, pr->N, pr->K};
   if (!nb_tune_key(key, sizeof key, dev, "gemm_sm90", dtype, layout, 3, dims)) return 0;
@@ -696,10 +209,12 @@ static int sm90_pick(const nb_cuda_ctx *ctx, const nb_sm90_problem *pr, const sm
 }
 
 /* Runs a planned problem: out (and the epilogue's views, NULL ep = none). */
-static nb_status sm90_run(const nb_cuda_ctx *ctx, nb_sm90_problem *pr, const nb_kview *out,
-                          const nb_gemm_epilogue *ep, int64_t ldaux, int64_t ldcin) {
-  sm90_params p;
-  sm90_shape(&p, pr->rows, pr->N, pr->K);
+nb_status nb_sm90_run(const nb_cuda_ctx *ctx, nb_sm90_problem *pr, const nb_kview *out,
+                      const nb_gemm_epilogue *ep, int64_t ldaux, int64_t ldcin) {
+  nb_sm90_params p;
+  sm90_shape(&p, pr->rows, pr->N, pr->K, nb_dtype_is_fp8(pr->in) ? 2 * kBK : kBK);
+  p.scale_a = pr->scale_a;
+  p.scale_b = pr->scale_b;
   p.alpha = ep ? ep->alpha : 1.0f;
   p.beta = ep && ep->c ? ep->beta : 0.0f;
   p.gelu = ep ? ep->gelu : 0;
@@ -719,7 +234,7 @@ static nb_status sm90_run(const nb_cuda_ctx *ctx, nb_sm90_problem *pr, const nb_
   if (ep && ep->bias) p.bias = ep->bias->data;
   int cand = sm90_pick(ctx, pr, p, out->dtype, ep != NULL);
   int64_t grid = sm90_apply(ctx, &p, nb_sm90_resolve(cand, p.tiles_m, p.tiles_n, p.ktiles, ctx->n_sm));
-  return sm90_go(ctx, pr->in, out->dtype, pr->ta, pr->tb, pr->m, p, grid);
+  return sm90_go(ctx, pr, out->dtype, pr->m, p, grid);
 }
 
 int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
@@ -727,7 +242,7 @@ int nb_sm90_matmul(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *
   *st = NB_OK;
   nb_sm90_problem pr;
   if (out->dtype != a->dtype || !nb_sm90_plan(ctx, out, a, b, &pr)) return 0;
-  *st = sm90_run(ctx, &pr, out, NULL, 0, 0);
+  *st = nb_sm90_run(ctx, &pr, out, NULL, 0, 0);
   return 1;
 }
 
@@ -741,6 +256,6 @@ int nb_sm90_gemm_ex(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview 
   if (ep && ep->bias && ep->bias->strides[0] != 1 && N > 1) return 0;
   nb_sm90_problem pr;
   if (!nb_sm90_plan(ctx, out, a, b, &pr)) return 0;
-  *st = sm90_run(ctx, &pr, out, ep, ldaux, ldcin);
+  *st = nb_sm90_run(ctx, &pr, out, ep, ldaux, ldcin);
   return 1;
 }

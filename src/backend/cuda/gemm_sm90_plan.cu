@@ -222,12 +222,13 @@ int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
          a.grid == b.grid;
 }
 
-int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out) {
+int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
+                        nb_gemm_own_schedule *out) {
   if (i < 0 || i >= kCands || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
-      N > INT32_MAX || K > INT32_MAX)
+      N > INT32_MAX || K > INT32_MAX || bk < 1)
     return 0;
   int tiles_m = (int)((rows + kBM - 1) / kBM), tiles_n = (int)((N + kBN - 1) / kBN);
-  nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, tiles_n, (int)((K + kBK - 1) / kBK), n_sm);
+  nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, tiles_n, (int)((K + bk - 1) / bk), n_sm);
   out->tiles = (int64_t)tiles_m * tiles_n;
   out->grid = s.grid;
   out->splits = s.splits;
@@ -235,6 +236,25 @@ int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gem
   out->cluster = s.cluster;
   out->group = s.group;
   return 1;
+}
+
+int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out) {
+  return nb_sm90_schedule_bk(i, rows, N, K, kBK, n_sm, out);
+}
+
+static pthread_mutex_t sm90_occ_lock = PTHREAD_MUTEX_INITIALIZER;
+static int sm90_occ[64]; /* per device; guarded by sm90_occ_lock */
+
+int nb_sm90_max_clusters(const nb_cuda_ctx *ctx, const void *kern, const cudaLaunchConfig_t *cfg) {
+  pthread_mutex_lock(&sm90_occ_lock);
+  int *n = &sm90_occ[ctx->dev]; /* dev < 64: nb_sm90_device_ok */
+  if (!*n && (cudaOccupancyMaxActiveClusters(n, kern, cfg) != cudaSuccess || *n < 1)) {
+    cudaGetLastError();
+    *n = ctx->n_sm / 2; /* one CTA per SM */
+  }
+  int r = *n;
+  pthread_mutex_unlock(&sm90_occ_lock);
+  return r;
 }
 
 /* Folds the batch axes of v (the first nbd) into its row axis: 1 with the
@@ -291,7 +311,8 @@ int nb_sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a,
               : sm90_map(&pr->m.a, dt, a->data, K, rows, M == 1 ? K : sam, kBK, kBM);
   ok = ok && (tb ? sm90_map(&pr->m.b, dt, b->data, N, K, sbk, 64, 64)
                  : sm90_map(&pr->m.b, dt, b->data, K, N, N == 1 ? K : sbn, kBK, kBN / 2));
-  pr->in = dt;
+  pr->in = pr->in_b = dt;
+  pr->scale_a = pr->scale_b = NULL;
   pr->ta = ta;
   pr->tb = tb;
   pr->rows = rows;

@@ -12,7 +12,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemm.h"
 
-/* One output tile is NB_SM90_BM x NB_SM90_BN, its k-tiles NB_SM90_BK deep;
+/* One output tile is NB_SM90_BM x NB_SM90_BN, its k-tiles NB_SM90_BK deep
+ * for 16-bit operands and 2 NB_SM90_BK for FP8 ones (128 bytes either way);
  * the heuristic's raster walks N with NB_SM90_GROUP_M tile rows together. */
 enum { NB_SM90_BM = 128, NB_SM90_BN = 256, NB_SM90_BK = 64, NB_SM90_GROUP_M = 8 };
 
@@ -31,6 +32,16 @@ const char *const *nb_sm90_cand_names(void);
  * of ktiles k-tiles each on n_sm SMs. */
 nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n_sm);
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b);
+
+/* nb_sm90_schedule for k-tiles of bk elements (NB_SM90_BK: bf16/f16,
+ * 2 NB_SM90_BK: FP8). */
+int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
+                        nb_gemm_own_schedule *out);
+
+/* How many clusters of cfg's cluster size of the kernel kern (any
+ * instantiation of the own kernel: they share threads and shared memory)
+ * can be resident at once on the context's device; cached per device. */
+int nb_sm90_max_clusters(const nb_cuda_ctx *ctx, const void *kern, const cudaLaunchConfig_t *cfg);
 
 /* The device's split-K/stream-K workspace and the next launch epoch; 0
  * when it cannot be had (the caller then runs data-parallel). */
@@ -64,11 +75,14 @@ struct nb_sm90_maps {
   CUtensorMap a, b, c, aux;
 };
 
-/* The problem after folding batches into rows, with its operand maps. */
+/* The problem after folding batches into rows, with its operand maps. in,
+ * in_b: A's and B's dtypes (the same for bf16/f16; FP8 formats may mix);
+ * scale_a, scale_b: FP8's per-tensor scales on the device (NULL otherwise). */
 struct nb_sm90_problem {
-  nb_dtype in;
+  nb_dtype in, in_b;
   int ta, tb;
   int64_t rows, N, K, ldc;
+  const float *scale_a, *scale_b;
   nb_sm90_maps m;
 };
 
@@ -76,5 +90,12 @@ struct nb_sm90_problem {
  * 1 when it does. */
 int nb_sm90_plan(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview *a, const nb_kview *b,
                  nb_sm90_problem *pr);
+
+/* Runs a planned problem (gemm_sm90.cu): out = epilogue(A B) (ep NULL: the
+ * plain product; ldaux, ldcin: the row strides of ep's aux and c), FP8 ones
+ * times s_a s_b, under the schedule candidate that is cached, forced, tuned
+ * (NABLA_AUTOTUNE=1) or the heuristic. Sets pr's output maps. */
+nb_status nb_sm90_run(const nb_cuda_ctx *ctx, nb_sm90_problem *pr, const nb_kview *out,
+                      const nb_gemm_epilogue *ep, int64_t ldaux, int64_t ldcin);
 
 #endif /* NB_GEMM_SM90_PLAN_H */

@@ -1,5 +1,5 @@
-/* The sm_90a GEMMs' output stores (gemm_sm90.cu's bf16/f16/f32 GEMM and
- * gemm_sm90_fp8.cu's FP8 one), for one consumer warpgroup's 64 x BN
+/* The own sm_90a GEMM kernel's output stores (gemm_sm90_kernel.cuh, for
+ * bf16/f16 and FP8 operands alike), for one consumer warpgroup's 64 x BN
  * accumulator fragment of m64nBN (f32): register i of thread (warp w, lane
  * l) is row 16w + l/4 + 8((i/2)%2), column 8(i/4) + 2(l%4) + i%2.
  *
