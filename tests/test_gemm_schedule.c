@@ -1,6 +1,8 @@
 /* The own sm_90a GEMM's schedule model (gemm_sm90.cu), on the host: which
  * launch each autotuning candidate makes for a product, through
- * nb_cuda_gemm_own_schedule. Needs the CUDA backend compiled in, not a GPU.
+ * nb_cuda_gemm_own_schedule (bf16/f16: k-tiles of 64) and
+ * nb_cuda_scaled_mm_own_schedule (FP8: k-tiles of 128, the same
+ * candidates and rules). Needs the CUDA backend compiled in, not a GPU.
  *
  * Checked against the rules that docs/ARCHITECTURE.md states, recomputed
  * here independently: tiles of 128 x 256; split-K only when the tiles fill
@@ -36,20 +38,30 @@ static int splits(int64_t tiles, int64_t kt, int n_sm) {
   return 1;
 }
 
-static nb_gemm_own_schedule sched(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
+/* f8: the FP8 product's schedule (nb_scaled_mm) */
+static nb_gemm_own_schedule sched_of(int f8, int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
   nb_gemm_own_schedule s = {0};
-  NBT_CHECK(nb_cuda_gemm_own_schedule(cand, M, N, K, n_sm, &s), "schedule %d %lldx%lldx%lld on %d SMs",
-            cand, (long long)M, (long long)N, (long long)K, n_sm);
+  int ok = f8 ? nb_cuda_scaled_mm_own_schedule(cand, M, N, K, n_sm, &s)
+              : nb_cuda_gemm_own_schedule(cand, M, N, K, n_sm, &s);
+  NBT_CHECK(ok, "%sschedule %d %lldx%lldx%lld on %d SMs", f8 ? "fp8 " : "", cand, (long long)M, (long long)N,
+            (long long)K, n_sm);
   return s;
 }
+static nb_gemm_own_schedule sched(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
+  return sched_of(0, cand, M, N, K, n_sm);
+}
+static nb_gemm_own_schedule sched8(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
+  return sched_of(1, cand, M, N, K, n_sm);
+}
 
-/* Every candidate on one problem against the rules. */
-static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
-  int64_t tm = cdiv(M, 128), tn = cdiv(N, 256), tiles = tm * tn, kt = cdiv(K, 64);
+/* Every candidate on one problem against the rules (f8: FP8, 128-deep k-tiles). */
+static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
+  int64_t tm = cdiv(M, 128), tn = cdiv(N, 256), tiles = tm * tn, kt = cdiv(K, f8 ? 128 : 64);
   char what[96];
-  snprintf(what, sizeof what, "%lldx%lldx%lld on %d SMs", (long long)M, (long long)N, (long long)K, n_sm);
+  snprintf(what, sizeof what, "%s%lldx%lldx%lld on %d SMs", f8 ? "fp8 " : "", (long long)M, (long long)N,
+           (long long)K, n_sm);
   for (int c = DEFAULT; c <= GROUP16; c++) { /* split-K as the heuristic */
-    nb_gemm_own_schedule s = sched(c, M, N, K, n_sm);
+    nb_gemm_own_schedule s = sched_of(f8, c, M, N, K, n_sm);
     int S = splits(tiles, kt, n_sm);
     NBT_CHECK(s.tiles == tiles && s.splits == S && !s.stream_k && s.cluster == 1,
               "%s cand %d: %lld tiles (want %lld), %d parts (want %d)", what, c, (long long)s.tiles,
@@ -59,20 +71,24 @@ static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
     int g = c == GROUP4 ? 4 : c == GROUP16 ? 16 : 8;
     NBT_CHECK(s.group == (g < tm ? g : tm), "%s cand %d: group %d", what, c, s.group);
   }
-  nb_gemm_own_schedule dp = sched(DATA_PARALLEL, M, N, K, n_sm);
+  nb_gemm_own_schedule dp = sched_of(f8, DATA_PARALLEL, M, N, K, n_sm);
   NBT_CHECK(dp.splits == 1 && dp.grid == (tiles < n_sm ? tiles : n_sm), "%s data-parallel grid %lld", what,
             (long long)dp.grid);
-  nb_gemm_own_schedule sk = sched(STREAM_K, M, N, K, n_sm);
+  nb_gemm_own_schedule sk = sched_of(f8, STREAM_K, M, N, K, n_sm);
   NBT_CHECK(sk.stream_k && sk.splits == 1 && sk.grid == n_sm, "%s stream-k", what);
-  nb_gemm_own_schedule pt = sched(CTA_PER_TILE, M, N, K, n_sm);
+  nb_gemm_own_schedule pt = sched_of(f8, CTA_PER_TILE, M, N, K, n_sm);
   NBT_CHECK(pt.grid == tiles, "%s cta-per-tile grid %lld", what, (long long)pt.grid);
-  nb_gemm_own_schedule cl = sched(CLUSTER2, M, N, K, n_sm);
+  nb_gemm_own_schedule cl = sched_of(f8, CLUSTER2, M, N, K, n_sm);
   int64_t units = cdiv(tm, 2) * tn;
   if (tm >= 2)
     NBT_CHECK(cl.cluster == 2 && cl.grid % 2 == 0 && cl.grid == 2 * (units < n_sm / 2 ? units : n_sm / 2),
               "%s cluster2: cluster %d grid %lld", what, cl.cluster, (long long)cl.grid);
   else
     NBT_CHECK(cl.cluster == 1 && cl.grid == dp.grid, "%s cluster2 with one tile row: unclustered", what);
+}
+static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
+  check_rules_of(0, M, N, K, n_sm);
+  check_rules_of(1, M, N, K, n_sm);
 }
 
 static void test_documented(void) {
@@ -88,6 +104,35 @@ static void test_documented(void) {
   NBT_CHECK(s.cluster == 2 && s.grid == 132 && s.group == 4, "4096^3 cluster2: 66 pairs, groups of 4 pair rows");
   s = sched(DEFAULT, 16384, 768, 64, 132);
   NBT_CHECK(s.splits == 1, "one k-tile: never split");
+  /* FP8 (nb_scaled_mm): 8192^3 is 2048 tiles of 64 k-tiles, 15.5 waves on 132 SMs */
+  s = sched8(DEFAULT, 8192, 8192, 8192, 132);
+  NBT_CHECK(s.tiles == 2048 && s.splits == 1 && !s.stream_k && s.cluster == 1 && s.grid == 132 && s.group == 8,
+            "fp8 8192^3: persistent, unsplit, groups of 8");
+  s = sched8(STREAM_K, 8192, 8192, 8192, 132);
+  NBT_CHECK(s.stream_k && s.grid == 132, "fp8 8192^3 stream-k: 132 CTAs");
+  s = sched8(CLUSTER2, 8192, 8192, 8192, 132);
+  NBT_CHECK(s.cluster == 2 && s.grid == 132 && s.group == 4, "fp8 8192^3 cluster2: 66 pairs, groups of 4");
+  s = sched8(CTA_PER_TILE, 8192, 8192, 8192, 132);
+  NBT_CHECK(s.grid == 2048, "fp8 8192^3 cta-per-tile: 2048 CTAs");
+  /* the k-tile depth matters: 9 tiles over K = 1024 are 16 bf16 k-tiles (2 parts) but 8
+   * FP8 ones (parts of at least 8 k-tiles: none) */
+  s = sched(DEFAULT, 300, 700, 1024, 132);
+  nb_gemm_own_schedule s8 = sched8(DEFAULT, 300, 700, 1024, 132);
+  NBT_CHECK(s.tiles == 9 && s.splits == 2 && s8.tiles == 9 && s8.splits == 1 && s8.grid == 9,
+            "300x700x1024: bf16 2 parts (%d), fp8 unsplit (%d, grid %lld)", s.splits, s8.splits,
+            (long long)s8.grid);
+  s8 = sched8(DEFAULT, 768, 3072, 16384, 132); /* 72 tiles of 128 k-tiles: 3 parts as bf16's 256 */
+  NBT_CHECK(s8.tiles == 72 && s8.splits == 3 && s8.grid == 216, "fp8 768x3072x16384: 3 parts (%d)", s8.splits);
+  /* an FP8 product of K has the schedule of a 16-bit one of K/2 rounded up (same k-tiles) */
+  const int64_t ks[] = {1, 16, 130, 1040, 4136, 16384, 40001};
+  for (int c = DEFAULT; c <= CLUSTER2; c++)
+    for (size_t k = 0; k < sizeof ks / sizeof *ks; k++) {
+      nb_gemm_own_schedule a = sched8(c, 1000, 520, ks[k], 132), b = sched(c, 1000, 520, cdiv(ks[k], 2), 132);
+      NBT_CHECK(a.tiles == b.tiles && a.grid == b.grid && a.splits == b.splits && a.stream_k == b.stream_k &&
+                    a.cluster == b.cluster && a.group == b.group,
+                "fp8 1000x520x%lld cand %d: the schedule of bf16 K = %lld", (long long)ks[k], c,
+                (long long)cdiv(ks[k], 2));
+    }
 }
 
 static void test_bad(void) {
@@ -99,6 +144,11 @@ static void test_bad(void) {
   NBT_CHECK(!nb_cuda_gemm_own_schedule(0, 0, 8, 8, 132, &s) && !nb_cuda_gemm_own_schedule(0, 8, 8, 8, 0, &s) &&
                 !nb_cuda_gemm_own_schedule(0, 8, 8, (int64_t)1 << 40, 132, &s),
             "empty or oversized problems, no SMs");
+  NBT_CHECK(!nb_cuda_scaled_mm_own_schedule(-1, 8, 8, 8, 132, &s) &&
+                !nb_cuda_scaled_mm_own_schedule(CLUSTER2 + 1, 8, 8, 8, 132, &s) &&
+                !nb_cuda_scaled_mm_own_schedule(0, 8, 0, 8, 132, &s) &&
+                !nb_cuda_scaled_mm_own_schedule(0, 8, 8, (int64_t)1 << 40, 132, &s),
+            "fp8: bad candidates, empty or oversized problems");
 }
 
 int main(void) {
