@@ -4,16 +4,23 @@
  * f32 and f64 values at every code, midpoint and neighbour encoded on the
  * device give the CPU's codes. scaled_mm: CUDA against the CPU (float64 sums,
  * tests/test_fp8.c checks it against float64) on odd sizes, every format mix,
- * bf16/f16/f32 out, scales != 1; NT operands (the sm_90a kernel on a 9.0
- * device: its launch count must grow) and NN ones (the portable kernel), and
+ * bf16/f16/f32 out, scales != 1; NT operands (the own sm_90a kernel on a 9.0
+ * device, under every schedule candidate, forced one after the other: its
+ * launch count must grow by one each) and NN ones (the portable kernel), and
  * the NT ones again under NABLA_SCALED_MM=portable. The device accumulates in
- * f32 (the CPU in f64), so results may differ by the f32 sum's rounding:
- * within 2^-16 of sum |a b| s_a s_b per element, plus the output's half ulp. */
+ * f32 (the CPU in f64), so results may differ by the f32 sum's rounding (the
+ * bound below). Then exact cases: operands in {-1, 0, 1}, whose f32 sums
+ * are exact integers, so every schedule must give s_a s_b sum exactly (to
+ * 2^-16 of s_a s_b sum|ab|): a scale applied twice, or to a split tile's
+ * partial sum as well as to the total, or missing, is off by 9% of a part;
+ * on a multi-wave grid (stream-K ranges across tiles, an odd tile row count
+ * for clusters of 2, M/N/K tails) and a split-K one, reference rows sampled. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
+#include "backend/autotune.h"
 #include "cuda_test.h"
 #ifdef NABLA_HAVE_CUDA
 #include "backend/cuda/cuda_api.h"
@@ -25,6 +32,21 @@ static int64_t f8_launches(void) {
   if (G.type == NB_CUDA) return nb_cuda_scaled_mm_own_launches(G.index);
 #endif
   return -1;
+}
+
+/* Schedule candidates of the own kernel (shared with the bf16 GEMM); 1 without CUDA. */
+static int f8_ncand(void) {
+  int n = 1;
+#ifdef NABLA_HAVE_CUDA
+  while (nb_cuda_gemm_own_candidate(n)) n++;
+#endif
+  return n;
+}
+static const char *f8_cand(int i) {
+#ifdef NABLA_HAVE_CUDA
+  if (i >= 0) return nb_cuda_gemm_own_candidate(i);
+#endif
+  return i < 0 ? "unforced" : "default";
 }
 
 static int same_val(double a, double b) { return (a != a && b != b) || a == b; }
@@ -81,6 +103,12 @@ static nb_tensor *f8_operand(uint64_t seed, int64_t r, int64_t c, nb_dtype f8) {
   return nb_cast(x, f8);
 }
 
+/* The candidates a case runs under: every one when the own kernel runs here
+ * (forced with nb_tune_force), else one unforced run (-1). */
+static int f8_first(int own) { return own ? 0 : -1; }
+static int f8_last(int own) { return own ? f8_ncand() - 1 : -1; }
+static void f8_force(int i) { nb_tune_force(i); }
+
 static void smm_cmp(int64_t M, int64_t N, int64_t K, nb_dtype fa, nb_dtype fb, nb_dtype od, int nt) {
   nb_scope_begin();
   nb_tensor *a = f8_operand(M * 31 + K, M, K, fa);
@@ -88,13 +116,7 @@ static void smm_cmp(int64_t M, int64_t N, int64_t K, nb_dtype fa, nb_dtype fb, n
   nb_tensor *b = nt ? nb_transpose(w, 0, 1) : w;
   nb_tensor *sa = nb_scalar(0.625, NB_F32, NB_DEVICE_CPU), *sb = nb_scalar(1.75, NB_F32, NB_DEVICE_CPU);
   nb_tensor *ref = nb_scaled_mm(a, b, sa, sb, od);
-  nb_tensor *ga = gpu(a), *gw = gpu(w), *gb = nt ? nb_transpose(gw, 0, 1) : gw;
-  int64_t before = f8_launches();
-  nb_tensor *out = nb_scaled_mm(ga, gb, gpu(sa), gpu(sb), od);
-  int64_t after = f8_launches();
-  char name[160];
-  snprintf(name, sizeof name, "scaled_mm %lldx%lldx%lld %s x %s -> %s %s", (long long)M, (long long)N,
-           (long long)K, nb_dtype_name(fa), nb_dtype_name(fb), nb_dtype_name(od), nt ? "NT" : "NN");
+  nb_tensor *ga = gpu(a), *gw = gpu(w), *gb = nt ? nb_transpose(gw, 0, 1) : gw, *gsa = gpu(sa), *gsb = gpu(sb);
   /* bound per element: the tensor core's fp8 sums keep about 14 bits (the
    * H100's FP8 wgmma accumulates each k32 step's products into the f32
    * accumulator at reduced precision, as torch._scaled_mm's use_fast_accum
@@ -103,23 +125,117 @@ static void smm_cmp(int64_t M, int64_t N, int64_t K, nb_dtype fa, nb_dtype fb, n
    * per k32 step, plus the output's ulp */
   nb_tensor *abs_ref = nb_scaled_mm(nb_cast(nb_abs(nb_cast(a, NB_F32)), fa),
                                     nb_cast(nb_abs(nb_cast(b, NB_F32)), fb), sa, sb, NB_F32);
-  nb_tensor *o = out ? nb_cast(nb_to_device(out, NB_DEVICE_CPU), NB_F64) : NULL;
   nb_tensor *r = nb_cast(ref, NB_F64), *ar = nb_cast(abs_ref, NB_F64);
-  int bad = 0;
   double half = od == NB_F32 ? ldexp(1, -24) : od == NB_F16 ? ldexp(1, -11) : ldexp(1, -8);
-  double steps = (double)((K + 31) / 32), worst = 0; /* worst: error / (2^-14 s_a s_b sum|ab|) */
-  for (int64_t i = 0; o && i < M * N; i++) {
-    double x = ((double *)nb_data_ptr(o))[i], y = ((double *)nb_data_ptr(r))[i];
-    double acc = ldexp(((double *)nb_data_ptr(ar))[i], -14);
-    double lim = 2 * steps * acc + 2 * half * fabs(y) + 1e-30; /* 2^-13 a step */
-    bad += !(fabs(x - y) <= lim);
-    if (acc > 0 && fabs(x - y) / acc > worst) worst = fabs(x - y) / acc;
+  double steps = (double)((K + 31) / 32);
+  /* the own kernel takes NT operands with 16-byte rows on a 9.0 device */
+  int own = nt && f8_launches() >= 0 && K % 16 == 0 && !getenv("NABLA_SCALED_MM");
+  for (int c = f8_first(own); c <= f8_last(own); c++) {
+    nb_scope_begin();
+    f8_force(c);
+    int64_t before = f8_launches();
+    nb_tensor *out = nb_scaled_mm(ga, gb, gsa, gsb, od);
+    int64_t after = f8_launches();
+    f8_force(-1);
+    char name[192];
+    snprintf(name, sizeof name, "scaled_mm %lldx%lldx%lld %s x %s -> %s %s [%s]", (long long)M, (long long)N,
+             (long long)K, nb_dtype_name(fa), nb_dtype_name(fb), nb_dtype_name(od), nt ? "NT" : "NN",
+             f8_cand(c));
+    nb_tensor *o = out ? nb_cast(nb_to_device(out, NB_DEVICE_CPU), NB_F64) : NULL;
+    int bad = 0;
+    double worst = 0; /* worst: error / (2^-14 s_a s_b sum|ab|) */
+    for (int64_t i = 0; o && r && ar && i < M * N; i++) {
+      double x = ((double *)nb_data_ptr(o))[i], y = ((double *)nb_data_ptr(r))[i];
+      double acc = ldexp(((double *)nb_data_ptr(ar))[i], -14);
+      double lim = 2 * steps * acc + 2 * half * fabs(y) + 1e-30; /* 2^-13 a step */
+      bad += !(fabs(x - y) <= lim);
+      if (acc > 0 && fabs(x - y) / acc > worst) worst = fabs(x - y) / acc;
+    }
+    if (getenv("NABLA_TEST_VERBOSE") || bad)
+      printf("%s: largest error %.3g x 2^-14 s_a s_b sum|ab| (bound %.0f k32 steps)\n", name, worst, steps);
+    NBT_CHECK(o && r && ar && bad == 0, "%s: %d of %lld outside the bound %s", name, bad, (long long)(M * N),
+              o ? "" : nb_last_error());
+    if (own)
+      NBT_CHECK(after == before + 1, "%s: the sm_90a kernel ran (%lld launches)", name,
+                (long long)(after - before));
+    nb_scope_end();
   }
-  printf("%s: largest error %.3g x 2^-14 s_a s_b sum|ab| (bound %.0f k32 steps)\n", name, worst, steps);
-  NBT_CHECK(o && bad == 0, "%s: %d of %lld outside the bound %s", name, bad, (long long)(M * N),
-            o ? "" : nb_last_error());
-  if (nt && before >= 0 && K % 16 == 0 && !getenv("NABLA_SCALED_MM"))
-    NBT_CHECK(after == before + 1, "%s: the sm_90a kernel ran (%lld launches)", name, (long long)(after - before));
+  nb_scope_end();
+}
+
+/* Operand values in {-1, 0, 1} (exact in both formats), from a seed. */
+static int8_t *smm_unit(uint64_t seed, int64_t n) {
+  int8_t *v = malloc((size_t)n);
+  for (int64_t i = 0; v && i < n; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    v[i] = (int8_t)((int)((seed >> 33) % 3) - 1);
+  }
+  return v;
+}
+
+static nb_tensor *smm_f8(const int8_t *v, int64_t r, int64_t c, nb_dtype f8) {
+  float *f = malloc((size_t)(r * c) * sizeof *f);
+  for (int64_t i = 0; f && i < r * c; i++) f[i] = v[i];
+  nb_tensor *t = f ? nb_cast(nb_from_buffer(f, 2, (int64_t[]){r, c}, NB_F32, NB_DEVICE_CPU), f8) : NULL;
+  free(f);
+  return t;
+}
+
+/* The exact case (see the header): a (M, K) @ w (N, K)^T with f32 out, under every
+ * candidate; reference rows every M / 40 and the last, in integers. */
+static void smm_exact(int64_t M, int64_t N, int64_t K, nb_dtype fa, nb_dtype fb, uint64_t seed) {
+  if (f8_launches() < 0) return; /* the own kernel's schedules: a 9.0 device */
+  nb_scope_begin();
+  const double s = 0.625 * 1.75; /* exact in f32, as is s times an integer below 2^13 */
+  int64_t step = M / 40 > 1 ? M / 40 : 1, nrow = (M - 1) / step + 1 + ((M - 1) % step != 0);
+  int8_t *A = smm_unit(seed, M * K), *W = smm_unit(seed + 1, N * K);
+  float *O = malloc((size_t)(M * N) * sizeof *O);
+  int64_t *rows = malloc((size_t)nrow * sizeof *rows), *sum = malloc((size_t)(nrow * N) * sizeof *sum);
+  int64_t *mag = malloc((size_t)(nrow * N) * sizeof *mag);
+  int ready = A && W && O && rows && sum && mag;
+  for (int64_t r = 0; ready && r < nrow; r++) {
+    rows[r] = r == nrow - 1 ? M - 1 : r * step;
+    for (int64_t j = 0; j < N; j++) {
+      int64_t t = 0, m = 0;
+      for (int64_t k = 0; k < K; k++) {
+        int p = A[rows[r] * K + k] * W[j * K + k];
+        t += p;
+        m += p != 0;
+      }
+      sum[r * N + j] = t;
+      mag[r * N + j] = m;
+    }
+  }
+  nb_tensor *ga = ready ? gpu(smm_f8(A, M, K, fa)) : NULL, *gw = ready ? gpu(smm_f8(W, N, K, fb)) : NULL;
+  nb_tensor *gsa = gpu(nb_scalar(0.625, NB_F32, NB_DEVICE_CPU)), *gsb = gpu(nb_scalar(1.75, NB_F32, NB_DEVICE_CPU));
+  NBT_CHECK(ga && gw, "scaled_mm exact %lldx%lldx%lld: operands", (long long)M, (long long)N, (long long)K);
+  for (int c = 0; c < f8_ncand() && ga && gw; c++) {
+    nb_scope_begin();
+    f8_force(c);
+    int64_t before = f8_launches();
+    nb_tensor *out = nb_scaled_mm(ga, nb_transpose(gw, 0, 1), gsa, gsb, NB_F32);
+    int64_t after = f8_launches();
+    f8_force(-1);
+    char name[160];
+    snprintf(name, sizeof name, "scaled_mm exact %lldx%lldx%lld %s x %s -> f32 [%s]", (long long)M,
+             (long long)N, (long long)K, nb_dtype_name(fa), nb_dtype_name(fb), f8_cand(c));
+    int ok = out && nb_to_host(out, O, (size_t)(M * N) * sizeof *O) == NB_OK;
+    int64_t bad = 0, first = -1;
+    for (int64_t r = 0; ok && r < nrow; r++)
+      for (int64_t j = 0; j < N; j++) {
+        double want = s * (double)sum[r * N + j], got = O[rows[r] * N + j];
+        if (!(fabs(got - want) <= ldexp(s * (double)mag[r * N + j], -16))) {
+          if (first < 0) first = rows[r] * N + j;
+          bad++;
+        }
+      }
+    NBT_CHECK(ok && bad == 0, "%s: %lld sampled elements wrong (first (%lld, %lld)) %s", name, (long long)bad,
+              (long long)(first < 0 ? 0 : first / N), (long long)(first < 0 ? 0 : first % N),
+              ok ? "" : nb_last_error());
+    NBT_CHECK(after == before + 1, "%s: one launch of the sm_90a kernel (%lld)", name, (long long)(after - before));
+    nb_scope_end();
+  }
+  free(A); free(W); free(O); free(rows); free(sum); free(mag);
   nb_scope_end();
 }
 
@@ -130,9 +246,11 @@ void test_fp8_section(void) {
   fp8_encode_cmp(NB_F8E4M3);
   fp8_encode_cmp(NB_F8E5M2);
   nb_scope_end();
-  const int64_t S[][3] = {{1, 1, 16}, {7, 5, 48}, {128, 256, 128}, {129, 257, 144}, {300, 700, 1040}, {517, 263, 2048}};
+  /* 260 x 520 x 2048: 9 tiles of 16 k-tiles, split-K in 2 parts by default */
+  const int64_t S[][3] = {{1, 1, 16}, {7, 5, 48}, {128, 256, 128}, {129, 257, 144}, {260, 520, 2048},
+                          {300, 700, 1040}, {517, 263, 2048}};
   const nb_dtype OD[3] = {NB_BF16, NB_F32, NB_F16};
-  int ns = quick ? 4 : 6, k = 0;
+  int ns = quick ? 5 : 7, k = 0;
   for (int s = 0; s < ns; s++)
     for (int fa = 0; fa < 2; fa++)
       for (int fb = 0; fb < 2; fb++, k++) {
@@ -141,6 +259,10 @@ void test_fp8_section(void) {
         if (k % 4 == 0) smm_cmp(S[s][0], S[s][1], S[s][2], da, db, OD[(k + 1) % 3], 0);
       }
   smm_cmp(9, 33, 40, NB_F8E4M3, NB_F8E4M3, NB_BF16, 1); /* K % 16 != 0: portable */
+  /* 15 x 18 = 270 tiles (over two waves on 132 SMs, an odd tile row count) of 9
+   * k-tiles, tails in M, N and K; and 9 tiles of 16 k-tiles (split-K) */
+  smm_exact(1900, 4400, 1040, NB_F8E4M3, NB_F8E5M2, 81);
+  smm_exact(260, 520, 2048, NB_F8E5M2, NB_F8E4M3, 83);
   setenv("NABLA_SCALED_MM", "portable", 1);
   smm_cmp(129, 257, 144, NB_F8E4M3, NB_F8E5M2, NB_BF16, 1);
   smm_cmp(300, 700, 1040, NB_F8E4M3, NB_F8E4M3, NB_F32, 1);
