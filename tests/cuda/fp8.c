@@ -14,10 +14,12 @@
  * 2^-16 of s_a s_b sum|ab|): a scale applied twice, or to a split tile's
  * partial sum as well as to the total, or missing, is off by 9% of a part;
  * on a multi-wave grid (stream-K ranges across tiles, an odd tile row count
- * for clusters of 2, M/N/K tails) and a split-K one, reference rows sampled. */
+ * for clusters of 2, M/N/K tails) and a split-K one, reference rows sampled;
+ * and NABLA_AUTOTUNE=1 on an FP8 product (smm_tune). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "backend/autotune.h"
@@ -239,6 +241,79 @@ static void smm_exact(int64_t M, int64_t N, int64_t K, nb_dtype fa, nb_dtype fb,
   nb_scope_end();
 }
 
+/* Lines of file path containing text. */
+static int smm_lines(const char *path, const char *text) {
+  FILE *f = fopen(path, "r");
+  char line[512];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
+  if (f) fclose(f);
+  return n;
+}
+
+/* NABLA_AUTOTUNE=1 on an FP8 product (a cache file in a temporary directory):
+ * the first call times the candidates (more than one launch) and writes one
+ * line under its own key (both formats and the output dtype); read back as
+ * a new process would, the choice takes one launch; the tuned result equals
+ * the heuristic's (exact sums: {-1, 0, 1} operands). */
+static void smm_tune(void) {
+  if (f8_launches() < 0) return;
+  const char *e1 = getenv("NABLA_AUTOTUNE"), *e2 = getenv("NABLA_AUTOTUNE_CACHE");
+  char *old_on = e1 ? strdup(e1) : NULL, *old_path = e2 ? strdup(e2) : NULL;
+  char dir[] = "/tmp/nabla-f8tune-XXXXXX", path[64];
+  if (!mkdtemp(dir)) {
+    NBT_CHECK(0, "scaled_mm tune: mkdtemp failed");
+    free(old_on);
+    free(old_path);
+    return;
+  }
+  snprintf(path, sizeof path, "%s/autotune.txt", dir);
+  setenv("NABLA_AUTOTUNE_CACHE", path, 1);
+  unsetenv("NABLA_AUTOTUNE");
+  nb_tune_reset();
+  nb_scope_begin();
+  int64_t M = 1000, N = 520, K = 4096;
+  const char *key = "/gemm_sm90/f8e4m3xf8e5m2-bf16/NT/1024x1024x4096\t";
+  int8_t *A = smm_unit(91, M * K), *W = smm_unit(92, N * K);
+  nb_tensor *ga = A && W ? gpu(smm_f8(A, M, K, NB_F8E4M3)) : NULL;
+  nb_tensor *gb = A && W ? nb_transpose(gpu(smm_f8(W, N, K, NB_F8E5M2)), 0, 1) : NULL;
+  nb_tensor *gsa = gpu(nb_scalar(0.625, NB_F32, NB_DEVICE_CPU)), *gsb = gpu(nb_scalar(1.75, NB_F32, NB_DEVICE_CPU));
+  size_t bytes = (size_t)(M * N) * 2;
+  char *b0 = malloc(bytes), *b1 = malloc(bytes), *b2 = malloc(bytes);
+  int64_t n0 = f8_launches();
+  nb_tensor *off = ga && gb ? nb_scaled_mm(ga, gb, gsa, gsb, NB_BF16) : NULL;
+  NBT_CHECK(off && f8_launches() == n0 + 1 && access(path, F_OK) != 0,
+            "scaled_mm tune: tuning off: one launch, no cache file (%s)", off ? "" : nb_last_error());
+  setenv("NABLA_AUTOTUNE", "1", 1);
+  nb_tune_reset();
+  n0 = f8_launches();
+  nb_tensor *tuned = ga && gb ? nb_scaled_mm(ga, gb, gsa, gsb, NB_BF16) : NULL;
+  int64_t tuning = f8_launches() - n0;
+  NBT_CHECK(tuned && tuning > 1, "scaled_mm tune: NABLA_AUTOTUNE=1 times the candidates (%lld launches)",
+            (long long)tuning);
+  NBT_CHECK(smm_lines(path, key) == 1, "scaled_mm tune: one cache line for %s in %s", key, path);
+  nb_tune_reset(); /* as a new process would: the file read back */
+  n0 = f8_launches();
+  nb_tensor *again = ga && gb ? nb_scaled_mm(ga, gb, gsa, gsb, NB_BF16) : NULL;
+  NBT_CHECK(again && f8_launches() == n0 + 1, "scaled_mm tune: the cached choice: one launch, no timing");
+  int same = b0 && b1 && b2 && off && tuned && again && nb_to_host(off, b0, bytes) == NB_OK &&
+             nb_to_host(tuned, b1, bytes) == NB_OK && nb_to_host(again, b2, bytes) == NB_OK &&
+             !memcmp(b0, b1, bytes) && !memcmp(b0, b2, bytes);
+  NBT_CHECK(same, "scaled_mm tune: tuned and cached runs give the heuristic's (exact) bits");
+  nb_clear_error();
+  free(A); free(W); free(b0); free(b1); free(b2);
+  nb_scope_end();
+  if (old_on) setenv("NABLA_AUTOTUNE", old_on, 1);
+  else unsetenv("NABLA_AUTOTUNE");
+  if (old_path) setenv("NABLA_AUTOTUNE_CACHE", old_path, 1);
+  else unsetenv("NABLA_AUTOTUNE_CACHE");
+  free(old_on);
+  free(old_path);
+  nb_tune_reset();
+  remove(path);
+  rmdir(dir);
+}
+
 void test_fp8_section(void) {
   nb_scope_begin();
   fp8_decode_cmp(NB_F8E4M3);
@@ -263,6 +338,7 @@ void test_fp8_section(void) {
    * k-tiles, tails in M, N and K; and 9 tiles of 16 k-tiles (split-K) */
   smm_exact(1900, 4400, 1040, NB_F8E4M3, NB_F8E5M2, 81);
   smm_exact(260, 520, 2048, NB_F8E5M2, NB_F8E4M3, 83);
+  smm_tune();
   setenv("NABLA_SCALED_MM", "portable", 1);
   smm_cmp(129, 257, 144, NB_F8E4M3, NB_F8E5M2, NB_BF16, 1);
   smm_cmp(300, 700, 1040, NB_F8E4M3, NB_F8E4M3, NB_F32, 1);
