@@ -110,6 +110,8 @@ static int sm90_run_cases(const char *prog, int64_t (*launches)(void),
     {1, 3, 7, 129, 64, 0, 1},     {1, 1, 129, 7, 128, 0, 1},     {3, 1, 257, 257, 64, 1, 1},
     {1, 2, 1000, 1000, 64, 1, 1}, {1, 1, 1000, 700, 128, 0, 1},  {1, 1, 300, 1000, 64, 0, 1},
     {1, 1, 4097, 4097, 128, 0, 1}, {1, 2, 4097, 4097, 64, 1, 1},
+    /* more query blocks than an H100 has SMs: a persistent CTA takes several */
+    {2, 70, 129, 129, 64, 1, 1},  {1, 140, 200, 150, 128, 0, 1},
     {1, 2, 100, 100, 96, 0, 0},   {1, 2, 100, 100, 64, 2, 0}, /* D 96; rows of stride 65: not taken */
   };
   const nb_dtype dts[] = {NB_BF16, NB_F16};

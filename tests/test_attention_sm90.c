@@ -9,11 +9,16 @@
  * it does not (D 96, rows of stride D + 1). Cases: T in {1, 7, 64, 129,
  * 1000, 4097}, Lq != Lk both ways (causal aligned top-left), causal and
  * not, several (batch, head) pairs, q, k, v as (B, H, T, D) views of a
- * packed (B, T, 3, H, D) projection. NABLA_TEST_QUICK=1 (the sanitizers)
+ * packed (B, T, 3, H, D) projection, more query blocks than SMs (a
+ * persistent CTA takes several). NABLA_TEST_QUICK=1 (the sanitizers)
  * keeps the cases under 1000 rows. The kernel's variants
  * (NABLA_ATTENTION_SM90_PINGPONG=0: the consumer warpgroups do not take
  * turns; NABLA_ATTENTION_SM90_TMA_STORE=0: o by each thread's pair stores
- * instead of through shared memory and TMA; both off) run every case too,
+ * instead of through shared memory and TMA; both off;
+ * NABLA_ATTENTION_SM90_PERSISTENT=0: a CTA per query block instead of one
+ * per SM taking them in turn; NABLA_ATTENTION_SM90_SECTION=3: the work
+ * order in sections of 3 batch indices, the last one shorter where the
+ * batch is not a multiple of 3) run every case too,
  * each against float64 and bit for bit against the default (on, on): they
  * change when and how values are stored, never a value. Without a CUDA
  * device: skipped (77). */
@@ -37,8 +42,9 @@ static int64_t launches(void) {
 
 /* The sm_90a kernel's variants besides the default: the switches' values. */
 static const struct {
-  const char *pingpong, *tma_store;
-} variants[] = {{"0", NULL}, {NULL, "0"}, {"0", "0"}};
+  const char *pingpong, *tma_store, *persistent, *section;
+} variants[] = {{"0", NULL, NULL, NULL}, {NULL, "0", NULL, NULL}, {"0", "0", NULL, NULL}, {NULL, NULL, "0", NULL},
+                {NULL, NULL, NULL, "3"}};
 
 static void set_switch(const char *name, const char *value) {
   if (value) setenv(name, value, 1);
@@ -59,6 +65,8 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   unsetenv("NABLA_ATTENTION_SM90");
   unsetenv("NABLA_ATTENTION_SM90_PINGPONG");
   unsetenv("NABLA_ATTENTION_SM90_TMA_STORE");
+  unsetenv("NABLA_ATTENTION_SM90_PERSISTENT");
+  unsetenv("NABLA_ATTENTION_SM90_SECTION");
   sresult got = run(c, causal, in, n, dt, GPU), again = run(c, causal, in, n, dt, GPU);
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90", "0", 1);
@@ -76,16 +84,21 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "the mma.sync forward", &got, &mma, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
   for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
-    char vname[200];
-    snprintf(vname, sizeof vname, "%s (PINGPONG=%s TMA_STORE=%s)", name,
-             variants[i].pingpong ? variants[i].pingpong : "1", variants[i].tma_store ? variants[i].tma_store : "1");
+    char vname[260];
+    snprintf(vname, sizeof vname, "%s (PINGPONG=%s TMA_STORE=%s PERSISTENT=%s SECTION=%s)", name,
+             variants[i].pingpong ? variants[i].pingpong : "1", variants[i].tma_store ? variants[i].tma_store : "1",
+             variants[i].persistent ? variants[i].persistent : "1", variants[i].section ? variants[i].section : "L2");
     set_switch("NABLA_ATTENTION_SM90_PINGPONG", variants[i].pingpong);
     set_switch("NABLA_ATTENTION_SM90_TMA_STORE", variants[i].tma_store);
+    set_switch("NABLA_ATTENTION_SM90_PERSISTENT", variants[i].persistent);
+    set_switch("NABLA_ATTENTION_SM90_SECTION", variants[i].section);
     const int64_t v0 = launches();
     sresult var = run(c, causal, in, n, dt, GPU);
     const int64_t v1 = launches();
     unsetenv("NABLA_ATTENTION_SM90_PINGPONG");
     unsetenv("NABLA_ATTENTION_SM90_TMA_STORE");
+    unsetenv("NABLA_ATTENTION_SM90_PERSISTENT");
+    unsetenv("NABLA_ATTENTION_SM90_SECTION");
     if (l0 >= 0)
       NBT_CHECK(v1 == v0 + (c->runs ? 1 : 0), "%s: the sm_90a kernel ran %lld times (%d expected)", vname,
                 (long long)(v1 - v0), c->runs ? 1 : 0);

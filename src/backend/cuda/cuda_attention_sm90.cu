@@ -6,12 +6,19 @@
  * log-sum-exp lse = m scale + log(l) as the mma.sync forward
  * (cuda_attention_mma.cu) does; that file's backward reads them.
  *
- * A CTA of 384 threads per (block of 128 query rows, batch index), the
- * heaviest query blocks first (causal balance):
+ * Persistent: a CTA of 384 threads per SM (NABLA_ATTENTION_SM90_PERSISTENT=0:
+ * one per item) takes work items, (block of 128 query rows, batch index)
+ * pairs, in rounds in a snake order (fa3_item) that evens out causal
+ * blocks' unequal work; the items come in sections of as many batch
+ * indices as have K and V in half the L2 (NABLA_ATTENTION_SM90_SECTION=n:
+ * n, for the tests), the heaviest query blocks of a section first:
  *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
- *     issues the TMA copies, Q's 128 x D tile once, then K_j and V_j (tiles
- *     of 128 keys) into stage j % ST of a ring (ST = 2 at D = 128, 3 at
- *     D = 64). K and V each have a full mbarrier per stage (the copy engine
+ *     issues the TMA copies, for each item Q's 128 x D tile once (when the
+ *     consumers' last S of the item before has completed: an empty Q
+ *     mbarrier), then K_j and V_j (tiles of 128 keys) into the next stage
+ *     of a ring (ST = 2 stages at D = 128, 3 at D = 64) that runs on across
+ *     items, so the next item's loads overlap this one's last products and
+ *     store. K and V each have a full mbarrier per stage (the copy engine
  *     completes its bytes there) and an empty one (each consumer warp
  *     arrives once its wgmma reading the stage has completed): K is freed
  *     as soon as S is computed, V after O += P V.
@@ -31,10 +38,11 @@
  *     issuing their GEMMs of a tile through two named barriers, so that one
  *     warpgroup's softmax runs while the other's products are on the tensor
  *     cores instead of both softmaxes at once with the tensor cores idle.
- *   - The epilogue: o is rounded into the warpgroup's own 64 rows of Q's
- *     shared tile (in its swizzle) and stored by TMA through a map of o's
- *     view (rows past Lq clipped), or, when o's view does not suit TMA or
- *     NABLA_ATTENTION_SM90_TMA_STORE=0, by each thread's pair stores.
+ *   - The epilogue: o is rounded into the warpgroup's own 64 rows of a
+ *     staging tile laid out as Q's and stored by TMA through a map of o's
+ *     view (rows past Lq clipped) while the warpgroup starts its next item,
+ *     or, when o's view does not suit TMA or NABLA_ATTENTION_SM90_TMA_STORE
+ *     =0, by each thread's pair stores.
  *   - Shared tiles (Q, K, V) are 64-column blocks of 128-byte rows in the
  *     128-byte swizzle, written by TMA and read by the wgmma descriptors;
  *     rows past Lq or Lk are zero-filled by TMA, key columns past Lk (and,
@@ -96,18 +104,21 @@ struct fa3_params {
   int causal;
   int pingpong; /* the consumers take turns issuing their GEMMs (NABLA_ATTENTION_SM90_PINGPONG) */
   int tma_o;    /* o staged in shared memory and stored by TMA (NABLA_ATTENTION_SM90_TMA_STORE) */
+  int items;    /* B nblk (batch index, query block) pairs, taken by the grid's CTAs in rounds */
+  int hg;       /* batch indices per section of the item order (fa3_item) */
 };
 
 template <int D> struct fa3_cfg {
   static constexpr int ST = D == 64 ? 3 : 2;                      /* K/V stages */
-  static constexpr int QB = FA3_BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q; one K or V tile */
-  static constexpr int NBAR = 1 + 4 * ST; /* full Q; full K, full V, empty K, empty V per stage */
-  static constexpr size_t SMEM = 1024 + QB + 2 * ST * KB + 8 * NBAR;
+  static constexpr int QB = FA3_BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q (and o's staging); one K or V tile */
+  /* full Q; full K, full V, empty K, empty V per stage; empty Q */
+  static constexpr int NBAR = 2 + 4 * ST;
+  static constexpr size_t SMEM = 1024 + 2 * QB + 2 * ST * KB + 8 * NBAR;
 };
 
 #ifdef NB_SM90A_DEVICE
 /* mbarrier addresses after the tiles: full Q, then per stage s full K, full
- * V, empty K, empty V. */
+ * V, empty K, empty V, then empty Q. */
 template <int D> struct fa3_bars {
   uint32_t base;
   __device__ __forceinline__ uint32_t q() const { return base; }
@@ -115,7 +126,30 @@ template <int D> struct fa3_bars {
   __device__ __forceinline__ uint32_t fv(int s) const { return base + 8 * (1 + fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t ek(int s) const { return base + 8 * (1 + 2 * fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t ev(int s) const { return base + 8 * (1 + 3 * fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t qe() const { return base + 8 * (1 + 4 * fa3_cfg<D>::ST); }
 };
+
+/* The work item of round r of this CTA, 0 past the last: the grid's CTAs
+ * take the items in rounds, in a snake order (even rounds CTA c takes
+ * item r G + c, odd rounds r G + G - 1 - c) that evens out causal blocks'
+ * unequal work. The items come in sections of hg batch indices (the last
+ * section may have fewer), whose K and V fit in half the L2 together, so
+ * the CTAs at work at any time read K/V tiles that L2 holds; inside a
+ * section the heaviest query blocks first, each for all the section's
+ * batch indices. ntiles: the item's key tiles. */
+__device__ __forceinline__ int fa3_item(const fa3_params &p, int r, int *b, int *i0, int *ntiles) {
+  const int G = (int)gridDim.x, c = (int)blockIdx.x;
+  const int64_t x64 = (int64_t)r * G + ((r & 1) ? G - 1 - c : c);
+  if (x64 >= p.items) return 0;
+  const int x = (int)x64;
+  const int sec = x / (p.hg * p.nblk), y = x % (p.hg * p.nblk), h = min(p.hg, p.B - sec * p.hg);
+  *b = sec * p.hg + y % h;
+  *i0 = (p.nblk - 1 - y / h) * FA3_BM;
+  /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
+  const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
+  *ntiles = (kend + FA3_BN - 1) / FA3_BN;
+  return 1;
+}
 
 /* TMA store of the staged box src to (d0, row, batch coordinates c) of a
  * map of rank 2 + nbk, in a bulk group; rows past the map's end are not
@@ -134,29 +168,42 @@ __device__ __forceinline__ void fa3_tma_store(const CUtensorMap *m, uint32_t src
                  ::"l"(mp), "r"(src), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
 }
 
-/* Producer (one thread): Q once, then K_j and V_j of every tile j into
- * stage j % ST when the consumers have freed it. */
+/* K_j and V_j (key tile j of the item whose batch coordinates are c) into
+ * the ring's stage it % ST once the consumers have freed it. */
+template <int D>
+__device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUtensorMap *mv, const fa3_params &p,
+                                               const int *c, int j, int it, uint32_t sk, fa3_bars<D> bar) {
+  typedef fa3_cfg<D> C;
+  const int s = it % C::ST;
+  const uint32_t ph = (uint32_t)(it / C::ST) & 1, kt = sk + s * 2 * C::KB, vt = kt + C::KB;
+  sm90_bar_wait(bar.ek(s), ph ^ 1); /* fresh barriers pass parity 1 */
+  sm90_bar_expect(bar.fk(s), C::KB);
+#pragma unroll
+  for (int x = 0; x < D / 64; x++) fa3_tma(kt + x * FA3_BN * 128, mk, bar.fk(s), 64 * x, j * FA3_BN, c, p.nbk);
+  sm90_bar_wait(bar.ev(s), ph ^ 1);
+  sm90_bar_expect(bar.fv(s), C::KB);
+#pragma unroll
+  for (int x = 0; x < D / 64; x++) fa3_tma(vt + x * FA3_BN * 128, mv, bar.fv(s), 64 * x, j * FA3_BN, c, p.nbk);
+}
+
+/* Producer (one thread), for each of the CTA's items n: Q once the
+ * consumers have freed it (their last S of item n - 1 has completed), then
+ * K_j and V_j of every tile j into the ring, whose stage and phase come
+ * from the running tile count it: item n + 1's loads start while the
+ * consumers finish item n. */
 template <int D>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
-                                            const fa3_params &p, int b, int i0, int ntiles, uint32_t sq,
-                                            uint32_t sk, fa3_bars<D> bar) {
+                                            const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
-  int c[FA3_MAXK];
-  fa3_coords(p, b, c);
-  sm90_bar_expect(bar.q(), C::QB); /* the whole box counts, zero-filled rows too */
+  int it = 0, b, i0, ntiles;
+  for (int n = 0; fa3_item(p, n, &b, &i0, &ntiles); n++) {
+    int c[FA3_MAXK];
+    fa3_coords(p, b, c);
+    sm90_bar_wait(bar.qe(), ((uint32_t)n & 1) ^ 1); /* fresh barriers pass parity 1 */
+    sm90_bar_expect(bar.q(), C::QB);                /* the whole box counts, zero-filled rows too */
 #pragma unroll
-  for (int x = 0; x < D / 64; x++) fa3_tma(sq + x * FA3_BM * 128, mq, bar.q(), 64 * x, i0, c, p.nbk);
-  for (int j = 0; j < ntiles; j++) {
-    const int s = j % C::ST;
-    const uint32_t ph = (uint32_t)(j / C::ST) & 1, kt = sk + s * 2 * C::KB, vt = kt + C::KB;
-    sm90_bar_wait(bar.ek(s), ph ^ 1); /* fresh barriers pass parity 1 */
-    sm90_bar_expect(bar.fk(s), C::KB);
-#pragma unroll
-    for (int x = 0; x < D / 64; x++) fa3_tma(kt + x * FA3_BN * 128, mk, bar.fk(s), 64 * x, j * FA3_BN, c, p.nbk);
-    sm90_bar_wait(bar.ev(s), ph ^ 1);
-    sm90_bar_expect(bar.fv(s), C::KB);
-#pragma unroll
-    for (int x = 0; x < D / 64; x++) fa3_tma(vt + x * FA3_BN * 128, mv, bar.fv(s), 64 * x, j * FA3_BN, c, p.nbk);
+    for (int x = 0; x < D / 64; x++) fa3_tma(sq + x * FA3_BM * 128, mq, bar.q(), 64 * x, i0, c, p.nbk);
+    for (int j = 0; j < ntiles; j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
   }
 }
 
@@ -245,15 +292,16 @@ __device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_param
 
 /* o = O / l (rows r0, r0 + 8 of the batch index b, those before Lq) and
  * lse = m scale + log(l), -inf for a row without keys: as the mma kernel.
- * p.tma_o: the warpgroup's 64 rows of o go, rounded, into its own 64 rows
- * of Q's shared tile (free: its last S has completed, the other warpgroup
- * reads only its own rows) in the tile's 128-byte swizzle (row r's 16-byte
- * unit u at u ^ (r % 8): a warp's 8 rows hit distinct banks), and one
- * thread stores them by TMA (rows past Lq are not written); else each
- * thread stores its pairs. The same values either way. */
+ * p.tma_o: the warpgroup's 64 rows of o go, rounded, into its 64 rows oa
+ * of o's staging tile (laid out as Q's: 128-byte swizzle, row r's 16-byte
+ * unit u at u ^ (r % 8), so a warp's 8 rows hit distinct banks) once the
+ * warpgroup's previous store has read them, and one thread stores them by
+ * TMA (rows past Lq are not written) while the warpgroup goes on to its
+ * next item; else each thread stores its pairs. The same values either
+ * way. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int wg,
-                                          uint32_t qa, int r0, const float (&o)[D / 2], const float *m,
+                                          uint32_t oa, int r0, const float (&o)[D / 2], const float *m,
                                           float *l) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int64_t lrow = (int64_t)b * p.Lq; /* lse is (B, Lq) */
@@ -272,9 +320,11 @@ __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap
     if (r < p.Lq && t == 0) p.lse[lrow + r] = l[h] > 0.0f ? m[h] * p.scale + logf(l[h]) : -INFINITY;
   }
   if (p.tma_o) {
+    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(FA3_EPI_BAR + wg) : "memory"); /* the staging tile is free */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const uint32_t row = qa + (uint32_t)(16 * w + lane / 4 + 8 * h) * 128 + 4 * t; /* row % 8 == lane / 4 */
+      const uint32_t row = oa + (uint32_t)(16 * w + lane / 4 + 8 * h) * 128 + 4 * t; /* row % 8 == lane / 4 */
 #pragma unroll
       for (int n = 0; n < D / 8; n++) {
         const uint32_t a = row + (n / 8) * FA3_BM * 128 + (((n % 8) ^ (lane / 4)) << 4);
@@ -286,9 +336,8 @@ __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap
     asm volatile("bar.sync %0, 128;" ::"r"(FA3_EPI_BAR + wg) : "memory");
     if (threadIdx.x % 128 == 0 && i0 + 64 * wg < p.Lq) {
 #pragma unroll
-      for (int x = 0; x < D / 64; x++) fa3_tma_store(mo, qa + x * FA3_BM * 128, 64 * x, i0 + 64 * wg, c, p.nbk);
+      for (int x = 0; x < D / 64; x++) fa3_tma_store(mo, oa + x * FA3_BM * 128, 64 * x, i0 + 64 * wg, c, p.nbk);
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); /* shared memory read before exit */
     }
     return;
   }
@@ -311,9 +360,11 @@ __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap
  * warpgroup waits at its own named barrier (256 threads: its 128 and the
  * other warpgroup's arrival) before issuing a tile's GEMMs and arrives at
  * the other's after issuing them, so one warpgroup's softmax runs while
- * the other's products are on the tensor cores. Warpgroup 1 hands
- * warpgroup 0 the first turn and skips its arrival after its last turn:
- * both take ntiles turns, every barrier sees as many arrivals as waits. */
+ * the other's products are on the tensor cores. The turns run on across
+ * the CTA's items. Warpgroup 1 hands warpgroup 0 the first turn and skips
+ * its arrival after its last turn of the last item: both take as many
+ * turns as the items have tiles, every barrier sees as many arrivals as
+ * waits. */
 __device__ __forceinline__ void fa3_turn_wait(int on, int wg) {
   if (on) asm volatile("bar.sync %0, 256;" ::"r"(FA3_SCHED_BAR + wg) : "memory");
 }
@@ -321,11 +372,14 @@ __device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
   if (on) asm volatile("bar.arrive %0, 256;" ::"r"(FA3_SCHED_BAR + (wg ^ 1)) : "memory");
 }
 
-/* Consumer warpgroup wg (0, 1): rows [i0 + 64 wg, + 64) over the ntiles key
- * tiles, with the overlap described at the top. */
+/* Consumer warpgroup wg (0, 1) on item n of the CTA (last: its last
+ * item): rows [i0 + 64 wg, + 64) over the ntiles key tiles, which are the
+ * ring's tiles it0 .. it0 + ntiles - 1, with the overlap described at the
+ * top; sq: Q's tile, so: o's staging tile. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
-                                            int wg, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
+                                            int it0, int n, int last, int wg, uint32_t sq, uint32_t sk,
+                                            uint32_t so, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
@@ -337,24 +391,26 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
 #pragma unroll
   for (int i = 0; i < FA3_BN / 2; i++) s[i] = 0.0f;
   const int pp = p.pingpong;
-  if (wg == 1) fa3_turn_pass(pp, 1); /* warpgroup 0 goes first */
   /* tile 0: S_0, its softmax, P_0 */
-  sm90_bar_wait(bar.q(), 0);
-  sm90_bar_wait(bar.fk(0), 0);
+  sm90_bar_wait(bar.q(), (uint32_t)n & 1);
+  sm90_bar_wait(bar.fk(it0 % C::ST), (uint32_t)(it0 / C::ST) & 1);
   fa3_turn_wait(pp, wg);
   fa3_fence(s);
   fa3_wg_fence();
-  fa3_qk<T, D>(s, qa, sk);
+  fa3_qk<T, D>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
   fa3_commit();
-  if (wg == 0 || ntiles > 1) fa3_turn_pass(pp, wg);
+  if (wg == 0 || ntiles > 1 || !last) fa3_turn_pass(pp, wg);
   fa3_wait<0>();
   fa3_fence(s);
-  if (lane == 0) sm90_bar_arrive(bar.ek(0));
+  if (lane == 0) {
+    sm90_bar_arrive(bar.ek(it0 % C::ST));
+    if (ntiles == 1) sm90_bar_arrive(bar.qe()); /* the item's last read of Q has completed */
+  }
   fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
   fa3_pack<T>(pa, s);
   for (int j = 1; j < ntiles; j++) {
-    const int sj = j % C::ST, sp = (j - 1) % C::ST;
-    sm90_bar_wait(bar.fk(sj), (uint32_t)(j / C::ST) & 1);
+    const int sj = (it0 + j) % C::ST, sp = (it0 + j - 1) % C::ST;
+    sm90_bar_wait(bar.fk(sj), (uint32_t)((it0 + j) / C::ST) & 1);
     fa3_turn_wait(pp, wg);
     fa3_fence(s);
     fa3_fence(o);
@@ -362,14 +418,17 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_wg_fence();
     fa3_qk<T, D>(s, qa, sk + sj * 2 * C::KB); /* S_j = Q K_j^T */
     fa3_commit();
-    sm90_bar_wait(bar.fv(sp), (uint32_t)((j - 1) / C::ST) & 1);
+    sm90_bar_wait(bar.fv(sp), (uint32_t)((it0 + j - 1) / C::ST) & 1);
     fa3_wg_fence();
     fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
-    if (wg == 0 || j < ntiles - 1) fa3_turn_pass(pp, wg);
+    if (wg == 0 || j < ntiles - 1 || !last) fa3_turn_pass(pp, wg);
     fa3_wait<1>(); /* S_j complete; the P V product may still run */
     fa3_fence(s);
-    if (lane == 0) sm90_bar_arrive(bar.ek(sj));
+    if (lane == 0) {
+      sm90_bar_arrive(bar.ek(sj));
+      if (j == ntiles - 1) sm90_bar_arrive(bar.qe());
+    }
     fa3_tile(s, p, j, rw, r0, t, m, l, corr);
     fa3_wait<0>();
     fa3_fence(o);
@@ -378,8 +437,8 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_rescale<D>(o, corr);
     fa3_pack<T>(pa, s);
   }
-  const int sl = (ntiles - 1) % C::ST;
-  sm90_bar_wait(bar.fv(sl), (uint32_t)((ntiles - 1) / C::ST) & 1);
+  const int sl = (it0 + ntiles - 1) % C::ST;
+  sm90_bar_wait(bar.fv(sl), (uint32_t)((it0 + ntiles - 1) / C::ST) & 1);
   fa3_fence(o);
   fa3_fence(pa);
   fa3_wg_fence();
@@ -389,7 +448,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_fence(o);
   fa3_fence(pa);
   if (lane == 0) sm90_bar_arrive(bar.ev(sl));
-  fa3_store<T, D>(p, mo, b, i0, wg, qa, r0, o, m, l);
+  fa3_store<T, D>(p, mo, b, i0, wg, so + wg * 64 * 128, r0, o, m, l);
 }
 #endif /* NB_SM90A_DEVICE */
 
@@ -403,12 +462,8 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
   typedef fa3_cfg<D> C;
   extern __shared__ uint8_t fa3_raw[];
   /* the 128-byte swizzle repeats every 1024 bytes: align the tiles to it */
-  const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + C::QB;
-  const fa3_bars<D> bar = {sk + 2 * C::ST * C::KB};
-  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - (int)(blockIdx.x / p.B)) * FA3_BM;
-  /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
-  const int kend = p.causal ? min(p.Lk, min(i0 + FA3_BM, p.Lq)) : p.Lk;
-  const int ntiles = (kend + FA3_BN - 1) / FA3_BN;
+  const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + C::QB, so = sk + 2 * C::ST * C::KB;
+  const fa3_bars<D> bar = {so + C::QB};
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::NBAR; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST ? 1 : 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -417,10 +472,22 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
   __syncthreads();
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
-    if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, b, i0, ntiles, sq, sk, bar);
+    if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, sq, sk, bar);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fa3_consume<T, D>(p, &mo, b, i0, ntiles, threadIdx.x / 128 - 1, sq, sk, bar);
+    const int wg = threadIdx.x / 128 - 1;
+    if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
+    int b, i0, ntiles, it = 0; /* it: the ring's tiles consumed so far */
+    int more = fa3_item(p, 0, &b, &i0, &ntiles);
+    for (int n = 0; more; n++) {
+      int nb, ni0, nnt;
+      more = fa3_item(p, n + 1, &nb, &ni0, &nnt);
+      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, !more, wg, sq, sk, so, bar);
+      it += ntiles;
+      b = nb, i0 = ni0, ntiles = nnt;
+    }
+    /* the staging tile must stay until the last store has read it */
+    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mo; (void)p;
@@ -464,7 +531,10 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_par
   const size_t smem = fa3_cfg<D>::SMEM;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (sm90): shared memory attribute");
-  kern<<<(unsigned)((int64_t)p.B * p.nblk), FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  /* persistent: one CTA per SM takes the items in rounds (fa3_item);
+   * NABLA_ATTENTION_SM90_PERSISTENT=0 launches one CTA per item */
+  const int grid = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT") && ctx->n_sm < p.items ? ctx->n_sm : p.items;
+  kern<<<(unsigned)grid, FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
 }
@@ -558,6 +628,16 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
   p.nblk = (int)nblk;
+  p.items = (int)(B * nblk);
+  {
+    int l2 = 0; /* a section's K and V (fa3_item) in half the L2 */
+    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx->dev) != cudaSuccess) l2 = 0, cudaGetLastError();
+    const int64_t per = 4 * Lk * D; /* K and V of one batch index, bytes */
+    int64_t hg = l2 / 2 / per;
+    const char *e = getenv("NABLA_ATTENTION_SM90_SECTION"); /* the tests' override */
+    if (e && atoi(e) > 0) hg = atoi(e);
+    p.hg = (int)(hg < 1 ? 1 : hg > B ? B : hg);
+  }
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;
