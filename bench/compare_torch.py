@@ -205,12 +205,10 @@ class Case:
             "matmul_bias_gelu_unfused":
                 lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
             # torch picks its flash or cuDNN backend; is_causal aligns top-left, as nabla does
-            # layout "causal", "atomic" (nabla's dq by atomic adds: torch's
-            # SDPA is the same call) or both
             "attention_fwd": lambda q, k, v: F.scaled_dot_product_attention(
-                q, k, v, is_causal="causal" in (self.spec.get("layout") or "")),
+                q, k, v, is_causal=self.spec.get("layout") == "causal"),
             "attention_fwdbwd": lambda q, k, v: F.scaled_dot_product_attention(
-                q, k, v, is_causal="causal" in (self.spec.get("layout") or "")),
+                q, k, v, is_causal=self.spec.get("layout") == "causal"),
         }[f]
         return self.wrap(fwd), self.wrap(self.compiled(fwd))
 

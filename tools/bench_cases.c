@@ -81,21 +81,8 @@ const bench_spec bench_specs[] = {
    {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
   {BK_ATTN_FWDBWD, NB_BF16, "causal", "flash attention, GPT-2 small shape", {16, 12, 1024, 64},
    {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
-  /* the same with dq summed by atomic adds (nb_set_deterministic(0) for the call) */
-  {BK_ATTN_FWDBWD, NB_BF16, "atomic", "flash attention, square, atomic dq", {4, 16, 4096, 128},
-   {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
-  {BK_ATTN_FWDBWD, NB_BF16, "causal atomic", "flash attention, square, atomic dq", {4, 16, 4096, 128},
-   {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
-  {BK_ATTN_FWDBWD, NB_BF16, "causal atomic", "flash attention, GPT-2 small shape, atomic dq",
-   {16, 12, 1024, 64}, {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
 };
 const int bench_n_specs = (int)(sizeof bench_specs / sizeof bench_specs[0]);
-
-/* Attention rows: the layout's words "causal" (is_causal) and "atomic" (dq
- * summed with atomic adds: nb_set_deterministic(0) for the call). */
-static int bench_attn_has(const bench_spec *sp, const char *word) {
-  return sp->layout && strstr(sp->layout, word) != NULL;
-}
 
 /* ---- counting: shapes, bytes, FLOPs ------------------------------------- */
 static int64_t bench_gpt_params(const int64_t *d, int64_t *n_tensors) {
@@ -141,8 +128,7 @@ void bench_describe(bench_case *c) {
     snprintf(c->shape, sizeof c->shape, "%lldx%lld", a, b);
   }
   if (sp->kind == BK_ATTN_FWD || sp->kind == BK_ATTN_FWDBWD)
-    snprintf(c->name, sizeof c->name, "%s%s%s", bench_family[sp->kind], bench_attn_has(sp, "causal") ? "_causal" : "",
-             bench_attn_has(sp, "atomic") ? "_atomic" : "");
+    snprintf(c->name, sizeof c->name, "%s%s", bench_family[sp->kind], sp->layout ? "_causal" : "");
   else if (sp->layout) snprintf(c->name, sizeof c->name, "%s_%c%c", bench_family[sp->kind],
                            tolower((unsigned char)sp->layout[0]),
                            tolower((unsigned char)sp->layout[1]));
@@ -211,8 +197,7 @@ void bench_count(bench_case *c) {
   case BK_ATTN_FWD: case BK_ATTN_FWDBWD: { /* q, k, v -> o, lse; backward: dout -> dq, dk, dv */
     double rows = (double)d[0] * (double)d[1] * (double)d[2], x = rows * (double)d[3] * s;
     int bwd = c->spec->kind == BK_ATTN_FWDBWD;
-    c->flops = 4.0 * rows * (double)d[2] * (double)d[3] * (bwd ? 2.5 : 1.0) *
-               (bench_attn_has(c->spec, "causal") ? 0.5 : 1.0);
+    c->flops = 4.0 * rows * (double)d[2] * (double)d[3] * (bwd ? 2.5 : 1.0) * (c->spec->layout ? 0.5 : 1.0);
     c->bytes = 4 * x + 4 * rows + (bwd ? 6 * x + 8 * rows : 0);
     c->set_bytes = (bwd ? 4 : 3) * x;
     break;
@@ -448,16 +433,11 @@ nb_status bench_step(bench_case *c, int s) {
   case BK_MM_BIAS_GELU: return bench_mm_bias_gelu(t);
   case BK_MM_BIAS_GELU_UNFUSED: return bench_ok(nb_gelu_tanh(nb_add(nb_matmul(t[2], t[3]), t[4])));
   case BK_ATTN_FWD:
-    return bench_ok(nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, bench_attn_has(c->spec, "causal"),
+    return bench_ok(nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, c->spec->layout != NULL,
                                                     0.0, NULL, 0.0));
-  case BK_ATTN_FWDBWD: {
-    const int det = nb_deterministic();
-    if (bench_attn_has(c->spec, "atomic")) nb_set_deterministic(0);
-    y = nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, bench_attn_has(c->spec, "causal"), 0.0, NULL, 0.0);
-    nb_status st = y ? nb_autograd_grad(y, t[3], 3, t, g, 0) : bench_fail();
-    nb_set_deterministic(det);
-    return st;
-  }
+  case BK_ATTN_FWDBWD:
+    y = nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, c->spec->layout != NULL, 0.0, NULL, 0.0);
+    return y ? nb_autograd_grad(y, t[3], 3, t, g, 0) : bench_fail();
   default: return NB_ERR_UNSUPPORTED;
   }
 }
