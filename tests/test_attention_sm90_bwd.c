@@ -1,16 +1,13 @@
 /* The sm_90a flash attention backward (cuda_attention_sm90_bwd.cu) on a
  * Hopper GPU: each case runs forward and backward with the kernels on,
- * twice in deterministic mode (the same bits), once with
- * nb_set_deterministic(0) (dq summed with atomic adds when Lk > 128), then
- * with NABLA_ATTENTION_SM90_BWD=0 (the mma.sync backward; the forward is
- * the same in all), and compares the output and the three gradients of
- * both modes, in norm, with the CPU's fused attention in float64 from the
- * same rounded inputs, and the deterministic backward with the mma.sync
- * one. On a compute capability 9.0 device the launch counters must show
- * that the kernels ran where they apply (bf16, f16; D 64 and 128; views TMA
- * can describe), in the mode asked for (atomic only with more than one key
- * block of 128), and not where they do not (D 96, rows of stride D + 1) nor
- * with the switch off. Cases: T in {1, 7, 64, 129, 1000, 4097}, Lq != Lk both
+ * twice (the same bits), then with NABLA_ATTENTION_SM90_BWD=0 (the mma.sync
+ * backward; the forward is the same in both), and compares the output and
+ * the three gradients, in norm, with the CPU's fused attention in float64
+ * from the same rounded inputs, and the two backwards with each other. On
+ * a compute capability 9.0 device the launch counter must show that the
+ * kernels ran where they apply (bf16, f16; D 64 and 128; views TMA can
+ * describe) and not where they do not (D 96, rows of stride D + 1) nor with
+ * the switch off. Cases: T in {1, 7, 64, 129, 1000, 4097}, Lq != Lk both
  * ways (causal aligned top-left), causal and not, several (batch, head)
  * pairs, q, k, v as (B, H, T, D) views of a packed (B, T, 3, H, D)
  * projection (their gradients strided views of one buffer).
@@ -34,16 +31,6 @@ static int64_t launches(void) {
 #endif
 }
 
-/* Calls that summed dq in a fixed order (0) or atomically (1). */
-static int64_t mode_launches(int mode) {
-#ifdef NABLA_HAVE_CUDA
-  return nb_cuda_attn_sm90_bwd_mode_launches(0, mode);
-#else
-  (void)mode;
-  return -1;
-#endif
-}
-
 static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   char name[160];
   snprintf(name, sizeof name, "sm90 bwd %s B%lld H%lld Lq%lld Lk%lld D%lld%s%s", nb_dtype_name(dt),
@@ -54,38 +41,26 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   nb_scope_begin();
   for (int i = 0; i < n; i++) rounded[i] = nb_keep(nb_cast(nb_cast(in[i], dt), NB_F64));
   nb_scope_end();
-  const int64_t l0 = launches(), d0 = mode_launches(0), a0 = mode_launches(1);
+  const int64_t l0 = launches();
   unsetenv("NABLA_ATTENTION_SM90_BWD"); /* the default */
   sresult got = run(c, causal, in, n, dt, GPU), again = run(c, causal, in, n, dt, GPU);
-  const int64_t l1 = launches(), d1 = mode_launches(0), a1 = mode_launches(1);
-  nb_set_deterministic(0);
-  sresult fast = run(c, causal, in, n, dt, GPU);
-  nb_set_deterministic(1);
-  const int64_t d2 = mode_launches(0), a2 = mode_launches(1);
+  const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90_BWD", "0", 1);
   sresult mma = run(c, causal, in, n, dt, GPU);
-  const int64_t l3 = launches();
+  const int64_t l2 = launches();
   unsetenv("NABLA_ATTENTION_SM90_BWD");
   sresult ref = run(c, causal, rounded, n, NB_F64, CPU);
   if (l0 >= 0) {
-    const int multi = c->Lk > 128; /* more than one key block: atomic adds when asked for */
     NBT_CHECK(c->runs ? l1 == l0 + 2 : l1 == l0, "%s: the sm_90a backward ran %lld times in two calls (%d "
               "expected)", name, (long long)(l1 - l0), c->runs ? 2 : 0);
-    NBT_CHECK(d1 - d0 == l1 - l0 && a1 == a0, "%s: deterministic mode ran %lld deterministic, %lld atomic "
-              "calls", name, (long long)(d1 - d0), (long long)(a1 - a0));
-    NBT_CHECK(a2 - a1 == (c->runs && multi) && d2 - d1 == (c->runs && !multi), "%s: nb_set_deterministic(0) "
-              "ran %lld atomic, %lld deterministic calls (%d, %d expected)", name, (long long)(a2 - a1),
-              (long long)(d2 - d1), c->runs && multi, c->runs && !multi);
-    NBT_CHECK(l3 == l1 + (d2 - d1) + (a2 - a1), "%s: NABLA_ATTENTION_SM90_BWD=0 still ran it", name);
+    NBT_CHECK(l2 == l1, "%s: NABLA_ATTENTION_SM90_BWD=0 still ran it", name);
   }
   const double tol = dt == NB_F16 ? 2e-3 : 1.5e-2;
   compare(name, "float64", &got, &ref, n, tol);
-  compare(name, "float64 (nondeterministic mode)", &fast, &ref, n, tol);
   compare(name, "the mma.sync backward", &got, &mma, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
   atest_free(&got);
   atest_free(&again);
-  atest_free(&fast);
   atest_free(&mma);
   atest_free(&ref);
   for (int i = 0; i < n; i++) nb_release(in[i]), nb_release(rounded[i]);

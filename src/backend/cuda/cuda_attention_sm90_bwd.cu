@@ -6,69 +6,42 @@
  * contiguous) and writes dq, dk, dv (strided views) as the mma.sync
  * backward (cuda_attention_mma.cu) does: dS = P (dP - delta), dV = P^T dO,
  * dK = scale dS^T Q, dQ = scale dS K, with P = exp(scale S - lse) recomputed.
- * Five tile products per (key block, query tile) pair (FlashAttention-3's
- * count; recomputing S and dP for dQ in a kernel of its own took seven):
+ * Three kernels, no atomics (every output element is summed by one thread
+ * in a fixed order: the same bits every run):
  *   1. the pre-pass (a warp per row): delta = rowsum(dO o) as the mma
  *      backward computes it, and lse log2(e) (+inf for lse = -inf: p = 0)
  *      into a scratch of two (B, Lp) f32 arrays, Lp = Lq rounded up to 128,
- *      the rows past Lq +inf and 0 (p = 0, dS = 0 there); it also clears
- *      the dQ order counters and, atomic mode, the f32 dQ accumulator.
- *   2. dK, dV and the dQ parts: a CTA of 384 threads per (128 keys, batch
- *      index), the heaviest key blocks (causal: the first) first: block
- *      kb of batch index b is CTA kb B + b. Warpgroup 0, the producer
- *      (setmaxnreg 24): one thread loads K and V (128 x D) once, then for
- *      every 64-query tile that sees the block (causal: from the block's
- *      first key on), the last tile first, Q and dO (64 x D) into stage it
- *      % 2 of a ring (full mbarrier per stage, completed by the copy
- *      engine's bytes; empty mbarrier, one arrival per consumer warp once
- *      its wgmma reading the stage have completed). Warpgroups 1 and 2, the
- *      consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the block
- *      each, computing the transposed products so that P and dS stay in
- *      registers: S^T = K Q^T and dP^T = V dO^T (m64n64k16, both operands
- *      from shared memory, K-major), P^T = exp2(S^T sl2 - lse2[query])
- *      (zero for a query before the key when causal and for keys past Lk,
- *      only on tiles that reach the diagonal or the end; queries past Lq
- *      have lse2 = +inf), dV += P^T dO with P^T rounded to the input dtype
- *      as wgmma's register A operand (dO as B, MN-major, transpose bit),
- *      dS^T = P^T (dP^T - delta[query]), dK += dS^T Q the same way. S^T and
- *      dP^T are two commit groups: P^T is computed while dP^T is on the
- *      tensor cores, dS^T while dV's product is. dS^T, rounded, also goes
- *      to shared memory (buffer it % 2: 128 keys x 64 queries), and after
- *      a named barrier of both consumers the tile's dQ part = dS K (64
- *      queries x 64 columns over the block's 128 keys, m64n64k16, A = dS^T
- *      and B = K both MN-major) is computed: D 128: consumer c columns [64
- *      c, 64 c + 64); D 64: consumer it % 2 all 64. A buffer is rewritten
- *      two tiles later, after both consumers have passed the barrier of
- *      the tile between, so after the product that read it has completed.
- *      The part goes to an f32 accumulator of 64 x 64 tiles (B, Lp / 64,
- *      D / 64), each in fragment order (float4 j of consumer thread x at
- *      128 j + x: 16-byte accesses, contiguous across the warpgroup):
- *       - deterministic (the default): the key blocks add to a part in
- *         ascending kb. The warpgroup's thread 0 spins (ld.acquire.gpu) on
- *         the part's counter until it equals kb, the warpgroup adds the
- *         accumulator (kb > 0) to its part, stores the sum (st.cg,
- *         threadfence, st.release.gpu counter = kb + 1), or, for the last
- *         block of the part, writes scale * sum to dq in the output dtype.
- *         No deadlock: block kb waits only on block kb - 1 of the same
- *         batch index, CTA (kb - 1) B + b, launched before it (CTAs start
- *         in index order, so it is running or done), which sees every query
- *         tile block kb sees and waits, in turn, only on CTAs before it.
- *         The descending query loop lets the key blocks of a batch index
- *         that run at the same time take each tile one after the other
- *         right away (causal: all start at the last tile), not after the
- *         earlier ones caught up with a later starting tile. The spin traps
- *         after 30 s (%globaltimer): a broken order fails the launch
- *         instead of hanging the device.
- *       - atomic (nb_set_deterministic(0) and more than one key block):
- *         red.global.add.v4.f32 into the accumulator the pre-pass cleared.
- *   3. atomic mode only: dq = scale acc in the output dtype, a thread per
- *      float4 of the accumulator.
- * With one key block (Lk <= 128) every part has one term: written to dq
- * directly in either mode, without scratch for it.
- * Rows of a tile past Lq or Lk are zero-filled by TMA; the 64-key half of
- * a K, V block wholly past Lk is not loaded, its consumer warpgroup writes
- * zeros there instead (dQ's product sums over all 128 keys; every other
- * product is row-wise in them, and their dK, dV are never stored).
+ *      the rows past Lq +inf and 0 (p = 0, dS = 0 there), so that a tile's
+ *      64 values are one 256-byte bulk copy.
+ *   2. dK, dV: a CTA of 384 threads per (128 keys, batch index), the
+ *      heaviest key blocks (causal: the first) first. Warpgroup 0, the
+ *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
+ *      then for every 64-query tile that sees the block (causal: from the
+ *      block's first key on) Q, dO (64 x D) and the tile's lse / delta rows
+ *      into stage it % 2 of a ring (full mbarrier per stage, completed by
+ *      the copy engine's bytes; empty mbarrier, one arrival per consumer
+ *      warp once its wgmma reading the stage have completed). Warpgroups 1
+ *      and 2, the consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the
+ *      block each, computing the transposed products so that nothing goes
+ *      through shared memory: S^T = K Q^T and dP^T = V dO^T (m64n64k16,
+ *      both operands from shared memory, K-major), P^T = exp2(S^T sl2 -
+ *      lse2[query]) (zero for a query before the key when causal, only on
+ *      tiles that reach the diagonal; queries past Lq have lse2 = +inf),
+ *      dV += P^T dO with P^T rounded to the input dtype as wgmma's register
+ *      A operand (dO as B, MN-major, transpose bit), dS^T = P^T (dP^T -
+ *      delta[query]), dK += dS^T Q the same way. S^T and dP^T are two commit
+ *      groups: P^T is computed while dP^T is on the tensor cores, dS^T
+ *      while dV's product is.
+ *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
+ *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
+ *      tiles into a 2-stage ring (key tiles after the block's last row
+ *      never loaded); consumer c owns query rows [64 c, 64 c + 64): S = Q
+ *      K^T, dP = dO V^T (m64n64k16 from shared memory), P = exp2(S sl2 -
+ *      lse2[row]) (zero past Lk and, causal, after the row), dS = P (dP -
+ *      delta[row]), dQ += dS K (dS as register A, K MN-major).
+ * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
+ * tile wholly past them is not loaded at all (its rows' results are never
+ * stored, and every product here is row-wise in them).
  *
  * Fragment layouts (warp w of a consumer warpgroup, lane l, g = l / 4,
  * t = l % 4), as in the forward (cuda_attention_sm90.cu):
@@ -84,13 +57,9 @@
  *     in). K-major descriptor (the ss products: k = d): first row of the
  *     block (a warpgroup's 64 rows of a 128-row tile start 64 x 128 bytes
  *     in), + 32 bytes per 16 k, 8-row groups 1024 bytes apart (SBO).
- *     MN-major descriptor (B of the rs products and both operands of dQ's:
- *     k = the tile's rows, m or n = d or the queries): + 2048 bytes per 16
- *     rows, 8-row groups 1024 apart (SBO), the 64-column blocks of d R 128
- *     bytes apart (LBO). The dS^T buffer is such a tile of 128 key rows x
- *     64 queries, written by the consumers with 4-byte stores (register a_r
- *     of k-step kk: key row 16 w + g + 8 (r % 2), unit 2 kk + r / 2,
- *     bytes 4 t: no bank conflicts).
+ *     MN-major descriptor (B of the rs products: k = the tile's rows, n =
+ *     d): + 2048 bytes per 16 rows, 8-row groups 1024 apart (SBO), the
+ *     64-column blocks of d R 128 bytes apart (LBO).
  * The device code exists only in the sm_90a pass; other passes compile
  * empty kernels, which the host never launches (it checks the device and
  * the loaded binary). */
@@ -105,15 +74,12 @@
 
 #define FB_BK 128 /* keys per dK/dV CTA: two consumer warpgroups of 64 */
 #define FB_BQ 64  /* queries per streamed tile (dK/dV) */
+#define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
+#define FB_BN 64  /* keys per streamed tile (dQ) */
 #define FB_ST 2   /* ring stages */
 #define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FB_THREADS 384
 #define FB_LOG2E 1.4426950408889634f
-#define FB_DS (FB_BK * FB_BQ * 2) /* one dS^T buffer (128 keys x 64 queries, 16-bit) */
-#define FB_QT 4096                /* floats of an accumulator part (64 x 64) */
-
-/* How dQ is summed (fb_params.mode; the launch counters' index). */
-enum { FB_DET = 0, FB_ATOMIC = 1 };
 
 namespace {
 
@@ -126,24 +92,22 @@ struct fb_params {
   const uint16_t *o, *g; /* o, dout: the pre-pass */
   const float *lse;      /* (B, Lq) */
   float *sl, *sd;        /* scratch (B, Lp): lse log2(e), delta */
-  float *acc;            /* scratch: the f32 dQ parts, (B, Lp / 64, D / 64) tiles of FB_QT */
-  unsigned *cnt;         /* scratch: a counter per part (deterministic order) */
   int64_t dq_rs, dk_rs, dv_rs, o_rs, g_rs;
   int64_t dq_bs[FB_MAXK], dk_bs[FB_MAXK], dv_bs[FB_MAXK], o_bs[FB_MAXK], g_bs[FB_MAXK];
   int bdim[FB_MAXK], nbk;
-  int B, Lq, Lk, Lp, nblk; /* nblk: key blocks per batch index */
-  int ntq;                 /* Lp / 64: query tiles per batch index */
+  int B, Lq, Lk, Lp, nblk; /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
   float scale, sl2;        /* sl2 = scale log2(e) */
-  int causal, mode;        /* mode: FB_DET or FB_ATOMIC */
+  int causal;
 };
 
 template <int D> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D) and the stats
    * (lse2 [64], delta [64], padded to 1024 bytes: stages stay aligned) */
   static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB + 1024;
-  /* then the two dS^T buffers, then the barriers */
-  static constexpr int TILES_KV = 2 * KB + FB_ST * STAGE + 2 * FB_DS;
-  static constexpr size_t SMEM_KV = 1024 + TILES_KV + 8 * (1 + 2 * FB_ST);
+  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * STAGE + 8 * (1 + 2 * FB_ST);
+  /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
+  static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
+  static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_ST * 2 * NB + 8 * (1 + 2 * FB_ST);
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
@@ -160,10 +124,7 @@ __device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64
 
 /* ---- pre-pass ---------------------------------------------------------- */
 /* Row r of the (B, Lp) scratch: delta = dout . o (f32, as the mma
- * backward), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0. The
- * first row of a 64-row tile clears the tile's counters; atomic mode: each
- * row clears its D floats of the accumulator (a tile's parts are its rows'
- * 64 D floats). */
+ * backward), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0. */
 template <typename T, int D> __global__ void fb_prep_kernel(const fb_params p) {
   const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -180,24 +141,6 @@ template <typename T, int D> __global__ void fb_prep_kernel(const fb_params p) {
     l2 = L != -INFINITY ? L * FB_LOG2E : INFINITY;
   }
   if (lane == 0) p.sl[r] = l2, p.sd[r] = s;
-  if (i % 64 == 0 && lane < D / 64) p.cnt[r / 64 * (D / 64) + lane] = 0u;
-  if (p.mode == FB_ATOMIC)
-    for (int d = 4 * lane; d < D; d += 128) *(float4 *)(p.acc + r * D + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-}
-
-/* Atomic mode, after the dK/dV kernel: dq = scale acc, a thread per float4
- * of the accumulator (fragment order back to rows and columns). */
-template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
-  const int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (f >= (int64_t)p.B * p.Lp * (D / 4)) return;
-  const int64_t tile = f / (16 * D); /* (b, query tile): D / 64 parts of 1024 float4 */
-  const int u = (int)(f % (16 * D)), pc = u / 1024, j = u % 1024 / 128, x = u % 128;
-  const int b = (int)(tile / p.ntq), r = (int)(tile % p.ntq) * 64 + 16 * (x / 32) + x % 32 / 4;
-  const int c = 64 * pc + 8 * j + 2 * (x % 4);
-  const float4 v = __ldcs((const float4 *)p.acc + f);
-  T *base = (T *)(p.dq + fb_off(p, b, p.dq_bs)) + c;
-  if (r < p.Lq) *(uint32_t *)(base + (int64_t)r * p.dq_rs) = nb_mma<T>::pack(v.x * p.scale, v.y * p.scale);
-  if (r + 8 < p.Lq) *(uint32_t *)(base + (int64_t)(r + 8) * p.dq_rs) = nb_mma<T>::pack(v.z * p.scale, v.w * p.scale);
 }
 
 #ifdef NB_SM90A_DEVICE
@@ -260,99 +203,6 @@ __device__ __forceinline__ void fb_store(uint16_t *dst, int64_t rs, int r0, int 
   }
 }
 
-/* d (64 x 64) = dS B over the block's 128 keys: A (64
- * queries x the keys) the dS^T buffer at a, B (the keys x 64 columns) the
- * K block at b, both MN-major (transpose bits), + 2048 bytes per 16 keys. */
-#define FB_MMA_TT(TY)                                                                            \
-  static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t acc) {   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                     \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA3_ACC32              \
-                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"                                                \
-                 : FA3_OUT32 : "l"(da), "l"(db), "r"(acc));                                      \
-  }
-template <typename T> struct fb_mma_tt;
-template <> struct fb_mma_tt<__nv_bfloat16> { FB_MMA_TT("bf16") };
-template <> struct fb_mma_tt<__half> { FB_MMA_TT("f16") };
-
-template <typename T>
-__device__ __forceinline__ void fb_dq_mma(float (&d)[32], uint32_t a, uint32_t b) {
-#pragma unroll
-  for (int kk = 0; kk < FB_BK / 16; kk++)
-    fb_mma_tt<T>::run(d, sm90_desc(a + kk * 2048, FB_BK * 128), sm90_desc(b + kk * 2048, FB_BK * 128), kk > 0);
-}
-
-/* The register A fragments of a warpgroup's 64 x 64 dS^T (warp w, lane) to
- * its 64 rows of a dS^T buffer at base (see the top comment), then the
- * proxy fence that makes them visible to wgmma. */
-__device__ __forceinline__ void fb_ds_put(uint32_t base, const uint32_t (&a)[4][4], int w, int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const uint32_t row = 16 * w + g + 8 * (r & 1), u = 2 * kk + (r >> 1);
-      asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + row * 128 + ((u ^ g) << 4) + 4 * t), "r"(a[kk][r])
-                   : "memory");
-    }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-/* Both consumer warpgroups (256 threads; ids 1 and 2 are sm90_wg_sync's). */
-__device__ __forceinline__ void fb_consumers_sync() { asm volatile("bar.sync 3, 256;" ::: "memory"); }
-
-/* Thread 0 of a warpgroup: until the counter at c reads want (acquire).
- * Finite by the launch order (top comment); a trap after 30 s. */
-__device__ __forceinline__ void fb_wait_count(const unsigned *c, unsigned want) {
-  uint64_t t0, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (;;) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
-    if (v == want) return;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - t0 > 30000000000ull) asm volatile("trap;");
-  }
-}
-
-/* Key block kb's part pc (columns [64 pc, 64 pc + 64)) of query tile i0 /
- * 64's dQ, a 64 x 64 accumulator dq of consumer warpgroup wg (thread x of
- * it), into the f32 accumulator: atomic, or in ascending kb (the last
- * block writes dq). */
-template <typename T, int D>
-__device__ __forceinline__ void fb_dq_put(const fb_params &p, int b, int i0, int kb, int pc, int wg, int x,
-                                          float (&dq)[32]) {
-  const int qt = i0 / FB_BQ;
-  const int64_t part = ((int64_t)b * p.ntq + qt) * (D / 64) + pc;
-  float4 *slot = (float4 *)(p.acc + part * FB_QT) + x;
-  if (p.mode == FB_ATOMIC) {
-#pragma unroll
-    for (int j = 0; j < 8; j++) atomicAdd(slot + 128 * j, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
-    return;
-  }
-  const int last = p.causal ? min(p.nblk - 1, qt / 2) : p.nblk - 1; /* blocks 0..last see the tile */
-  unsigned *cnt = p.cnt + part;
-  if (kb > 0) {
-    if (x == 0) fb_wait_count(cnt, (unsigned)kb);
-    sm90_wg_sync(wg);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const float4 v = __ldcg(slot + 128 * j);
-      dq[4 * j] = v.x + dq[4 * j], dq[4 * j + 1] = v.y + dq[4 * j + 1];
-      dq[4 * j + 2] = v.z + dq[4 * j + 2], dq[4 * j + 3] = v.w + dq[4 * j + 3];
-    }
-  }
-  if (kb == last) {
-    fb_store<T, 64>(p.dq + fb_off(p, b, p.dq_bs) + 64 * pc, p.dq_rs, i0 + 16 * (x / 32) + x % 32 / 4, p.Lq, x % 4,
-                    dq, p.scale);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; j++) __stcg(slot + 128 * j, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
-  __threadfence();
-  sm90_wg_sync(wg);
-  if (x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(cnt), "r"((unsigned)kb + 1u) : "memory");
-}
-
 /* ---- dK, dV -------------------------------------------------------------- */
 /* Producer (one thread): K, V once, then Q, dO and the stats of query tile
  * it into stage it % FB_ST once the consumers have freed it. */
@@ -367,8 +217,8 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
   sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
   fb_tile<D, FB_BK>(sk, mk, bar.once(), j0, nh, c, p.nbk);
   fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(), j0, nh, c, p.nbk);
-  for (int it = 0; it < ntiles; it++) { /* the last tile first */
-    const int s = it % FB_ST, i0 = ibeg + (ntiles - 1 - it) * FB_BQ;
+  for (int it = 0; it < ntiles; it++) {
+    const int s = it % FB_ST, i0 = ibeg + it * FB_BQ;
     const uint32_t st = ss0 + s * C::STAGE;
     sm90_bar_wait(bar.empty(s), ((uint32_t)(it / FB_ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
     sm90_bar_expect(bar.full(s), 2 * C::QB);
@@ -380,43 +230,29 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
   }
 }
 
-/* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile,
- * and the tiles' dQ parts through the dS^T buffers at sds. */
+/* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile. */
 template <typename T, int D>
 __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
-                                              uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar) {
+                                              uint32_t sk, uint32_t ss0, const uint8_t *gss0, fb_bars bar) {
   typedef fb_cfg<D> C;
-  const int x = threadIdx.x % 128, lane = x % 32, w = x / 32, t = lane % 4;
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int kw = j0 + 64 * wg + 16 * w, kr = kw + lane / 4; /* the warp's first key; this thread's key g */
   const uint32_t ka = sk + wg * 64 * 128, va = ka + C::KB;  /* this warpgroup's rows of K, V */
-  float dk[D / 2], dv[D / 2];
+  float dk[D / 2], dv[D / 2], s[32], dp[32];
+  uint32_t pa[4][4], da[4][4];
 #pragma unroll
   for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
-  if (wg == 1 && j0 + 64 >= p.Lk) {
-    /* the producer leaves this half of K and V unloaded: zeros, so that S^T
-     * and dP^T are 0 there (dS^T = 0) and dQ's product, over all 128 keys,
-     * adds nothing from them (visible to the other warpgroup's wgmma after
-     * the first tile's barrier) */
 #pragma unroll
-    for (int c = 0; c < 2 * (D / 64); c++) {
-      const uint32_t base = sk + (c / (D / 64)) * C::KB + (c % (D / 64)) * FB_BK * 128 + 64 * 128;
-      for (int u = x; u < 64 * 128 / 16; u += 128)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + 16 * u), "r"(0u) : "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
+  for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
   if (ntiles) sm90_bar_wait(bar.once(), 0);
   for (int it = 0; it < ntiles; it++) {
-    const int sg = it % FB_ST, i0 = ibeg + (ntiles - 1 - it) * FB_BQ; /* the last tile first */
-    const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB, ds = sds + (it & 1) * FB_DS;
+    const int sg = it % FB_ST, i0 = ibeg + it * FB_BQ;
+    const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
     /* rows i0 .. i0 + 63 of the pre-pass's statistics (i0 + 64 <= Lp) */
     const float *sl = p.sl + (int64_t)b * p.Lp + i0, *sd = p.sd + (int64_t)b * p.Lp + i0;
-    /* the products' first k-step does not read its accumulator (scale-d
-     * 0): declared here, not set, s, dp and dq hold no value across tiles
-     * (registers for dK, dV, the tile's products and dQ's at once) */
-    float s[32], dp[32], dq[32];
-    uint32_t pa[4][4], da[4][4];
     sm90_bar_wait(bar.full(sg), (uint32_t)(it / FB_ST) & 1);
+    fa3_fence(s);
+    fa3_fence(dp);
     fa3_wg_fence();
     fb_ss<T, D, FB_BK, FB_BQ>(s, ka, qt); /* S^T = K Q^T (keys x queries) */
     fa3_commit();
@@ -425,19 +261,14 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_wait<1>(); /* S^T complete; dP^T may still run */
     fa3_fence(s);
     /* P^T: column (query) i0 + 8n + 2t + (e & 1), row (key) kr + 8 (e >> 1) */
+    const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
 #pragma unroll
     for (int n = 0; n < 8; n++) {
       const float2 l2 = *(const float2 *)(sl + 8 * n + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[4 * n + e] = nb_mma_exp2(fmaf(s[4 * n + e], p.sl2, -((e & 1) ? l2.y : l2.x)));
-    }
-    /* warp-uniform: some query before some key (causal), or keys past Lk
-     * (zero-filled or not loaded: P = 0 keeps them out of dQ) */
-    if ((p.causal && i0 < kw + 16) || kw + 16 > p.Lk) {
-#pragma unroll
-      for (int i = 0; i < 32; i++) {
-        const int qi = i0 + 8 * (i / 4) + 2 * t + (i & 1), kj = kr + 8 * ((i >> 1) & 1);
-        if (kj >= p.Lk || (p.causal && qi < kj)) s[i] = 0.0f;
+      for (int e = 0; e < 4; e++) {
+        const float pv = nb_mma_exp2(fmaf(s[4 * n + e], p.sl2, -((e & 1) ? l2.y : l2.x)));
+        s[4 * n + e] = diag && i0 + 8 * n + 2 * t + (e & 1) < kr + 8 * (e >> 1) ? 0.0f : pv;
       }
     }
     fa3_pack<T>(pa, s);
@@ -455,26 +286,14 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       for (int e = 0; e < 4; e++) dp[4 * n + e] = s[4 * n + e] * (dp[4 * n + e] - ((e & 1) ? dl.y : dl.x));
     }
     fa3_pack<T>(da, dp);
-    /* buffer it % 2 was last read by tile it - 2's dQ product, complete
-     * before either warpgroup passed tile it - 1's barrier */
-    fb_ds_put(ds + wg * 64 * 128, da, w, lane);
     fa3_fence(da);
     fa3_fence(dk);
     fa3_wg_fence();
     fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
     fa3_commit();
-    /* D 128: consumer wg the columns [64 wg, + 64); D 64: consumer it % 2 */
-    const bool mine = D == 128 || (it & 1) == wg;
-    fb_consumers_sync(); /* both halves of dS^T are in the buffer */
-    if (mine) {
-      fa3_wg_fence();
-      fb_dq_mma<T>(dq, ds, sk + (D == 128 ? wg : 0) * FB_BK * 128); /* dQ part = dS K */
-      fa3_commit();
-    }
     fa3_wait<0>();
     fa3_fence(dv);
     fa3_fence(dk);
-    if (mine) fa3_fence(dq);
     fa3_fence(pa);
     fa3_fence(da);
     /* every lane's reads of the stage (the statistics above) come before
@@ -482,12 +301,95 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
      * against them without this ordering */
     __syncwarp();
     if (lane == 0) sm90_bar_arrive(bar.empty(sg)); /* the stage (stats read above) is free */
-    if (mine) fb_dq_put<T, D>(p, b, i0, j0 / FB_BK, D == 128 ? wg : 0, wg, x, dq);
   }
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
   fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
 }
 
+/* ---- dQ ------------------------------------------------------------------ */
+/* Producer (one thread): Q, dO once, then K_j, V_j into stage j % FB_ST. */
+template <int D>
+__device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
+                                             const CUtensorMap *mg, const fb_params &p, int b, int i0, int ntiles,
+                                             uint32_t sq, uint32_t ss0, fb_bars bar) {
+  typedef fb_cfg<D> C;
+  int c[FB_MAXK];
+  fa3_coords(p, b, c);
+  const int nh = i0 + 64 < p.Lq ? 2 : 1; /* a half wholly past Lq is not loaded */
+  sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
+  fb_tile<D, FB_BM>(sq, mq, bar.once(), i0, nh, c, p.nbk);
+  fb_tile<D, FB_BM>(sq + C::MB, mg, bar.once(), i0, nh, c, p.nbk);
+  for (int j = 0; j < ntiles; j++) {
+    const int s = j % FB_ST;
+    const uint32_t kt = ss0 + s * 2 * C::NB;
+    sm90_bar_wait(bar.empty(s), ((uint32_t)(j / FB_ST) & 1) ^ 1);
+    sm90_bar_expect(bar.full(s), 2 * C::NB);
+    fb_tile<D, FB_BN>(kt, mk, bar.full(s), j * FB_BN, 1, c, p.nbk);
+    fb_tile<D, FB_BN>(kt + C::NB, mv, bar.full(s), j * FB_BN, 1, c, p.nbk);
+  }
+}
+
+/* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
+                                             uint32_t ss0, fb_bars bar) {
+  typedef fb_cfg<D> C;
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
+  const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
+  const uint32_t qa = sq + wg * 64 * 128, ga = qa + C::MB;
+  float dq[D / 2], s[32], dp[32], l2[2], dl[2];
+  uint32_t da[4][4];
+#pragma unroll
+  for (int h = 0; h < 2; h++) { /* rows < nblk 128 <= Lp */
+    l2[h] = p.sl[(int64_t)b * p.Lp + r0 + 8 * h];
+    dl[h] = p.sd[(int64_t)b * p.Lp + r0 + 8 * h];
+  }
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
+  sm90_bar_wait(bar.once(), 0);
+  for (int j = 0; j < ntiles; j++) {
+    const int sg = j % FB_ST, j0 = j * FB_BN;
+    const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
+    sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_ST) & 1);
+    fa3_fence(s);
+    fa3_fence(dp);
+    fa3_wg_fence();
+    fb_ss<T, D, FB_BM, FB_BN>(s, qa, kt); /* S = Q K^T */
+    fa3_commit();
+    fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
+    fa3_commit();
+    fa3_wait<1>();
+    fa3_fence(s);
+    /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = nb_mma_exp2(fmaf(s[i], p.sl2, -l2[(i >> 1) & 1]));
+    if (j0 + FB_BN > p.Lk || (p.causal && j0 + FB_BN - 1 > rw)) { /* warp-uniform */
+#pragma unroll
+      for (int i = 0; i < 32; i++) {
+        const int c = j0 + 8 * (i / 4) + 2 * t + (i & 1), r = r0 + 8 * ((i >> 1) & 1);
+        if (c >= p.Lk || (p.causal && c > r)) s[i] = 0.0f;
+      }
+    }
+    fa3_wait<0>();
+    fa3_fence(dp);
+#pragma unroll
+    for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
+    fa3_pack<T>(da, dp);
+    fa3_fence(da);
+    fa3_fence(dq);
+    fa3_wg_fence();
+    fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K */
+    fa3_commit();
+    fa3_wait<0>();
+    fa3_fence(dq);
+    fa3_fence(da);
+    __syncwarp(); /* as above: all lanes' reads before the release */
+    if (lane == 0) sm90_bar_arrive(bar.empty(sg));
+  }
+  fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
+}
 #endif /* NB_SM90A_DEVICE */
 
 /* Shared setup of both kernels: the tiles' base (1024-aligned: the 128-byte
@@ -495,6 +397,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
 #define FB_PROLOGUE(SMEM_TILES)                                                          \
   extern __shared__ uint8_t fb_raw[];                                                    \
   const uint32_t s0 = (sm90_smem(fb_raw) + 1023) & ~1023u;                               \
+  const uint8_t *g0 = fb_raw + (s0 - sm90_smem(fb_raw));                                 \
   const fb_bars bar = {s0 + (SMEM_TILES)};                                               \
   if (threadIdx.x == 0) {                                                                \
     for (int i = 0; i < 1 + 2 * FB_ST; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + FB_ST ? 1 : 8); \
@@ -511,7 +414,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                  const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
-  FB_PROLOGUE(C::TILES_KV);
+  FB_PROLOGUE(2 * C::KB + FB_ST * C::STAGE);
   const int b = blockIdx.x % p.B, j0 = (int)(blockIdx.x / p.B) * FB_BK; /* causal: heaviest first */
   const int ibeg = p.causal ? j0 : 0; /* queries before the block's first key see none of it */
   const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FB_BQ - 1) / FB_BQ : 0;
@@ -520,8 +423,33 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     if (threadIdx.x == 0 && ntiles) fb_kv_produce<D>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0, s0 + 2 * C::KB, bar);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fb_kv_consume<T, D>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB,
-                        s0 + 2 * C::KB + FB_ST * C::STAGE, bar);
+    fb_kv_consume<T, D>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB, g0 + 2 * C::KB, bar);
+  }
+#else
+  (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
+#endif
+}
+
+// dq (B, Lq, D): a CTA per (128 queries, batch index)
+template <typename T, int D>
+__global__ void __launch_bounds__(FB_THREADS, 1)
+    fb_q_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
+                const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
+                const __grid_constant__ fb_params p) {
+#ifdef NB_SM90A_DEVICE
+  typedef fb_cfg<D> C;
+  FB_PROLOGUE(2 * C::MB + FB_ST * 2 * C::NB);
+  (void)g0;
+  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - (int)(blockIdx.x / p.B)) * FB_BM;
+  /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
+  const int kend = p.causal ? min(p.Lk, min(i0 + FB_BM, p.Lq)) : p.Lk;
+  const int ntiles = (kend + FB_BN - 1) / FB_BN;
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (threadIdx.x == 0) fb_q_produce<D>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0, s0 + 2 * C::MB, bar);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::MB, bar);
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
@@ -529,13 +457,15 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 }
 
 /* ---- host -------------------------------------------------------------- */
-/* 1 when the loaded image of the dK/dV kernel is the 9.0 one (a binary
- * built without that target would run the sm_80 image's empty kernel). */
+/* 1 when the loaded images of both kernels are the 9.0 ones (a binary built
+ * without that target would run the sm_80 image's empty kernels). */
 template <typename T, int D> int fb_ready(void) {
   static int cache = 0;
   if (!cache) {
-    cudaFuncAttributes a;
-    cache = cudaFuncGetAttributes(&a, fb_kv_kernel<T, D>) == cudaSuccess && a.binaryVersion >= 90 ? 1 : -1;
+    cudaFuncAttributes a, b;
+    cache = cudaFuncGetAttributes(&a, fb_kv_kernel<T, D>) == cudaSuccess && a.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&b, fb_q_kernel<T, D>) == cudaSuccess && b.binaryVersion >= 90
+                ? 1 : -1;
     cudaGetLastError();
   }
   return cache == 1;
@@ -554,44 +484,36 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
   return 1;
 }
 
-int64_t fb_launches[2]; /* per mode */
+int64_t fb_launches;
 
 template <typename T, int D>
-nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb) {
-  static_assert(fb_cfg<D>::SMEM_KV <= 227 * 1024, "shared memory");
+nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb, int nqb) {
   const int64_t rows = (int64_t)p.B * p.Lp;
   fb_prep_kernel<T, D><<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(p);
   nb_status st = nb_cuda_launch_check("attention_bwd (sm90 delta)");
   if (st) return st;
   auto kv = fb_kv_kernel<T, D>;
-  const size_t skv = fb_cfg<D>::SMEM_KV;
+  auto qk = fb_q_kernel<T, D>;
+  const size_t skv = fb_cfg<D>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
   NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv),
+              "attention_bwd (sm90): shared memory attribute");
+  NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),
               "attention_bwd (sm90): shared memory attribute");
   p.nblk = nkb;
   kv<<<(unsigned)((int64_t)p.B * nkb), FB_THREADS, skv, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dk, dv)");
   if (st) return st;
-  if (p.mode == FB_ATOMIC) {
-    const int64_t n4 = rows * (D / 4);
-    fb_dq_kernel<T, D><<<(unsigned)((n4 + 255) / 256), 256, 0, ctx->stream>>>(p);
-    st = nb_cuda_launch_check("attention_bwd (sm90 dq)");
-  }
-  if (!st) __atomic_add_fetch(&fb_launches[p.mode], 1, __ATOMIC_RELAXED);
+  p.nblk = nqb;
+  qk<<<(unsigned)((int64_t)p.B * nqb), FB_THREADS, sq, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  st = nb_cuda_launch_check("attention_bwd (sm90 dq)");
+  if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
   return st;
 }
 
 } /* namespace */
 
 int64_t nb_cuda_attn_sm90_bwd_launches(int device) {
-  if (!nb_sm90_device_ok(device)) return -1;
-  int64_t n = 0;
-  for (int i = 0; i < 2; i++) n += __atomic_load_n(&fb_launches[i], __ATOMIC_RELAXED);
-  return n;
-}
-
-int64_t nb_cuda_attn_sm90_bwd_mode_launches(int device, int mode) {
-  if (!nb_sm90_device_ok(device)) return -1;
-  return mode >= 0 && mode < 2 ? __atomic_load_n(&fb_launches[mode], __ATOMIC_RELAXED) : 0;
+  return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_launches, __ATOMIC_RELAXED) : -1;
 }
 
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
@@ -638,34 +560,26 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
     p.bdim[0] = 1;
     nbk = 1;
   }
-  const int64_t nkb = (Lk + FB_BK - 1) / FB_BK, Lp = (Lq + 127) / 128 * 128;
-  if (B < 1 || B > INT32_MAX || B * nkb > INT32_MAX || B * Lp > INT32_MAX / 2) return 0;
+  const int64_t nqb = (Lq + FB_BM - 1) / FB_BM, nkb = (Lk + FB_BK - 1) / FB_BK, Lp = nqb * FB_BM;
+  if (B < 1 || B > INT32_MAX || B * nqb > INT32_MAX || B * nkb > INT32_MAX || B * Lp > INT32_MAX / 2) return 0;
   CUtensorMap maps[4];
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, 64) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, 64) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, 64) || !nb_fa3_map(&maps[3], dout, Lq, D, axes, nbk, 64))
     return 0;
-  /* one key block: each dQ part has one term, written directly (no
-   * accumulator, no atomics) */
-  p.mode = !nb_deterministic() && nkb > 1 ? FB_ATOMIC : FB_DET;
-  /* scratch: the accumulator (nkb > 1), lse2, delta, counters */
-  const size_t nacc = nkb > 1 ? (size_t)(B * Lp) * (size_t)D : 0, nrow = (size_t)(B * Lp);
-  const size_t bytes = (nacc + 2 * nrow) * sizeof(float) + nrow / 32 * sizeof(unsigned);
-  float *scratch = (float *)nb_cuda_scratch(ctx, bytes);
+  const size_t half = (size_t)B * Lp * sizeof(float);
+  float *scratch = (float *)nb_cuda_scratch(ctx, 2 * half);
   if (!scratch) {
     *st = nb_last_status();
     return 1;
   }
-  if ((uintptr_t)scratch & 15) { /* float4 accesses of the accumulator */
-    nb_cuda_scratch_free(ctx, scratch, bytes);
+  if ((uintptr_t)scratch & 15) { /* the bulk copies need 16-byte alignment */
+    nb_cuda_scratch_free(ctx, scratch, 2 * half);
     return 0;
   }
-  p.acc = nacc ? scratch : NULL;
-  p.sl = scratch + nacc, p.sd = p.sl + nrow;
-  p.cnt = (unsigned *)(p.sd + nrow);
-  p.ntq = (int)(Lp / FB_BQ);
   p.dq = (uint16_t *)dq->data, p.dk = (uint16_t *)dk->data, p.dv = (uint16_t *)dv->data;
   p.o = (const uint16_t *)o->data, p.g = (const uint16_t *)dout->data;
   p.lse = (const float *)lse->data;
+  p.sl = scratch, p.sd = scratch + B * Lp;
   p.dq_rs = dq->strides[nd - 2], p.dk_rs = dk->strides[nd - 2], p.dv_rs = dv->strides[nd - 2];
   p.o_rs = o->strides[nd - 2], p.g_rs = dout->strides[nd - 2];
   p.nbk = nbk;
@@ -677,11 +591,11 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;
   if (D == 64)
-    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb)
-                        : fb_launch<__half, 64>(ctx, maps, p, (int)nkb);
+    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb, (int)nqb)
+                        : fb_launch<__half, 64>(ctx, maps, p, (int)nkb, (int)nqb);
   else
-    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb)
-                        : fb_launch<__half, 128>(ctx, maps, p, (int)nkb);
-  nb_cuda_scratch_free(ctx, scratch, bytes);
+    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb, (int)nqb)
+                        : fb_launch<__half, 128>(ctx, maps, p, (int)nkb, (int)nqb);
+  nb_cuda_scratch_free(ctx, scratch, 2 * half);
   return 1;
 }

@@ -18,9 +18,7 @@
  * every call), and 1 when it ran the call, with *st its status. Same views and
  * contract as attn_bwd (backend_entries.h) without mask, dropout or grouped
  * heads: lse (.., Lq) f32 contiguous as the forwards write it; dq, dk, dv
- * written (not accumulated). dq is summed over the key blocks in a fixed
- * order (the same bits every run) unless nb_deterministic() is 0 and Lk >
- * 128: then with f32 atomic adds. */
+ * written (not accumulated), the same bits every run. */
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk,
                           const nb_kview *dv, const nb_kview *dout, const nb_kview *q,
                           const nb_kview *k, const nb_kview *v, const nb_kview *o,
@@ -33,10 +31,6 @@ extern "C" {
  * -1 when the device is not compute capability 9.0 (it never runs there).
  * For tests that must know which kernels ran. */
 int64_t nb_cuda_attn_sm90_bwd_launches(int device);
-
-/* Of those, the calls that summed dq in a fixed order (mode 0) or with
- * atomic adds (mode 1); -1 off a 9.0 device. */
-int64_t nb_cuda_attn_sm90_bwd_mode_launches(int device, int mode);
 
 #ifdef __cplusplus
 }
