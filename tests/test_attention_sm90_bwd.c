@@ -10,8 +10,10 @@
  * the switch off. Cases: T in {1, 7, 64, 129, 1000, 4097}, Lq != Lk both
  * ways (causal aligned top-left), causal and not, several (batch, head)
  * pairs, q, k, v as (B, H, T, D) views of a packed (B, T, 3, H, D)
- * projection (their gradients strided views of one buffer).
- * NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000 rows.
+ * projection (their gradients strided views of one buffer), more blocks
+ * than SMs. The work order in sections of 3 batch indices
+ * (NABLA_ATTENTION_SM90_SECTION=3, forward and backward) gives the same
+ * bits as the default's L2-sized sections. NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000 rows.
  * Without a CUDA device: skipped (77). */
 #include <math.h>
 #include <stdlib.h>
@@ -44,6 +46,9 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   const int64_t l0 = launches();
   unsetenv("NABLA_ATTENTION_SM90_BWD"); /* the default */
   sresult got = run(c, causal, in, n, dt, GPU), again = run(c, causal, in, n, dt, GPU);
+  setenv("NABLA_ATTENTION_SM90_SECTION", "3", 1);
+  sresult sec = run(c, causal, in, n, dt, GPU);
+  unsetenv("NABLA_ATTENTION_SM90_SECTION");
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90_BWD", "0", 1);
   sresult mma = run(c, causal, in, n, dt, GPU);
@@ -51,14 +56,16 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   unsetenv("NABLA_ATTENTION_SM90_BWD");
   sresult ref = run(c, causal, rounded, n, NB_F64, CPU);
   if (l0 >= 0) {
-    NBT_CHECK(c->runs ? l1 == l0 + 2 : l1 == l0, "%s: the sm_90a backward ran %lld times in two calls (%d "
-              "expected)", name, (long long)(l1 - l0), c->runs ? 2 : 0);
+    NBT_CHECK(c->runs ? l1 == l0 + 3 : l1 == l0, "%s: the sm_90a backward ran %lld times in three calls (%d "
+              "expected)", name, (long long)(l1 - l0), c->runs ? 3 : 0);
     NBT_CHECK(l2 == l1, "%s: NABLA_ATTENTION_SM90_BWD=0 still ran it", name);
   }
   const double tol = dt == NB_F16 ? 2e-3 : 1.5e-2;
   compare(name, "float64", &got, &ref, n, tol);
   compare(name, "the mma.sync backward", &got, &mma, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
+  NBT_CHECK(same_bits(&got, &sec, n), "%s: sections of 3 batch indices differ from the default order", name);
+  atest_free(&sec);
   atest_free(&got);
   atest_free(&again);
   atest_free(&mma);

@@ -141,10 +141,9 @@ __device__ __forceinline__ int fa3_item(const fa3_params &p, int r, int *b, int 
   const int G = (int)gridDim.x, c = (int)blockIdx.x;
   const int64_t x64 = (int64_t)r * G + ((r & 1) ? G - 1 - c : c);
   if (x64 >= p.items) return 0;
-  const int x = (int)x64;
-  const int sec = x / (p.hg * p.nblk), y = x % (p.hg * p.nblk), h = min(p.hg, p.B - sec * p.hg);
-  *b = sec * p.hg + y % h;
-  *i0 = (p.nblk - 1 - y / h) * FA3_BM;
+  int blk;
+  fa3_section((int)x64, p.B, p.nblk, p.hg, b, &blk);
+  *i0 = (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
   *ntiles = (kend + FA3_BN - 1) / FA3_BN;
@@ -569,6 +568,15 @@ int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const in
                         (cuuint32_t)(2 + nbk), v->data, dims, strides, box);
 }
 
+int nb_fa3_section(const nb_cuda_ctx *ctx, int64_t B, int64_t per_b) {
+  int l2 = 0;
+  if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx->dev) != cudaSuccess) l2 = 0, cudaGetLastError();
+  int64_t hg = per_b > 0 ? l2 / 2 / per_b : B;
+  const char *e = getenv("NABLA_ATTENTION_SM90_SECTION");
+  if (e && atoi(e) > 0) hg = atoi(e);
+  return (int)(hg < 1 ? 1 : hg > B ? B : hg);
+}
+
 int64_t nb_cuda_attn_sm90_launches(int device) {
   return nb_sm90_device_ok(device) ? __atomic_load_n(&fa3_launches, __ATOMIC_RELAXED) : -1;
 }
@@ -629,15 +637,7 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.Lk = (int)Lk;
   p.nblk = (int)nblk;
   p.items = (int)(B * nblk);
-  {
-    int l2 = 0; /* a section's K and V (fa3_item) in half the L2 */
-    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx->dev) != cudaSuccess) l2 = 0, cudaGetLastError();
-    const int64_t per = 4 * Lk * D; /* K and V of one batch index, bytes */
-    int64_t hg = l2 / 2 / per;
-    const char *e = getenv("NABLA_ATTENTION_SM90_SECTION"); /* the tests' override */
-    if (e && atoi(e) > 0) hg = atoi(e);
-    p.hg = (int)(hg < 1 ? 1 : hg > B ? B : hg);
-  }
+  p.hg = nb_fa3_section(ctx, B, 4 * Lk * D); /* K and V of a batch index */
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;

@@ -26,6 +26,12 @@
  * cannot take it (alignment, strides, sizes). */
 int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const int *axes, int nbk, int rows);
 
+/* The section of the kernels' work order (fa3_section): how many of the B
+ * batch indices have their streamed operands, per_b bytes each, in half
+ * the L2 of the context's device (NABLA_ATTENTION_SM90_SECTION=n: n, for
+ * the tests); 1 to B. */
+int nb_fa3_section(const nb_cuda_ctx *ctx, int64_t B, int64_t per_b);
+
 #ifdef NB_SM90A_DEVICE
 namespace {
 
@@ -47,6 +53,18 @@ __device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint
                  " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
                  ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2])
                  : "memory");
+}
+
+/* Work item x of B nblk (batch index, block) items in sections of hg batch
+ * indices (the last section may have fewer; nb_fa3_section): its batch
+ * index *b and its block's rank *blk in the section, 0 first. Inside a
+ * section rank 0 of every batch index comes first, then rank 1, ..., so
+ * the blocks at work at one time share the operands of at most hg batch
+ * indices, which L2 holds. */
+__device__ __forceinline__ void fa3_section(int x, int B, int nblk, int hg, int *b, int *blk) {
+  const int sec = x / (hg * nblk), y = x % (hg * nblk), h = min(hg, B - sec * hg);
+  *b = sec * hg + y % h;
+  *blk = y / h;
 }
 
 /* The batch coordinates c[0..FA3_MAXK) of the flat batch index b over the

@@ -96,6 +96,7 @@ struct fb_params {
   int64_t dq_bs[FB_MAXK], dk_bs[FB_MAXK], dv_bs[FB_MAXK], o_bs[FB_MAXK], g_bs[FB_MAXK];
   int bdim[FB_MAXK], nbk;
   int B, Lq, Lk, Lp, nblk; /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
+  int hg;                  /* batch indices per section of the CTAs' order (fa3_section) */
   float scale, sl2;        /* sl2 = scale log2(e) */
   int causal;
 };
@@ -415,7 +416,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
   FB_PROLOGUE(2 * C::KB + FB_ST * C::STAGE);
-  const int b = blockIdx.x % p.B, j0 = (int)(blockIdx.x / p.B) * FB_BK; /* causal: heaviest first */
+  int b, blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
+  fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
+  const int j0 = blk * FB_BK;
   const int ibeg = p.causal ? j0 : 0; /* queries before the block's first key see none of it */
   const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FB_BQ - 1) / FB_BQ : 0;
   if (threadIdx.x < 128) {
@@ -440,7 +443,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   typedef fb_cfg<D> C;
   FB_PROLOGUE(2 * C::MB + FB_ST * 2 * C::NB);
   (void)g0;
-  const int b = blockIdx.x % p.B, i0 = (p.nblk - 1 - (int)(blockIdx.x / p.B)) * FB_BM;
+  int b, blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
+  fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
+  const int i0 = (p.nblk - 1 - blk) * FB_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(i0 + FB_BM, p.Lq)) : p.Lk;
   const int ntiles = (kend + FB_BN - 1) / FB_BN;
@@ -500,10 +505,12 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),
               "attention_bwd (sm90): shared memory attribute");
   p.nblk = nkb;
+  p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lq * D); /* Q and dO of a batch index */
   kv<<<(unsigned)((int64_t)p.B * nkb), FB_THREADS, skv, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dk, dv)");
   if (st) return st;
   p.nblk = nqb;
+  p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lk * D); /* K and V of a batch index */
   qk<<<(unsigned)((int64_t)p.B * nqb), FB_THREADS, sq, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dq)");
   if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
