@@ -57,6 +57,18 @@ void test_unary(void);
 void test_binary(void);
 void test_copy_cast(void);
 void test_cast_ties(void);
+/* NABLA_AUTOTUNE off and NABLA_AUTOTUNE_CACHE in a fresh temporary
+ * directory (tests/cuda/gemm_tune.c): begin returns 0, after a failed check
+ * naming what, when none can be made; end restores both variables, resets
+ * the tuner and removes the directory. */
+typedef struct {
+  char *old_on, *old_path;
+  char dir[40], path[64];
+} tune_cache;
+int tune_cache_begin(tune_cache *t, const char *what);
+void tune_cache_end(tune_cache *t);
+/* Lines of the file path containing text (0 when it cannot be read). */
+int tune_lines(const char *path, const char *text);
 void test_fp8_section(void); /* tests/cuda/fp8.c */
 void test_reduce(void);
 void test_matmul(void);

@@ -241,16 +241,6 @@ static void smm_exact(int64_t M, int64_t N, int64_t K, nb_dtype fa, nb_dtype fb,
   nb_scope_end();
 }
 
-/* Lines of file path containing text. */
-static int smm_lines(const char *path, const char *text) {
-  FILE *f = fopen(path, "r");
-  char line[512];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
-  if (f) fclose(f);
-  return n;
-}
-
 /* NABLA_AUTOTUNE=1 on an FP8 product (a cache file in a temporary directory):
  * the first call times the candidates (more than one launch) and writes one
  * line under its own key (both formats and the output dtype); read back as
@@ -258,19 +248,8 @@ static int smm_lines(const char *path, const char *text) {
  * the heuristic's (exact sums: {-1, 0, 1} operands). */
 static void smm_tune(void) {
   if (f8_launches() < 0) return;
-  const char *e1 = getenv("NABLA_AUTOTUNE"), *e2 = getenv("NABLA_AUTOTUNE_CACHE");
-  char *old_on = e1 ? strdup(e1) : NULL, *old_path = e2 ? strdup(e2) : NULL;
-  char dir[] = "/tmp/nabla-f8tune-XXXXXX", path[64];
-  if (!mkdtemp(dir)) {
-    NBT_CHECK(0, "scaled_mm tune: mkdtemp failed");
-    free(old_on);
-    free(old_path);
-    return;
-  }
-  snprintf(path, sizeof path, "%s/autotune.txt", dir);
-  setenv("NABLA_AUTOTUNE_CACHE", path, 1);
-  unsetenv("NABLA_AUTOTUNE");
-  nb_tune_reset();
+  tune_cache tc;
+  if (!tune_cache_begin(&tc, "scaled_mm tune")) return;
   nb_scope_begin();
   int64_t M = 1000, N = 520, K = 4096;
   const char *key = "/gemm_sm90/f8e4m3xf8e5m2-bf16/NT/1024x1024x4096\t";
@@ -282,7 +261,7 @@ static void smm_tune(void) {
   char *b0 = malloc(bytes), *b1 = malloc(bytes), *b2 = malloc(bytes);
   int64_t n0 = f8_launches();
   nb_tensor *off = ga && gb ? nb_scaled_mm(ga, gb, gsa, gsb, NB_BF16) : NULL;
-  NBT_CHECK(off && f8_launches() == n0 + 1 && access(path, F_OK) != 0,
+  NBT_CHECK(off && f8_launches() == n0 + 1 && access(tc.path, F_OK) != 0,
             "scaled_mm tune: tuning off: one launch, no cache file (%s)", off ? "" : nb_last_error());
   setenv("NABLA_AUTOTUNE", "1", 1);
   nb_tune_reset();
@@ -291,7 +270,7 @@ static void smm_tune(void) {
   int64_t tuning = f8_launches() - n0;
   NBT_CHECK(tuned && tuning > 1, "scaled_mm tune: NABLA_AUTOTUNE=1 times the candidates (%lld launches)",
             (long long)tuning);
-  NBT_CHECK(smm_lines(path, key) == 1, "scaled_mm tune: one cache line for %s in %s", key, path);
+  NBT_CHECK(tune_lines(tc.path, key) == 1, "scaled_mm tune: one cache line for %s in %s", key, tc.path);
   nb_tune_reset(); /* as a new process would: the file read back */
   n0 = f8_launches();
   nb_tensor *again = ga && gb ? nb_scaled_mm(ga, gb, gsa, gsb, NB_BF16) : NULL;
@@ -303,15 +282,7 @@ static void smm_tune(void) {
   nb_clear_error();
   free(A); free(W); free(b0); free(b1); free(b2);
   nb_scope_end();
-  if (old_on) setenv("NABLA_AUTOTUNE", old_on, 1);
-  else unsetenv("NABLA_AUTOTUNE");
-  if (old_path) setenv("NABLA_AUTOTUNE_CACHE", old_path, 1);
-  else unsetenv("NABLA_AUTOTUNE_CACHE");
-  free(old_on);
-  free(old_path);
-  nb_tune_reset();
-  remove(path);
-  rmdir(dir);
+  tune_cache_end(&tc);
 }
 
 void test_fp8_section(void) {

@@ -106,8 +106,7 @@ static char *gt_bytes(const nb_tensor *t) {
   return p;
 }
 
-/* Lines of the cache file containing text. */
-static int gt_lines(const char *path, const char *text) {
+int tune_lines(const char *path, const char *text) {
   FILE *f = fopen(path, "r");
   char line[512];
   int n = 0;
@@ -145,21 +144,38 @@ static void gt_inplace(int64_t M, int64_t N, int64_t K, uint64_t seed, int64_t *
 }
 #endif
 
-/* NABLA_AUTOTUNE with the cache in a temporary directory. */
-static void gt_cache(uint64_t seed) {
+int tune_cache_begin(tune_cache *t, const char *what) {
   const char *e1 = getenv("NABLA_AUTOTUNE"), *e2 = getenv("NABLA_AUTOTUNE_CACHE");
-  char *old_on = e1 ? strdup(e1) : NULL, *old_path = e2 ? strdup(e2) : NULL;
-  char dir[] = "/tmp/nabla-tune-XXXXXX", path[64];
-  if (!mkdtemp(dir)) {
-    NBT_CHECK(0, "gemm tune: mkdtemp failed");
-    free(old_on);
-    free(old_path);
-    return;
+  snprintf(t->dir, sizeof t->dir, "/tmp/nabla-tune-XXXXXX");
+  if (!mkdtemp(t->dir)) {
+    NBT_CHECK(0, "%s: mkdtemp failed", what);
+    return 0;
   }
-  snprintf(path, sizeof path, "%s/autotune.txt", dir);
-  setenv("NABLA_AUTOTUNE_CACHE", path, 1);
+  t->old_on = e1 ? strdup(e1) : NULL;
+  t->old_path = e2 ? strdup(e2) : NULL;
+  snprintf(t->path, sizeof t->path, "%s/autotune.txt", t->dir);
+  setenv("NABLA_AUTOTUNE_CACHE", t->path, 1);
   unsetenv("NABLA_AUTOTUNE");
   nb_tune_reset();
+  return 1;
+}
+
+void tune_cache_end(tune_cache *t) {
+  if (t->old_on) setenv("NABLA_AUTOTUNE", t->old_on, 1);
+  else unsetenv("NABLA_AUTOTUNE");
+  if (t->old_path) setenv("NABLA_AUTOTUNE_CACHE", t->old_path, 1);
+  else unsetenv("NABLA_AUTOTUNE_CACHE");
+  free(t->old_on);
+  free(t->old_path);
+  nb_tune_reset();
+  remove(t->path);
+  rmdir(t->dir);
+}
+
+/* NABLA_AUTOTUNE with the cache in a temporary directory. */
+static void gt_cache(uint64_t seed) {
+  tune_cache tc;
+  if (!tune_cache_begin(&tc, "gemm tune")) return;
   nb_scope_begin();
   /* the split-K shape, A transposed: key .../gemm_sm90/bf16/TN/1024x1024x8192 */
   int64_t M = 1000, N = 520, K = 4136;
@@ -172,7 +188,7 @@ static void gt_cache(uint64_t seed) {
   int64_t n0 = gs_launches(), dev = n0 >= 0; /* the own kernel runs here */
   nb_tensor *off = nb_matmul(ga, gb);
   if (dev) NBT_CHECK(gs_launches() == n0 + 1, "gemm tune: tuning off: one launch, no timing");
-  NBT_CHECK(access(path, F_OK) != 0, "gemm tune: tuning off writes no cache file");
+  NBT_CHECK(access(tc.path, F_OK) != 0, "gemm tune: tuning off writes no cache file");
   setenv("NABLA_AUTOTUNE", "1", 1);
   nb_tune_reset();
   n0 = gs_launches();
@@ -180,7 +196,7 @@ static void gt_cache(uint64_t seed) {
   int64_t tuning = gs_launches() - n0;
   if (dev) {
     NBT_CHECK(tuning > 1, "gemm tune: NABLA_AUTOTUNE=1 times the candidates (%lld launches)", (long long)tuning);
-    NBT_CHECK(gt_lines(path, key) == 1, "gemm tune: one cache line for %s in %s", key, path);
+    NBT_CHECK(tune_lines(tc.path, key) == 1, "gemm tune: one cache line for %s in %s", key, tc.path);
   }
   double *O = tuned ? nbt_f64(tuned) : NULL, *F = off ? nbt_f64(off) : NULL;
   double e_ref = O ? gs_err(O, ref, rows, nrow, N) : INFINITY, e_off = O && F ? gs_rel(O, F, M * N) : INFINITY;
@@ -217,28 +233,20 @@ static void gt_cache(uint64_t seed) {
     nb_gemm_epilogue ep = {NULL, NULL, NULL, 0.5f, 0.0f, 1};
     n0 = gs_launches();
     NBT_CHECK(nb_cuda_gemm_ex(&ko, &ka, &kb, &ep) == NB_OK && gs_launches() == n0 + 1 &&
-                  gt_lines(path, "/gemm_sm90/") == 1,
+                  tune_lines(tc.path, "/gemm_sm90/") == 1,
               "gemm tune: a fused call shares the plain product's cached choice (%s)", nb_last_error());
     nb_clear_error();
     /* a new problem, fused, its c its own output (f32): tuned into scratch */
     int64_t launched = 0;
     gt_inplace(520, 1032, 776, seed + 7, &launched);
-    NBT_CHECK(launched > 1 && gt_lines(path, "/gemm_sm90/bf16-f32/NT/1024x2048x1024\t") == 1,
+    NBT_CHECK(launched > 1 && tune_lines(tc.path, "/gemm_sm90/bf16-f32/NT/1024x2048x1024\t") == 1,
               "gemm tune: the fused f32 call tuned (%lld launches) and wrote its line", (long long)launched);
   }
 #endif
   gt_backend(0);
   free(A); free(B); free(ref); free(rows); free(O); free(F);
   nb_scope_end();
-  if (old_on) setenv("NABLA_AUTOTUNE", old_on, 1);
-  else unsetenv("NABLA_AUTOTUNE");
-  if (old_path) setenv("NABLA_AUTOTUNE_CACHE", old_path, 1);
-  else unsetenv("NABLA_AUTOTUNE_CACHE");
-  free(old_on);
-  free(old_path);
-  nb_tune_reset();
-  remove(path);
-  rmdir(dir);
+  tune_cache_end(&tc);
 }
 
 void test_gemm_tune(void) {
