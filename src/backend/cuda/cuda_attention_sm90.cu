@@ -8,10 +8,11 @@
  *
  * Persistent: a CTA of 384 threads per SM (NABLA_ATTENTION_SM90_PERSISTENT=0:
  * one per item) takes work items, (block of 128 query rows, batch index)
- * pairs, in rounds in a snake order (fa3_item) that evens out causal
- * blocks' unequal work; the items come in sections of as many batch
- * indices as have K and V in half the L2 (NABLA_ATTENTION_SM90_SECTION=n:
- * n, for the tests), the heaviest query blocks of a section first:
+ * pairs, from a ticket counter whenever it starts one (fa3_next): a CTA
+ * that finishes early takes more, which evens out causal blocks' unequal
+ * work; the items come in sections of as many batch indices as have K and
+ * V in an eighth of the L2 (NABLA_ATTENTION_SM90_SECTION=n: n, for the
+ * tests), the heaviest query blocks of a section first:
  *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
  *     issues the TMA copies, for each item Q's 128 x D tile once (when the
  *     consumers' last S of the item before has completed: an empty Q
@@ -32,7 +33,8 @@
  *     bit: it is MN-major there). Intra-warpgroup overlap (FA3's): in
  *     iteration j, S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued back to
  *     back; the softmax of S_j runs while the P V product is on the tensor
- *     cores, and O is rescaled and P_j packed once it has completed.
+ *     cores, and O is rescaled (when the reference max moved: fa3_softmax)
+ *     and P_j packed once it has completed.
  *     Ping-pong (FA3's warp scheduler barriers; NABLA_ATTENTION_SM90_PINGPONG
  *     =0 turns it off, read at every call): the two consumers take turns
  *     issuing their GEMMs of a tile through two named barriers, so that one
@@ -104,21 +106,24 @@ struct fa3_params {
   int causal;
   int pingpong; /* the consumers take turns issuing their GEMMs (NABLA_ATTENTION_SM90_PINGPONG) */
   int tma_o;    /* o staged in shared memory and stored by TMA (NABLA_ATTENTION_SM90_TMA_STORE) */
-  int items;    /* B nblk (batch index, query block) pairs, taken by the grid's CTAs in rounds */
+  int items;    /* B nblk (batch index, query block) pairs */
   int hg;       /* batch indices per section of the item order (fa3_item) */
+  unsigned *work; /* the work counters {ticket, CTAs done} (nb_cuda_work_counters) */
 };
 
 template <int D> struct fa3_cfg {
   static constexpr int ST = D == 64 ? 3 : 2;                      /* K/V stages */
   static constexpr int QB = FA3_BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q (and o's staging); one K or V tile */
-  /* full Q; full K, full V, empty K, empty V per stage; empty Q */
-  static constexpr int NBAR = 2 + 4 * ST;
-  static constexpr size_t SMEM = 1024 + 2 * QB + 2 * ST * KB + 8 * NBAR;
+  /* full Q; full K, full V, empty K, empty V per stage; empty Q; full and
+   * empty item slot per slot (2) */
+  static constexpr int NBAR = 6 + 4 * ST;
+  static constexpr size_t SMEM = 1024 + 2 * QB + 2 * ST * KB + 8 * NBAR + 8; /* + the 2 item slots */
 };
 
 #ifdef NB_SM90A_DEVICE
 /* mbarrier addresses after the tiles: full Q, then per stage s full K, full
- * V, empty K, empty V, then empty Q. */
+ * V, empty K, empty V, then empty Q, the item slots' full and empty
+ * barriers, then the two item slots (an int each). */
 template <int D> struct fa3_bars {
   uint32_t base;
   __device__ __forceinline__ uint32_t q() const { return base; }
@@ -127,27 +132,60 @@ template <int D> struct fa3_bars {
   __device__ __forceinline__ uint32_t ek(int s) const { return base + 8 * (1 + 2 * fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t ev(int s) const { return base + 8 * (1 + 3 * fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t qe() const { return base + 8 * (1 + 4 * fa3_cfg<D>::ST); }
+  __device__ __forceinline__ uint32_t itf(int s) const { return base + 8 * (2 + 4 * fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t ite(int s) const { return base + 8 * (4 + 4 * fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t slot(int s) const { return base + 8 * fa3_cfg<D>::NBAR + 4 * s; }
 };
 
-/* The work item of round r of this CTA, 0 past the last: the grid's CTAs
- * take the items in rounds, in a snake order (even rounds CTA c takes
- * item r G + c, odd rounds r G + G - 1 - c) that evens out causal blocks'
- * unequal work. The items come in sections of hg batch indices (the last
- * section may have fewer), whose K and V fit in half the L2 together, so
- * the CTAs at work at any time read K/V tiles that L2 holds; inside a
- * section the heaviest query blocks first, each for all the section's
- * batch indices. ntiles: the item's key tiles. */
-__device__ __forceinline__ int fa3_item(const fa3_params &p, int r, int *b, int *i0, int *ntiles) {
-  const int G = (int)gridDim.x, c = (int)blockIdx.x;
-  const int64_t x64 = (int64_t)r * G + ((r & 1) ? G - 1 - c : c);
-  if (x64 >= p.items) return 0;
+/* Work item x (0 <= x < p.items): its batch index *b, first query row
+ * *i0 and key tiles *ntiles. The items come in sections of hg batch
+ * indices (the last section may have fewer), whose K and V fit in an
+ * eighth of the L2 together, so the CTAs at work at any time read K/V
+ * tiles that L2 holds; inside a section the heaviest query blocks first,
+ * each for all the section's batch indices. */
+__device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk;
-  fa3_section((int)x64, p.B, p.nblk, p.hg, b, &blk);
+  fa3_section(x, p.B, p.nblk, p.hg, b, &blk);
   *i0 = (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
   *ntiles = (kend + FA3_BN - 1) / FA3_BN;
-  return 1;
+}
+
+/* The work order (FlashAttention-3's dynamic scheduler): CTA c's first
+ * item is c; whenever its producer starts an item it takes the next one
+ * from the ticket counter (gridDim.x + atomicAdd), so a CTA that finishes
+ * early takes more (the heaviest come first: longest-first scheduling).
+ * The producer hands each item to the consumers through two slots in
+ * shared memory (the k-th item in slot k % 2, an mbarrier each to say it
+ * is full and one for its 8 consumer warps to say they have read it); a
+ * ticket past the last item ends the CTA. With as many CTAs as items
+ * (NABLA_ATTENTION_SM90_PERSISTENT=0) no counter is used. The CTA that
+ * ends last returns the counters to zero for the next launch. */
+__device__ __forceinline__ int fa3_next(const fa3_params &p) {
+  const int G = (int)gridDim.x;
+  return G < p.items ? G + (int)atomicAdd(p.work, 1u) : p.items;
+}
+template <int D> __device__ __forceinline__ void fa3_put(fa3_bars<D> bar, int k, int x) {
+  sm90_bar_wait(bar.ite(k % 2), ((uint32_t)(k / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(bar.slot(k % 2)), "r"(x) : "memory");
+  sm90_bar_arrive(bar.itf(k % 2));
+}
+template <int D> __device__ __forceinline__ int fa3_take(fa3_bars<D> bar, int k) {
+  int x;
+  sm90_bar_wait(bar.itf(k % 2), (uint32_t)(k / 2) & 1);
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(bar.slot(k % 2)) : "memory");
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(k % 2));
+  return x;
+}
+__device__ __forceinline__ void fa3_work_done(const fa3_params &p) {
+  if ((int)gridDim.x >= p.items) return;
+  __threadfence();
+  if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) { /* every CTA has taken its last ticket */
+    atomicExch(p.work, 0u);
+    atomicExch(p.work + 1, 0u);
+  }
 }
 
 /* TMA store of the staged box src to (d0, row, batch coordinates c) of a
@@ -185,7 +223,8 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
   for (int x = 0; x < D / 64; x++) fa3_tma(vt + x * FA3_BN * 128, mv, bar.fv(s), 64 * x, j * FA3_BN, c, p.nbk);
 }
 
-/* Producer (one thread), for each of the CTA's items n: Q once the
+/* Producer (one thread), for each of the CTA's items n (fa3_next, handed
+ * to the consumers by fa3_put): Q once the
  * consumers have freed it (their last S of item n - 1 has completed), then
  * K_j and V_j of every tile j into the ring, whose stage and phase come
  * from the running tile count it: item n + 1's loads start while the
@@ -194,8 +233,13 @@ template <int D>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
-  int it = 0, b, i0, ntiles;
-  for (int n = 0; fa3_item(p, n, &b, &i0, &ntiles); n++) {
+  int it = 0, b, i0, ntiles, x = (int)blockIdx.x;
+  fa3_put(bar, 0, x);
+  for (int n = 0; x < p.items; n++) {
+    const int nx = fa3_next(p);
+    fa3_put(bar, n + 1, nx);
+    fa3_item(p, x, &b, &i0, &ntiles);
+    x = nx;
     int c[FA3_MAXK];
     fa3_coords(p, b, c);
     sm90_bar_wait(bar.qe(), ((uint32_t)n & 1) ^ 1); /* fresh barriers pass parity 1 */
@@ -204,6 +248,7 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
     for (int x = 0; x < D / 64; x++) fa3_tma(sq + x * FA3_BM * 128, mq, bar.q(), 64 * x, i0, c, p.nbk);
     for (int j = 0; j < ntiles; j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
   }
+  fa3_work_done(p);
 }
 
 /* ---- wgmma ------------------------------------------------------------- */
@@ -244,21 +289,28 @@ __device__ __forceinline__ void fa3_mask(float (&s)[FA3_BN / 2], int r0, int c0,
 }
 
 /* One tile's online softmax for this thread's rows g, g + 8 (h = 0, 1): s
- * becomes p = exp2(s sl2 - m sl2) with m the running max, l is rescaled
- * and gets this thread's sums of p (the quad adds them at the end), corr[h]
- * is the factor O's row must be multiplied by. The formulas of the mma
- * kernel's fa_softmax. */
+ * becomes p = exp2(s sl2 - m sl2) with m the row's reference max, l is
+ * rescaled and gets this thread's sums of p (the quad adds them at the
+ * end), corr[h] is the factor O's row must be multiplied by. The reference
+ * max moves only when the tile's max exceeds it by more than 8 in log2
+ * units (FlashAttention-4's lazy rescaling): otherwise p <= 2^8, exact to
+ * the input dtype's precision as before (l, O and the log-sum-exp use the
+ * same m), and corr is 1, so that O's rescaling is skipped on most tiles.
+ * The formulas of the mma kernel's fa_softmax otherwise. */
 __device__ __forceinline__ void fa3_softmax(float (&s)[FA3_BN / 2], float *m, float *l, float *corr, float sl2) {
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    float mx = m[h];
+    float mx = -INFINITY;
 #pragma unroll
     for (int n = 0; n < FA3_BN / 8; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float ms = mx == -INFINITY ? 0.0f : mx * sl2; /* a row with no key yet */
-    corr[h] = nb_mma_exp2(m[h] * sl2 - ms);             /* 0 on the first tile */
-    m[h] = mx;
+    corr[h] = 1.0f;
+    if (mx * sl2 > m[h] * sl2 + 8.0f) {             /* never for a row without keys yet (mx = -inf) */
+      corr[h] = nb_mma_exp2(m[h] * sl2 - mx * sl2); /* 0 on the row's first keys */
+      m[h] = mx;
+    }
+    const float ms = m[h] == -INFINITY ? 0.0f : m[h] * sl2; /* a row with no key yet */
     float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < FA3_BN / 8; n++) {
@@ -433,7 +485,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_fence(o);
     fa3_fence(pa);
     if (lane == 0) sm90_bar_arrive(bar.ev(sp));
-    fa3_rescale<D>(o, corr);
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) fa3_rescale<D>(o, corr);
     fa3_pack<T>(pa, s);
   }
   const int sl = (it0 + ntiles - 1) % C::ST;
@@ -464,7 +516,8 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
   const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + C::QB, so = sk + 2 * C::ST * C::KB;
   const fa3_bars<D> bar = {so + C::QB};
   if (threadIdx.x == 0) {
-    for (int i = 0; i < C::NBAR; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST ? 1 : 8);
+    for (int i = 0; i < C::NBAR; i++)
+      sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) ? 1 : 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
@@ -476,14 +529,14 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int wg = threadIdx.x / 128 - 1;
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
-    int b, i0, ntiles, it = 0; /* it: the ring's tiles consumed so far */
-    int more = fa3_item(p, 0, &b, &i0, &ntiles);
-    for (int n = 0; more; n++) {
-      int nb, ni0, nnt;
-      more = fa3_item(p, n + 1, &nb, &ni0, &nnt);
-      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, !more, wg, sq, sk, so, bar);
+    int it = 0, x = fa3_take(bar, 0); /* it: the ring's tiles consumed so far */
+    for (int n = 0; x < p.items; n++) {
+      const int nx = fa3_take(bar, n + 1);
+      int b, i0, ntiles;
+      fa3_item(p, x, &b, &i0, &ntiles);
+      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, nx >= p.items, wg, sq, sk, so, bar);
       it += ntiles;
-      b = nb, i0 = ni0, ntiles = nnt;
+      x = nx;
     }
     /* the staging tile must stay until the last store has read it */
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -530,8 +583,8 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_par
   const size_t smem = fa3_cfg<D>::SMEM;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (sm90): shared memory attribute");
-  /* persistent: one CTA per SM takes the items in rounds (fa3_item);
-   * NABLA_ATTENTION_SM90_PERSISTENT=0 launches one CTA per item */
+  /* persistent: one CTA per SM takes items from the ticket counter
+   * (fa3_next); NABLA_ATTENTION_SM90_PERSISTENT=0 launches one CTA per item */
   const int grid = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT") && ctx->n_sm < p.items ? ctx->n_sm : p.items;
   kern<<<(unsigned)grid, FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
@@ -571,7 +624,7 @@ int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const in
 int nb_fa3_section(const nb_cuda_ctx *ctx, int64_t B, int64_t per_b) {
   int l2 = 0;
   if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx->dev) != cudaSuccess) l2 = 0, cudaGetLastError();
-  int64_t hg = per_b > 0 ? l2 / 2 / per_b : B;
+  int64_t hg = per_b > 0 ? l2 / 8 / per_b : B;
   const char *e = getenv("NABLA_ATTENTION_SM90_SECTION");
   if (e && atoi(e) > 0) hg = atoi(e);
   return (int)(hg < 1 ? 1 : hg > B ? B : hg);
@@ -638,6 +691,7 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.nblk = (int)nblk;
   p.items = (int)(B * nblk);
   p.hg = nb_fa3_section(ctx, B, 4 * Lk * D); /* K and V of a batch index */
+  p.work = nb_cuda_work_counters(ctx) + 2 * NB_CUDA_WORK_ATTN_FWD;
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;

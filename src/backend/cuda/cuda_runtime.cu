@@ -43,6 +43,8 @@ typedef struct {
   nb_memory_stats stats;
   /* index error flag */
   int64_t *flag, *flag_host;
+  /* work counters of persistent kernels (nb_cuda_work_counters) */
+  unsigned *work;
   /* cuBLASLt */
   cublasLtHandle_t lt;
   void *lt_ws;
@@ -104,6 +106,9 @@ static nb_status dev_init(int d) {
   NB_CUDA_TRY(cudaMemsetAsync(s->flag, 0, 2 * sizeof(int64_t), s->stream), "cudaMemsetAsync(flag)");
   NB_CUDA_TRY(cudaHostAlloc((void **)&s->flag_host, 2 * sizeof(int64_t), cudaHostAllocDefault),
               "cudaHostAlloc(flag)");
+  NB_CUDA_TRY(cudaMalloc((void **)&s->work, NB_CUDA_WORK_COUNTERS * sizeof(unsigned)), "cudaMalloc(counters)");
+  NB_CUDA_TRY(cudaMemsetAsync(s->work, 0, NB_CUDA_WORK_COUNTERS * sizeof(unsigned), s->stream),
+              "cudaMemsetAsync(counters)");
   s->ready = 1;
   return NB_OK;
 }
@@ -379,6 +384,8 @@ static nb_status cuda_synchronize(nb_device dev) {
 
 /* ---- index flag ----------------------------------------------------------- */
 int64_t *nb_cuda_flag(const nb_cuda_ctx *ctx) { return g_dev[ctx->dev].flag; }
+
+unsigned *nb_cuda_work_counters(const nb_cuda_ctx *ctx) { return g_dev[ctx->dev].work; }
 
 nb_status nb_cuda_flag_check(const nb_cuda_ctx *ctx, const char *op, int64_t limit) {
   if (!g_index_eager) return NB_OK;
