@@ -10,7 +10,10 @@
  * over 1 <= S <= min(16, ktiles / 8) with (S - 1) tiles within the 2 slots
  * per SM, taking the fewest parts within 5% of the best; the documented
  * cases (768 x 3072 x 16384: 3 parts, 216 CTAs; 2304 x 768 x 16384: 2
- * parts); each candidate's grid; clusters of 2 only with two tile rows. */
+ * parts); each candidate's grid; clusters of 2 only with two tile rows;
+ * dpsk: W = tiles / SMs full waves data-parallel, the r = tiles % SMs tail
+ * tiles' k-iterations split over min(SMs, r ktiles / 4) CTAs, when that is
+ * more than r (else data-parallel). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -18,7 +21,7 @@
 #ifdef NABLA_HAVE_CUDA
 #include "backend/cuda/cuda_gemm.h"
 
-enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2 };
+enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, LAST = DPSK };
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -75,7 +78,18 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   NBT_CHECK(dp.splits == 1 && dp.grid == (tiles < n_sm ? tiles : n_sm), "%s data-parallel grid %lld", what,
             (long long)dp.grid);
   nb_gemm_own_schedule sk = sched_of(f8, STREAM_K, M, N, K, n_sm);
-  NBT_CHECK(sk.stream_k && sk.splits == 1 && sk.grid == n_sm, "%s stream-k", what);
+  NBT_CHECK(sk.stream_k && sk.splits == 1 && sk.grid == n_sm && sk.dp_tiles == 0 && sk.sk_ctas == n_sm,
+            "%s stream-k", what);
+  nb_gemm_own_schedule h = sched_of(f8, DPSK, M, N, K, n_sm);
+  int64_t waves = tiles / n_sm, r = tiles % n_sm, ctas = r * kt / 4 < n_sm ? r * kt / 4 : n_sm;
+  NBT_CHECK(h.tiles == tiles && h.splits == 1 && h.cluster == 1 && h.group == (8 < tm ? 8 : tm), "%s dpsk", what);
+  if (r == 0 || ctas <= r)
+    NBT_CHECK(!h.stream_k && h.grid == dp.grid && h.dp_tiles == 0 && h.sk_ctas == 0,
+              "%s dpsk without a tail to split: data-parallel (grid %lld)", what, (long long)h.grid);
+  else
+    NBT_CHECK(h.stream_k && h.dp_tiles == waves * n_sm && h.sk_ctas == ctas && h.grid == (waves ? n_sm : ctas),
+              "%s dpsk: %lld tiles data-parallel (want %lld), tail over %d CTAs (want %lld), grid %lld", what,
+              (long long)h.dp_tiles, (long long)(waves * n_sm), h.sk_ctas, (long long)ctas, (long long)h.grid);
   nb_gemm_own_schedule pt = sched_of(f8, CTA_PER_TILE, M, N, K, n_sm);
   NBT_CHECK(pt.grid == tiles, "%s cta-per-tile grid %lld", what, (long long)pt.grid);
   nb_gemm_own_schedule cl = sched_of(f8, CLUSTER2, M, N, K, n_sm);
@@ -108,16 +122,35 @@ static void test_documented(void) {
   s = sched8(DEFAULT, 8192, 8192, 8192, 132);
   NBT_CHECK(s.tiles == 2048 && s.splits == 1 && !s.stream_k && s.cluster == 1 && s.grid == 132 && s.group == 8,
             "fp8 8192^3: persistent, unsplit, groups of 8");
+  nb_gemm_own_schedule s8;
   s = sched8(STREAM_K, 8192, 8192, 8192, 132);
   NBT_CHECK(s.stream_k && s.grid == 132, "fp8 8192^3 stream-k: 132 CTAs");
   s = sched8(CLUSTER2, 8192, 8192, 8192, 132);
   NBT_CHECK(s.cluster == 2 && s.grid == 132 && s.group == 4, "fp8 8192^3 cluster2: 66 pairs, groups of 4");
   s = sched8(CTA_PER_TILE, 8192, 8192, 8192, 132);
   NBT_CHECK(s.grid == 2048, "fp8 8192^3 cta-per-tile: 2048 CTAs");
+  /* dpsk: 8192^3 is 15 full waves (1980 tiles) and 68 tail tiles of 128 k-tiles over 132 CTAs
+   * (bf16; FP8's 64 k-tiles the same); 2176 x 2304 x 520: 153 tiles, 21 tail tiles of 9
+   * k-tiles over 47 CTAs; 768 x 3072 x 16384: no full wave, 72 tiles over 132 CTAs (stream-k's
+   * launch); 1024 x 1024 x 64: one k-tile, nothing to split */
+  s = sched(DPSK, 8192, 8192, 8192, 132);
+  NBT_CHECK(s.stream_k && s.dp_tiles == 1980 && s.sk_ctas == 132 && s.grid == 132, "8192^3 dpsk: 1980 + 68 tiles");
+  s8 = sched8(DPSK, 8192, 8192, 8192, 132);
+  NBT_CHECK(s8.stream_k && s8.dp_tiles == 1980 && s8.sk_ctas == 132 && s8.grid == 132, "fp8 8192^3 dpsk");
+  s = sched(DPSK, 2176, 2304, 520, 132);
+  NBT_CHECK(s.stream_k && s.dp_tiles == 132 && s.sk_ctas == 47 && s.grid == 132, "2176x2304x520 dpsk: 47 CTAs (%d)",
+            s.sk_ctas);
+  s = sched(DPSK, 768, 3072, 16384, 132);
+  nb_gemm_own_schedule k = sched(STREAM_K, 768, 3072, 16384, 132);
+  NBT_CHECK(s.stream_k && s.dp_tiles == 0 && s.sk_ctas == 132 && s.grid == 132 && k.grid == s.grid &&
+                k.sk_ctas == s.sk_ctas && k.dp_tiles == s.dp_tiles,
+            "768x3072x16384 dpsk: stream-k's launch");
+  s = sched(DPSK, 1024, 1024, 64, 132);
+  NBT_CHECK(!s.stream_k && s.grid == 32, "1024x1024x64 dpsk: one k-tile, data-parallel");
   /* the k-tile depth matters: 9 tiles over K = 1024 are 16 bf16 k-tiles (2 parts) but 8
    * FP8 ones (parts of at least 8 k-tiles: none) */
   s = sched(DEFAULT, 300, 700, 1024, 132);
-  nb_gemm_own_schedule s8 = sched8(DEFAULT, 300, 700, 1024, 132);
+  s8 = sched8(DEFAULT, 300, 700, 1024, 132);
   NBT_CHECK(s.tiles == 9 && s.splits == 2 && s8.tiles == 9 && s8.splits == 1 && s8.grid == 9,
             "300x700x1024: bf16 2 parts (%d), fp8 unsplit (%d, grid %lld)", s.splits, s8.splits,
             (long long)s8.grid);
@@ -125,11 +158,11 @@ static void test_documented(void) {
   NBT_CHECK(s8.tiles == 72 && s8.splits == 3 && s8.grid == 216, "fp8 768x3072x16384: 3 parts (%d)", s8.splits);
   /* an FP8 product of K has the schedule of a 16-bit one of K/2 rounded up (same k-tiles) */
   const int64_t ks[] = {1, 16, 130, 1040, 4136, 16384, 40001};
-  for (int c = DEFAULT; c <= CLUSTER2; c++)
+  for (int c = DEFAULT; c <= LAST; c++)
     for (size_t k = 0; k < sizeof ks / sizeof *ks; k++) {
       nb_gemm_own_schedule a = sched8(c, 1000, 520, ks[k], 132), b = sched(c, 1000, 520, cdiv(ks[k], 2), 132);
       NBT_CHECK(a.tiles == b.tiles && a.grid == b.grid && a.splits == b.splits && a.stream_k == b.stream_k &&
-                    a.cluster == b.cluster && a.group == b.group,
+                    a.cluster == b.cluster && a.group == b.group && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas,
                 "fp8 1000x520x%lld cand %d: the schedule of bf16 K = %lld", (long long)ks[k], c,
                 (long long)cdiv(ks[k], 2));
     }
@@ -139,13 +172,13 @@ static void test_bad(void) {
   nb_gemm_own_schedule s;
   NBT_CHECK(!nb_cuda_gemm_own_schedule(-1, 8, 8, 8, 132, &s), "candidate -1");
   NBT_CHECK(!nb_cuda_gemm_own_schedule(1000, 8, 8, 8, 132, &s), "candidate past the last");
-  NBT_CHECK(nb_cuda_gemm_own_candidate(CLUSTER2) && !nb_cuda_gemm_own_candidate(CLUSTER2 + 1),
+  NBT_CHECK(nb_cuda_gemm_own_candidate(LAST) && !nb_cuda_gemm_own_candidate(LAST + 1),
             "the candidates this test knows are all there are");
   NBT_CHECK(!nb_cuda_gemm_own_schedule(0, 0, 8, 8, 132, &s) && !nb_cuda_gemm_own_schedule(0, 8, 8, 8, 0, &s) &&
                 !nb_cuda_gemm_own_schedule(0, 8, 8, (int64_t)1 << 40, 132, &s),
             "empty or oversized problems, no SMs");
   NBT_CHECK(!nb_cuda_scaled_mm_own_schedule(-1, 8, 8, 8, 132, &s) &&
-                !nb_cuda_scaled_mm_own_schedule(CLUSTER2 + 1, 8, 8, 8, 132, &s) &&
+                !nb_cuda_scaled_mm_own_schedule(LAST + 1, 8, 8, 8, 132, &s) &&
                 !nb_cuda_scaled_mm_own_schedule(0, 8, 0, 8, 132, &s) &&
                 !nb_cuda_scaled_mm_own_schedule(0, 8, 8, (int64_t)1 << 40, 132, &s),
             "fp8: bad candidates, empty or oversized problems");

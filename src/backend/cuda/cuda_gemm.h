@@ -43,6 +43,8 @@ const char *nb_cuda_gemm_own_candidate(int i);
 typedef struct {
   int64_t tiles, grid;
   int splits, stream_k, cluster, group;
+  int64_t dp_tiles; /* stream-K after this many data-parallel tiles (dpsk) */
+  int sk_ctas;      /* stream-K: CTAs sharing the split k-iterations */
 } nb_gemm_own_schedule;
 int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
                               nb_gemm_own_schedule *out);

@@ -40,7 +40,9 @@ static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm
   if ((s.sk || s.splits > 1) && nb_sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
     p->sk = s.sk;
     p->splits = s.splits;
-    p->work = tiles * p->ktiles;
+    p->dp_first = tiles - s.dp_tiles;
+    p->sk_ctas = s.sk_ctas;
+    p->work = (tiles - s.dp_tiles) * p->ktiles;
     return s.grid;
   }
   return s.sk || s.splits > 1 ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;

@@ -56,7 +56,9 @@
  *     only on CTAs launched before it) adds the others in part order and
  *     stores the tile: deterministic, no atomics on data. Stream-K (an
  *     even split of the k-iterations over the CTAs, a tuning candidate)
- *     uses the same partial tiles.
+ *     uses the same partial tiles; dpsk (data-parallel + stream-K tail, a
+ *     tuning candidate) runs the full waves of tiles data-parallel and
+ *     splits only the last partial wave's tiles so (gemm_sm90_plan.cu).
  *   - Clusters of 2 (a tuning candidate): the two CTAs take vertically
  *     adjacent tiles in step; each producer loads its own A tile and one
  *     half of the shared B tile, multicast into both CTAs' rings (one TMA
@@ -88,7 +90,9 @@ struct nb_sm90_params {
   int M, N, K, tiles_m, tiles_n, ktiles;
   int group;       /* tile raster: this many tile rows walk N together */
   int sk;          /* stream-K schedule */
-  int64_t work;    /* stream-K: tiles * ktiles */
+  int64_t work;    /* stream-K: the k-iterations it splits, dp_first * ktiles */
+  int64_t dp_first; /* stream-K: tiles from dp_first on run data-parallel after it (dpsk; else tiles) */
+  int sk_ctas;     /* stream-K: CTAs 0 .. sk_ctas - 1 share the work */
   int splits;      /* split-K: k parts per tile, one CTA each (1: no split-K) */
   int cluster;     /* CTAs per cluster (1, or 2: pairs of tile rows share B by multicast) */
   float alpha, beta;
@@ -192,26 +196,39 @@ __device__ __forceinline__ void sm90_tile(int t, const nb_sm90_params &p, uint32
 /* ---- schedule: the (tile, k range) segments of this CTA -------------------
  * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ...; with clusters,
  * units blockIdx.x / 2, + gridDim.x / 2, ... (both CTAs of a cluster walk
- * the same units, so their rings stay in step). Stream-K: CTA c
- * owns k-iterations [c W / P, (c + 1) W / P) of the W = tiles * ktiles
- * iterations laid end to end, cut into segments at tile boundaries. Only a
- * CTA's first segment can start inside a tile (kb > 0). Split-K: one
+ * the same units, so their rings stay in step). Stream-K: CTA c < P
+ * (p.sk_ctas) owns k-iterations [c W / P, (c + 1) W / P) of the W
+ * iterations of tiles 0 .. dp_first - 1 laid end to end, cut into
+ * segments at tile boundaries; with dp_first < tiles (dpsk) every CTA then
+ * takes whole tiles dp_first + blockIdx.x, + gridDim.x, ... Only a CTA's
+ * first segment can start inside a tile (kb > 0), so it puts at most one
+ * partial. Split-K: one
  * segment, part blockIdx.x / tiles of tile blockIdx.x % tiles.
  * A segment's role: store a whole tile, put a partial tile, or be the
  * tile's head, which adds the other parts' partials and stores it. */
 enum { SM90_WHOLE, SM90_PUT, SM90_HEAD };
 __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &p, int c) {
-  return (int64_t)c * p.work / gridDim.x;
+  return (int64_t)((uint64_t)c * (uint64_t)p.work / (uint32_t)p.sk_ctas); /* all >= 0 */
 }
+/* (it, end): whole tiles (units) it, + gridDim.x, ... below end; or in a
+ * stream-K range [b, e) at k-iteration e + it, it running from b - e < 0 up
+ * to 0. At 0 the range is done, and dpsk goes on with whole tiles from
+ * dp_first (> 0). The sign of it is the phase: no register of its own (the
+ * producer has 40). */
 struct sm90_walk {
   int64_t it, end;
   __device__ __forceinline__ explicit sm90_walk(const nb_sm90_params &p) {
-    it = p.sk ? sm90_sk_begin(p, blockIdx.x) : blockIdx.x / p.cluster;
-    end = p.sk ? sm90_sk_begin(p, blockIdx.x + 1)
-          : p.splits > 1 ? it + 1 : (int64_t)((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n;
+    int sk = p.sk && (int)blockIdx.x < p.sk_ctas;
+    end = sk ? sm90_sk_begin(p, blockIdx.x + 1)
+          : p.splits > 1 ? blockIdx.x / p.cluster + 1 : (int64_t)((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n;
+    it = sk ? sm90_sk_begin(p, blockIdx.x) - end : p.sk ? 0 : blockIdx.x / p.cluster;
   }
   /* The next segment: tile, k-tiles [kb, ke), role. false when done. */
   __device__ __forceinline__ bool next(const nb_sm90_params &p, int *tile, int *kb, int *ke, int *role) {
+    if (p.sk && it == 0) { /* the range done: whole tiles from dp_first on (dpsk; none for stream-K) */
+      it = p.dp_first + blockIdx.x;
+      end = (int64_t)p.tiles_m * p.tiles_n;
+    }
     if (it >= end) return false;
     if (p.splits > 1) {
       /* the last part is the head: a CTA waits only on lower-numbered ones */
@@ -223,7 +240,7 @@ struct sm90_walk {
       it = end;
       return true;
     }
-    if (!p.sk) {
+    if (it >= 0) {
       *tile = (int)it;
       *kb = 0;
       *ke = p.ktiles;
@@ -231,9 +248,10 @@ struct sm90_walk {
       it += gridDim.x / p.cluster;
       return true;
     }
-    *tile = (int)(it / p.ktiles);
-    *kb = (int)(it % p.ktiles);
-    int64_t left = end - it;
+    uint64_t at = (uint64_t)(end + it); /* >= 0 */
+    *tile = (int)(at / (uint32_t)p.ktiles);
+    *kb = (int)(at % (uint32_t)p.ktiles);
+    int64_t left = -it;
     *ke = left < p.ktiles - *kb ? *kb + (int)left : p.ktiles;
     *role = *kb > 0 ? SM90_PUT : *ke < p.ktiles ? SM90_HEAD : SM90_WHOLE;
     it += *ke - *kb;
@@ -271,16 +289,15 @@ __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtens
       } else {
         sm90_tma_load(sa, ma, fb, k0, m0);
       }
-      for (int h = h0; h < h1; h++) {
-        if (TB) { /* half h: two 64-column blocks */
-          for (int j = 2 * h; j < 2 * h + 2; j++) {
-            if (p.cluster > 1) sm90_tma_load_mc(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0, 3);
-            else sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
-          }
-        } else if (p.cluster > 1) {
-          sm90_tma_load_mc(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2), 3);
-        } else {
-          sm90_tma_load(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2));
+      if (TB) { /* half h: 64-column blocks 2h, 2h + 1 */
+        for (int j = 2 * h0; j < 2 * h1; j++) {
+          if (p.cluster > 1) sm90_tma_load_mc(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0, 3);
+          else sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
+        }
+      } else {
+        for (int h = h0; h < h1; h++) {
+          if (p.cluster > 1) sm90_tma_load_mc(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2), 3);
+          else sm90_tma_load(sb + h * (kBBytes / 2), mb, fb, k0, n0 + h * (kBN / 2));
         }
       }
     }
@@ -374,7 +391,7 @@ __device__ __forceinline__ void sm90_partial_add(float *d, const nb_sm90_params 
     return;
   }
   int64_t tile_end = (int64_t)(tile + 1) * p.ktiles;
-  for (int o = blockIdx.x + 1; o < (int)gridDim.x; o++) {
+  for (int o = blockIdx.x + 1; o < p.sk_ctas; o++) {
     int64_t b = sm90_sk_begin(p, o);
     if (b >= tile_end) break;
     if (sm90_sk_begin(p, o + 1) == b) continue; /* an empty range */

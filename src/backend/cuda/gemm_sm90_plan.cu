@@ -176,13 +176,13 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * (data-parallel, pairs of tile rows share each B tile by TMA multicast:
  * half the B traffic from L2; on the H100 within +-2% of the unclustered
  * grid on the GPT-2 and square shapes, 6% slower at 2048^3, so not the
- * heuristic's choice). An output tile
+ * heuristic's choice); dpsk (below). An output tile
  * is summed over k in order by one CTA, except that split-K and stream-K
  * add the partial sums of their k ranges in a fixed order: a candidate
  * changes results at most by rounding. */
-static const char *const sm90_cand_names[] = {"default", "group4", "group16", "data-parallel",
-                                              "stream-k", "cta-per-tile", "cluster2"};
-enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K };
+static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
+                                              "stream-k",     "cta-per-tile", "cluster2", "dpsk"};
+enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK };
 static const struct {
   int group;          /* tile rows per raster group */
   sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
@@ -191,7 +191,7 @@ static const struct {
 } sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1},  {4, SM90_SPLIT_K, 0, 1},
                   {16, SM90_SPLIT_K, 0, 1},       {kGroupM, SM90_NO_SPLIT, 0, 1},
                   {kGroupM, SM90_STREAM_K, 0, 1}, {kGroupM, SM90_NO_SPLIT, 1, 1},
-                  {kGroupM, SM90_NO_SPLIT, 0, 2}};
+                  {kGroupM, SM90_NO_SPLIT, 0, 2}, {kGroupM, SM90_DPSK, 0, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -199,10 +199,48 @@ const char *nb_sm90_candidate(int i) { return i >= 0 && i < kCands ? sm90_cand_n
 int nb_sm90_cand_count(void) { return kCands; }
 const char *const *nb_sm90_cand_names(void) { return sm90_cand_names; }
 
+/* ---- dpsk: data-parallel waves + a stream-K tail ---------------------------
+ * T tiles on P SMs are W = T / P full waves and a last wave of r = T % P
+ * tiles that leaves P - r SMs idle for a whole tile's time (8192^3: 2048
+ * tiles, 15 waves + 68 tiles, the last wave half empty). dpsk runs the W P
+ * tiles of the full waves data-parallel as the persistent grid does (CTA c:
+ * tiles c, c + P, ...), then splits the r tail tiles' r ktiles k-iterations
+ * evenly over P' CTAs as stream-K does (the same partial tiles, flags and
+ * fixed-order fix-up), so the tail takes r ktiles / P' k-tiles plus the
+ * fix-up instead of ktiles. The tail tiles are consecutive in the raster
+ * order, and consecutive CTAs take consecutive k ranges of them: the CTAs
+ * sharing an A panel (tiles a raster group apart) or a B panel (adjacent
+ * tiles) start within a few k-tiles of each other (8192^3: about 2 and 4
+ * of 128), so L2 serves the panels as it does for the data-parallel waves;
+ * an even stream-K of all tiles instead puts its CTAs on tiles far apart in
+ * the raster. P' = min(P, r ktiles / kMinShare): each CTA's share is at
+ * least kMinShare k-tiles, so a short K does not cut a tile into more
+ * partials than its k-tiles pay for. No tail (r = 0), or P' <= r (each
+ * share a whole tile or more): data-parallel. */
+constexpr int64_t kMinShare = 4;
+
+static void sm90_dpsk(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
+  int64_t waves = tiles / n_sm, r = tiles - waves * n_sm, ctas = r * ktiles / kMinShare;
+  if (ctas > n_sm) ctas = n_sm;
+  s->splits = 1;
+  if (r == 0 || ctas <= r) {
+    s->sk = 0;
+    s->grid = tiles < n_sm ? tiles : n_sm;
+    return;
+  }
+  s->sk = 1;
+  s->dp_tiles = waves * n_sm;
+  s->sk_ctas = (int)ctas;
+  s->grid = waves > 0 ? n_sm : ctas;
+}
+
 nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n_sm) {
   int64_t tiles = (int64_t)tiles_m * tiles_n;
   nb_sm90_sched s;
+  s.dp_tiles = 0;
+  s.sk_ctas = 0;
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
+  if (s.sk) s.sk_ctas = n_sm;
   s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, ktiles, n_sm) : 1;
   s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
@@ -214,12 +252,13 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n
     s.grid = s.sk ? n_sm
              : s.splits > 1 ? tiles * s.splits
              : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
+  if (sm90_cands[i].split == SM90_DPSK) sm90_dpsk(&s, tiles, ktiles, n_sm);
   return s;
 }
 
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
   return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
-         a.grid == b.grid;
+         a.grid == b.grid && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas;
 }
 
 int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
@@ -235,6 +274,8 @@ int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n
   out->stream_k = s.sk;
   out->cluster = s.cluster;
   out->group = s.group;
+  out->dp_tiles = s.dp_tiles;
+  out->sk_ctas = s.sk_ctas;
   return 1;
 }
 

@@ -22,6 +22,8 @@ enum { NB_SM90_BM = 128, NB_SM90_BN = 256, NB_SM90_BK = 64, NB_SM90_GROUP_M = 8 
 struct nb_sm90_sched {
   int group, sk, splits, cluster;
   int64_t grid;
+  int64_t dp_tiles; /* stream-K: tiles run data-parallel first (dpsk), 0 otherwise */
+  int sk_ctas;      /* stream-K: CTAs that share the split tiles' k-iterations */
 };
 
 /* The number of schedule candidates (nb_sm90_candidate names them). */
