@@ -117,13 +117,13 @@ template <int D> struct fa3_cfg {
   /* full Q; full K, full V, empty K, empty V per stage; empty Q; full and
    * empty item slot per slot (2) */
   static constexpr int NBAR = 6 + 4 * ST;
-  static constexpr size_t SMEM = 1024 + 2 * QB + 2 * ST * KB + 8 * NBAR + 8; /* + the 2 item slots */
+  static constexpr size_t SMEM = 1024 + 2 * QB + 2 * ST * KB + 8 * NBAR;
 };
 
 #ifdef NB_SM90A_DEVICE
 /* mbarrier addresses after the tiles: full Q, then per stage s full K, full
- * V, empty K, empty V, then empty Q, the item slots' full and empty
- * barriers, then the two item slots (an int each). */
+ * V, empty K, empty V, then empty Q, then the item slots' full and empty
+ * barriers (fa3_put). */
 template <int D> struct fa3_bars {
   uint32_t base;
   __device__ __forceinline__ uint32_t q() const { return base; }
@@ -134,7 +134,6 @@ template <int D> struct fa3_bars {
   __device__ __forceinline__ uint32_t qe() const { return base + 8 * (1 + 4 * fa3_cfg<D>::ST); }
   __device__ __forceinline__ uint32_t itf(int s) const { return base + 8 * (2 + 4 * fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t ite(int s) const { return base + 8 * (4 + 4 * fa3_cfg<D>::ST + s); }
-  __device__ __forceinline__ uint32_t slot(int s) const { return base + 8 * fa3_cfg<D>::NBAR + 4 * s; }
 };
 
 /* Work item x (0 <= x < p.items): its batch index *b, first query row
@@ -156,25 +155,31 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
  * item is c; whenever its producer starts an item it takes the next one
  * from the ticket counter (gridDim.x + atomicAdd), so a CTA that finishes
  * early takes more (the heaviest come first: longest-first scheduling).
- * The producer hands each item to the consumers through two slots in
- * shared memory (the k-th item in slot k % 2, an mbarrier each to say it
- * is full and one for its 8 consumer warps to say they have read it); a
- * ticket past the last item ends the CTA. With as many CTAs as items
- * (NABLA_ATTENTION_SM90_PERSISTENT=0) no counter is used. The CTA that
+ * The producer hands each item to the consumers through two slots (the
+ * k-th item in slot k % 2), an mbarrier each to say it is full and one for
+ * its 8 consumer warps to say they have read it; a ticket past the last
+ * item ends the CTA. The slots are the CTA's two words in global memory
+ * after the counters (p.work + 2 + 2 blockIdx.x: in shared memory the
+ * race checker would not see the mbarriers order them). The consumers
+ * take the next item at their current one's last tile, long after the
+ * producer has put it there. With as many CTAs as items
+ * (NABLA_ATTENTION_SM90_PERSISTENT=0) CTA c takes item c alone: no
+ * counter, no slots. The CTA that
  * ends last returns the counters to zero for the next launch. */
 __device__ __forceinline__ int fa3_next(const fa3_params &p) {
   const int G = (int)gridDim.x;
   return G < p.items ? G + (int)atomicAdd(p.work, 1u) : p.items;
 }
-template <int D> __device__ __forceinline__ void fa3_put(fa3_bars<D> bar, int k, int x) {
+template <int D> __device__ __forceinline__ void fa3_put(const fa3_params &p, fa3_bars<D> bar, int k, int x) {
+  if ((int)gridDim.x >= p.items) return;
   sm90_bar_wait(bar.ite(k % 2), ((uint32_t)(k / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(bar.slot(k % 2)), "r"(x) : "memory");
-  sm90_bar_arrive(bar.itf(k % 2));
+  ((volatile int *)p.work)[2 + 2 * blockIdx.x + k % 2] = x;
+  sm90_bar_arrive(bar.itf(k % 2)); /* release: the consumers' wait acquires the word */
 }
-template <int D> __device__ __forceinline__ int fa3_take(fa3_bars<D> bar, int k) {
-  int x;
+template <int D> __device__ __forceinline__ int fa3_take(const fa3_params &p, fa3_bars<D> bar, int k) {
+  if ((int)gridDim.x >= p.items) return k == 0 ? (int)blockIdx.x : p.items;
   sm90_bar_wait(bar.itf(k % 2), (uint32_t)(k / 2) & 1);
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(bar.slot(k % 2)) : "memory");
+  const int x = ((volatile int *)p.work)[2 + 2 * blockIdx.x + k % 2];
   __syncwarp();
   if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(k % 2));
   return x;
@@ -234,10 +239,10 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
   int it = 0, b, i0, ntiles, x = (int)blockIdx.x;
-  fa3_put(bar, 0, x);
+  fa3_put(p, bar, 0, x);
   for (int n = 0; x < p.items; n++) {
     const int nx = fa3_next(p);
-    fa3_put(bar, n + 1, nx);
+    fa3_put(p, bar, n + 1, nx);
     fa3_item(p, x, &b, &i0, &ntiles);
     x = nx;
     int c[FA3_MAXK];
@@ -423,13 +428,13 @@ __device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
   if (on) asm volatile("bar.arrive %0, 256;" ::"r"(FA3_SCHED_BAR + (wg ^ 1)) : "memory");
 }
 
-/* Consumer warpgroup wg (0, 1) on item n of the CTA (last: its last
- * item): rows [i0 + 64 wg, + 64) over the ntiles key tiles, which are the
+/* Consumer warpgroup wg (0, 1) on item n of the CTA (*nx: the next one,
+ * taken at this one's last tile): rows [i0 + 64 wg, + 64) over the ntiles key tiles, which are the
  * ring's tiles it0 .. it0 + ntiles - 1, with the overlap described at the
  * top; sq: Q's tile, so: o's staging tile. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
-                                            int it0, int n, int last, int wg, uint32_t sq, uint32_t sk,
+                                            int it0, int n, int *nx, int wg, uint32_t sq, uint32_t sk,
                                             uint32_t so, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
@@ -450,7 +455,8 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_wg_fence();
   fa3_qk<T, D>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
   fa3_commit();
-  if (wg == 0 || ntiles > 1 || !last) fa3_turn_pass(pp, wg);
+  if (ntiles == 1) *nx = fa3_take(p, bar, n + 1); /* the next item (fa3_next) */
+  if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
   fa3_wait<0>();
   fa3_fence(s);
   if (lane == 0) {
@@ -473,7 +479,8 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_wg_fence();
     fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
-    if (wg == 0 || j < ntiles - 1 || !last) fa3_turn_pass(pp, wg);
+    if (j == ntiles - 1) *nx = fa3_take(p, bar, n + 1);
+    if (wg == 0 || j < ntiles - 1 || *nx < p.items) fa3_turn_pass(pp, wg);
     fa3_wait<1>(); /* S_j complete; the P V product may still run */
     fa3_fence(s);
     if (lane == 0) {
@@ -529,12 +536,11 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int wg = threadIdx.x / 128 - 1;
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
-    int it = 0, x = fa3_take(bar, 0); /* it: the ring's tiles consumed so far */
+    int it = 0, x = fa3_take(p, bar, 0); /* it: the ring's tiles consumed so far */
     for (int n = 0; x < p.items; n++) {
-      const int nx = fa3_take(bar, n + 1);
-      int b, i0, ntiles;
+      int nx, b, i0, ntiles;
       fa3_item(p, x, &b, &i0, &ntiles);
-      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, nx >= p.items, wg, sq, sk, so, bar);
+      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, &nx, wg, sq, sk, so, bar);
       it += ntiles;
       x = nx;
     }
@@ -585,7 +591,9 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_par
               "attention (sm90): shared memory attribute");
   /* persistent: one CTA per SM takes items from the ticket counter
    * (fa3_next); NABLA_ATTENTION_SM90_PERSISTENT=0 launches one CTA per item */
-  const int grid = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT") && ctx->n_sm < p.items ? ctx->n_sm : p.items;
+  const int grid = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT") && ctx->n_sm < p.items && ctx->n_sm <= NB_CUDA_WORK_CTAS
+                       ? ctx->n_sm
+                       : p.items;
   kern<<<(unsigned)grid, FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
@@ -691,7 +699,7 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.nblk = (int)nblk;
   p.items = (int)(B * nblk);
   p.hg = nb_fa3_section(ctx, B, 4 * Lk * D); /* K and V of a batch index */
-  p.work = nb_cuda_work_counters(ctx) + 2 * NB_CUDA_WORK_ATTN_FWD;
+  p.work = nb_cuda_work_counters(ctx);
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;

@@ -39,12 +39,14 @@ void nb_cuda_scratch_free(const nb_cuda_ctx *ctx, void *p, size_t nbytes);
  * and reports NB_ERR_INDEX naming op when set. */
 int64_t *nb_cuda_flag(const nb_cuda_ctx *ctx);
 nb_status nb_cuda_flag_check(const nb_cuda_ctx *ctx, const char *op, int64_t limit);
-/* The device's work counters (NB_CUDA_WORK_COUNTERS unsigned, zero between
- * kernels): a persistent kernel whose CTAs take their next work item from a
- * counter (a ticket, atomicAdd) returns it to zero before it ends (its last
- * CTA does). One pair per kernel family (NB_CUDA_WORK_*); the device's one
- * stream keeps two kernels of one family from running at once. */
-enum { NB_CUDA_WORK_ATTN_FWD = 0, NB_CUDA_WORK_COUNTERS = 8 };
+/* The device's work counters (NB_CUDA_WORK_WORDS unsigned, zero between
+ * kernels): words 0 and 1 for a persistent kernel whose CTAs take their
+ * work items from a ticket counter (atomicAdd) and count themselves done,
+ * the last one returning both to zero before the kernel ends; then two
+ * words per CTA (at most NB_CUDA_WORK_CTAS) for handing a ticket from a
+ * CTA's producer to its consumers. The device's one stream runs one such
+ * kernel at a time. */
+enum { NB_CUDA_WORK_CTAS = 1024, NB_CUDA_WORK_WORDS = 2 + 2 * NB_CUDA_WORK_CTAS };
 unsigned *nb_cuda_work_counters(const nb_cuda_ctx *ctx);
 /* The device's cuBLASLt handle and workspace (cuda_gemm.cu uses them). */
 void *nb_cuda_lt_handle(const nb_cuda_ctx *ctx, void **workspace, size_t *ws_bytes);

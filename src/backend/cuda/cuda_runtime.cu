@@ -106,8 +106,8 @@ static nb_status dev_init(int d) {
   NB_CUDA_TRY(cudaMemsetAsync(s->flag, 0, 2 * sizeof(int64_t), s->stream), "cudaMemsetAsync(flag)");
   NB_CUDA_TRY(cudaHostAlloc((void **)&s->flag_host, 2 * sizeof(int64_t), cudaHostAllocDefault),
               "cudaHostAlloc(flag)");
-  NB_CUDA_TRY(cudaMalloc((void **)&s->work, NB_CUDA_WORK_COUNTERS * sizeof(unsigned)), "cudaMalloc(counters)");
-  NB_CUDA_TRY(cudaMemsetAsync(s->work, 0, NB_CUDA_WORK_COUNTERS * sizeof(unsigned), s->stream),
+  NB_CUDA_TRY(cudaMalloc((void **)&s->work, NB_CUDA_WORK_WORDS * sizeof(unsigned)), "cudaMalloc(counters)");
+  NB_CUDA_TRY(cudaMemsetAsync(s->work, 0, NB_CUDA_WORK_WORDS * sizeof(unsigned), s->stream),
               "cudaMemsetAsync(counters)");
   s->ready = 1;
   return NB_OK;
