@@ -13,7 +13,9 @@
  * parts); each candidate's grid; clusters of 2 only with two tile rows;
  * dpsk: W = tiles / SMs full waves data-parallel, the r = tiles % SMs tail
  * tiles' k-iterations split over min(SMs, r ktiles / 4) CTAs, when that is
- * more than r (else data-parallel). */
+ * more than r (else data-parallel); pingpong: 128 x 128 tiles (tile_n 128),
+ * data-parallel on min(tiles, SMs) CTAs, groups of 8 tile rows; every other
+ * candidate 128 x 256 (tile_n 256). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -21,7 +23,7 @@
 #ifdef NABLA_HAVE_CUDA
 #include "backend/cuda/cuda_gemm.h"
 
-enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, LAST = DPSK };
+enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, PINGPONG, LAST = PINGPONG };
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -80,6 +82,14 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   nb_gemm_own_schedule sk = sched_of(f8, STREAM_K, M, N, K, n_sm);
   NBT_CHECK(sk.stream_k && sk.splits == 1 && sk.grid == n_sm && sk.dp_tiles == 0 && sk.sk_ctas == n_sm,
             "%s stream-k", what);
+  for (int c = DEFAULT; c < PINGPONG; c++)
+    NBT_CHECK(sched_of(f8, c, M, N, K, n_sm).tile_n == 256, "%s cand %d: 256-wide tiles", what, c);
+  nb_gemm_own_schedule pp = sched_of(f8, PINGPONG, M, N, K, n_sm);
+  int64_t pt_tiles = tm * cdiv(N, 128);
+  NBT_CHECK(pp.tile_n == 128 && pp.tiles == pt_tiles && pp.splits == 1 && !pp.stream_k && pp.cluster == 1 &&
+                pp.grid == (pt_tiles < n_sm ? pt_tiles : n_sm) && pp.group == (8 < tm ? 8 : tm),
+            "%s pingpong: %lld tiles of 128 x %d (want %lld), grid %lld", what, (long long)pp.tiles, pp.tile_n,
+            (long long)pt_tiles, (long long)pp.grid);
   nb_gemm_own_schedule h = sched_of(f8, DPSK, M, N, K, n_sm);
   int64_t waves = tiles / n_sm, r = tiles % n_sm, ctas = r * kt / 4 < n_sm ? r * kt / 4 : n_sm;
   NBT_CHECK(h.tiles == tiles && h.splits == 1 && h.cluster == 1 && h.group == (8 < tm ? 8 : tm), "%s dpsk", what);
@@ -147,6 +157,12 @@ static void test_documented(void) {
             "768x3072x16384 dpsk: stream-k's launch");
   s = sched(DPSK, 1024, 1024, 64, 132);
   NBT_CHECK(!s.stream_k && s.grid == 32, "1024x1024x64 dpsk: one k-tile, data-parallel");
+  /* pingpong: the fc forward 16384 x 3072 x 768 is 128 x 24 = 3072 tiles of 128 x 128 on 132 CTAs */
+  s = sched(PINGPONG, 16384, 3072, 768, 132);
+  NBT_CHECK(s.tiles == 3072 && s.tile_n == 128 && s.grid == 132 && s.splits == 1 && !s.stream_k && s.group == 8,
+            "16384x3072x768 pingpong: 3072 tiles of 128 x 128, 132 CTAs");
+  s8 = sched8(PINGPONG, 300, 700, 1024, 132);
+  NBT_CHECK(s8.tiles == 18 && s8.tile_n == 128 && s8.grid == 18 && s8.group == 3, "fp8 300x700x1024 pingpong: 18 tiles");
   /* the k-tile depth matters: 9 tiles over K = 1024 are 16 bf16 k-tiles (2 parts) but 8
    * FP8 ones (parts of at least 8 k-tiles: none) */
   s = sched(DEFAULT, 300, 700, 1024, 132);
@@ -162,7 +178,8 @@ static void test_documented(void) {
     for (size_t k = 0; k < sizeof ks / sizeof *ks; k++) {
       nb_gemm_own_schedule a = sched8(c, 1000, 520, ks[k], 132), b = sched(c, 1000, 520, cdiv(ks[k], 2), 132);
       NBT_CHECK(a.tiles == b.tiles && a.grid == b.grid && a.splits == b.splits && a.stream_k == b.stream_k &&
-                    a.cluster == b.cluster && a.group == b.group && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas,
+                    a.cluster == b.cluster && a.group == b.group && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&
+                    a.tile_n == b.tile_n,
                 "fp8 1000x520x%lld cand %d: the schedule of bf16 K = %lld", (long long)ks[k], c,
                 (long long)cdiv(ks[k], 2));
     }

@@ -16,10 +16,12 @@
  * differ: a float64 reference as in "gemm sm90", and candidate 0 (the
  * heuristic, the choice when tuning is off). On the multi-wave shape every
  * candidate but "stream-k" and "dpsk" (whose tail tiles are split over k)
- * keeps each tile's k sum in one CTA, so it must
+ * and "pingpong" (128 x 128 tiles by m64n128 wgmma, another instruction
+ * shape) keeps each tile's k sum in one CTA as candidate 0 does, so it must
  * give candidate 0's bits; elsewhere the results may differ by rounding only
  * (relative Frobenius difference below the output dtype's unit roundoff).
- * Fused epilogues run under every candidate too. Then the cache: tuning off
+ * Fused epilogues run under every candidate too (bias, GELU, residual,
+ * pre-activation output; 16-bit and f32 outputs). Then the cache: tuning off
  * writes nothing; NABLA_AUTOTUNE=1 (cache file in a temporary directory)
  * tunes on first use (more than one launch) and writes the key's line; after
  * nb_tune_reset, as in a new process, the choice is read back (one launch,
@@ -51,11 +53,12 @@ static void gt_backend(int own) {
   (void)own;
 }
 
-/* Whether candidate i keeps every tile's k sum in one CTA, as candidate 0
- * does on a multi-wave shape (the stream-K ones split tiles over k). */
+/* Whether candidate i sums every tile over k as candidate 0 does on a
+ * multi-wave shape (the stream-K ones split tiles over k; pingpong sums
+ * 128 x 128 tiles with m64n128 wgmma). */
 static int gt_whole_tiles(int i) {
   const char *n = gt_name(i);
-  return n && strcmp(n, "stream-k") != 0 && strcmp(n, "dpsk") != 0;
+  return n && strcmp(n, "stream-k") != 0 && strcmp(n, "dpsk") != 0 && strcmp(n, "pingpong") != 0;
 }
 
 /* Unit roundoff of the output dtype (f32: its accumulation differences). */
@@ -277,6 +280,8 @@ void test_gemm_tune(void) {
     nb_tune_force(i);
     ge_case(1000, 520, 4136, NB_BF16, NB_BF16, 1, 0, GE_BIAS | GE_GELU | GE_RESID, seed++);
     ge_case(2176, 2304, 520, NB_BF16, NB_F32, 0, 1, GE_BIAS | GE_AUX, seed++);
+    /* every epilogue at once, f16, NN, M and N tails (3 x 8 tiles of 128 x 128) */
+    ge_case(264, 1000, 136, NB_F16, NB_F16, 0, 0, GE_BIAS | GE_GELU | GE_RESID | GE_AUX, seed++);
   }
   nb_tune_force(-1);
 #endif

@@ -45,6 +45,7 @@ typedef struct {
   int splits, stream_k, cluster, group;
   int64_t dp_tiles; /* stream-K after this many data-parallel tiles (dpsk) */
   int sk_ctas;      /* stream-K: CTAs sharing the split k-iterations */
+  int tile_n;       /* tile width: 256, or 128 for the ping-pong kernel (128 x 128 tiles) */
 } nb_gemm_own_schedule;
 int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
                               nb_gemm_own_schedule *out);

@@ -32,6 +32,8 @@ static void sm90_shape(nb_sm90_params *p, int64_t rows, int64_t N, int64_t K, in
 /* Sets p's schedule to s and returns the grid; a split schedule without its
  * workspace falls back to the persistent data-parallel grid. */
 static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm90_sched &s) {
+  p->pingpong = s.pingpong;
+  p->tiles_n = s.tiles_n; /* 128-wide tile columns with pingpong */
   int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   p->group = s.group;
   p->cluster = s.cluster;
@@ -142,9 +144,9 @@ static int sm90_time_reps(const nb_sm90_problem *pr) {
 static double sm90_time(void *arg, int i) {
   sm90_tune *t = (sm90_tune *)arg;
   const nb_sm90_params &q = t->p;
-  nb_sm90_sched s = nb_sm90_resolve(i, q.tiles_m, q.tiles_n, q.ktiles, t->ctx->n_sm);
+  nb_sm90_sched s = nb_sm90_resolve(i, q.tiles_m, q.N, q.ktiles, t->ctx->n_sm);
   for (int j = 0; j < i; j++)
-    if (nb_sm90_same(nb_sm90_resolve(j, q.tiles_m, q.tiles_n, q.ktiles, t->ctx->n_sm), s)) return -1;
+    if (nb_sm90_same(nb_sm90_resolve(j, q.tiles_m, q.N, q.ktiles, t->ctx->n_sm), s)) return -1;
   int had = nb_error_pending();
   float ms = -1;
   int reps = sm90_time_reps(t->pr);
@@ -235,7 +237,7 @@ nb_status nb_sm90_run(const nb_cuda_ctx *ctx, nb_sm90_problem *pr, const nb_kvie
   }
   if (ep && ep->bias) p.bias = ep->bias->data;
   int cand = sm90_pick(ctx, pr, p, out->dtype, ep != NULL);
-  int64_t grid = sm90_apply(ctx, &p, nb_sm90_resolve(cand, p.tiles_m, p.tiles_n, p.ktiles, ctx->n_sm));
+  int64_t grid = sm90_apply(ctx, &p, nb_sm90_resolve(cand, p.tiles_m, p.N, p.ktiles, ctx->n_sm));
   return sm90_go(ctx, pr, out->dtype, pr->m, p, grid);
 }
 

@@ -59,6 +59,10 @@
  *     uses the same partial tiles; dpsk (data-parallel + stream-K tail, a
  *     tuning candidate) runs the full waves of tiles data-parallel and
  *     splits only the last partial wave's tiles so (gemm_sm90_plan.cu).
+ *   - Ping-pong (a tuning candidate, p.pingpong): a second kernel,
+ *     gemm_sm90_pingpong.cuh (included below), whose consumer warpgroups
+ *     each own a 128 x 128 tile in turn, so one's epilogue overlaps the
+ *     other's main loop; same maps, epilogue and stores.
  *   - Clusters of 2 (a tuning candidate): the two CTAs take vertically
  *     adjacent tiles in step; each producer loads its own A tile and one
  *     half of the shared B tile, multicast into both CTAs' rings (one TMA
@@ -107,6 +111,7 @@ struct nb_sm90_params {
   unsigned *flags;                /* split tiles: per (CTA, consumer) epoch */
   unsigned epoch;
   const float *scale_a, *scale_b; /* FP8: the per-tensor scales (one f32 each, on the device) */
+  int pingpong;    /* the ping-pong kernel (gemm_sm90_pingpong.cuh; tiles_n of 128 columns) */
 };
 
 /* Launches the FP8 instantiation for operand formats fa, fb (NB_F8E4M3 or
@@ -184,13 +189,14 @@ template <int EA, int EB> struct sm90_mma<sm90_f8<EA, EB>, 0, 0> {
  * clusters of 2 a pair of vertically adjacent tiles sharing their B tile,
  * of which cluster rank r takes the r-th (past the last tile row when
  * tiles_m is odd: that tile loads zeros and stores nothing). */
+template <int BN = kBN>
 __device__ __forceinline__ void sm90_tile(int t, const nb_sm90_params &p, uint32_t rank, int *m0, int *n0) {
   int rows = (p.tiles_m + p.cluster - 1) / p.cluster;
   int per_group = p.group * p.tiles_n;
   int first_m = (t / per_group) * p.group;
   int gsize = min(rows - first_m, p.group);
   *m0 = ((first_m + (t % per_group) % gsize) * p.cluster + (int)rank) * kBM;
-  *n0 = ((t % per_group) / gsize) * kBN;
+  *n0 = ((t % per_group) / gsize) * BN;
 }
 
 /* ---- schedule: the (tile, k range) segments of this CTA -------------------
@@ -419,14 +425,14 @@ template <typename TO> __device__ __forceinline__ float sm90_gelu(float x) {
 }
 
 /* d = alpha * d + beta * cin + bias, in place (row0/col0: this consumer's
- * first row and the tile's first column). */
-template <typename TO>
+ * first row and the tile's first column; d: 64 x BN, BN / 2 registers). */
+template <typename TO, int BN = kBN>
 __device__ __forceinline__ void sm90_affine(float *d, const nb_sm90_params &p, int row0, int col0) {
   int t = threadIdx.x % 128, w = t / 32, l = t % 32;
   const TO *bias = (const TO *)p.bias, *cin = (const TO *)p.cin;
   int use_c = p.beta != 0.0f;
 #pragma unroll
-  for (int j = 0; j < kBN / 8; j++) {
+  for (int j = 0; j < BN / 8; j++) {
     int col = col0 + 8 * j + 2 * (l % 4);
     float b0 = 0.0f, b1 = 0.0f;
     if (bias) {
@@ -449,26 +455,26 @@ __device__ __forceinline__ void sm90_affine(float *d, const nb_sm90_params &p, i
   }
 }
 
-template <typename TO>
+template <typename TO, int BN = kBN>
 __device__ __forceinline__ void sm90_store(const float *d, const nb_sm90_params &p, const CUtensorMap *map,
                                            int use_tma, TO *C, int64_t ld, int pairs, uint32_t stage,
                                            int c, int *nbuf, int row0, int col0) {
-  if (use_tma) sm90_store_tma<TO, kBN>(d, map, stage, c, nbuf, p, row0, col0);
-  else sm90_store_direct<TO, kBN>(d, C, ld, pairs, p.M, p.N, row0, col0);
+  if (use_tma) sm90_store_tma<TO, BN>(d, map, stage, c, nbuf, p, row0, col0);
+  else sm90_store_direct<TO, BN>(d, C, ld, pairs, p.M, p.N, row0, col0);
 }
 
-template <typename TO>
+template <typename TO, int BN = kBN>
 __device__ __forceinline__ void sm90_epilogue(float *d, const nb_sm90_params &p, const CUtensorMap *mc,
                                               const CUtensorMap *maux, uint32_t stage, int c,
                                               int *nbuf, int row0, int col0) {
-  if (p.alpha != 1.0f || p.beta != 0.0f || p.bias) sm90_affine<TO>(d, p, row0, col0);
+  if (p.alpha != 1.0f || p.beta != 0.0f || p.bias) sm90_affine<TO, BN>(d, p, row0, col0);
   if (p.aux)
-    sm90_store<TO>(d, p, maux, p.tma_aux, (TO *)p.aux, p.ldaux, p.pairs_aux, stage, c, nbuf, row0, col0);
+    sm90_store<TO, BN>(d, p, maux, p.tma_aux, (TO *)p.aux, p.ldaux, p.pairs_aux, stage, c, nbuf, row0, col0);
   if (p.gelu) {
 #pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = sm90_gelu<TO>(d[i]);
+    for (int i = 0; i < BN / 2; i++) d[i] = sm90_gelu<TO>(d[i]);
   }
-  sm90_store<TO>(d, p, mc, p.tma_c, (TO *)p.c, p.ldc, p.pairs_c, stage, c, nbuf, row0, col0);
+  sm90_store<TO, BN>(d, p, mc, p.tma_c, (TO *)p.c, p.ldc, p.pairs_c, stage, c, nbuf, row0, col0);
 }
 #endif /* NB_SM90A_DEVICE */
 
@@ -537,20 +543,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+#include "backend/cuda/gemm_sm90_pingpong.cuh"
+
 /* ---- launch -----------------------------------------------------------------
- * Launches instantiation <T, TO, TA, TB> on grid CTAs (capped, with clusters,
- * at the clusters that fit) and counts it in *count (atomic). */
+ * Launches instantiation <T, TO, TA, TB> (of the ping-pong kernel with
+ * p.pingpong) on grid CTAs (capped, with clusters, at the clusters that
+ * fit) and counts it in *count (atomic). */
 template <typename T, typename TO, int TA, int TB>
 nb_status sm90_launch(const nb_cuda_ctx *ctx, const nb_sm90_maps &m, const nb_sm90_params &p,
                       int64_t grid, int64_t *count) {
-  auto kern = sm90_gemm_kernel<T, TO, TA, TB>;
-  NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
+  auto kern = p.pingpong ? sm90_pp_kernel<T, TO, TA, TB> : sm90_gemm_kernel<T, TO, TA, TB>;
+  size_t smem = p.pingpong ? kPPSmem : kSmem;
+  NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "matmul sm90: shared memory attribute");
   cudaLaunchConfig_t cfg;
   memset(&cfg, 0, sizeof cfg);
   cudaLaunchAttribute at[1];
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmem;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = ctx->stream;
   if (p.cluster > 1) {
     at[0].id = cudaLaunchAttributeClusterDimension;

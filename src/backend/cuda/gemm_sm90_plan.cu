@@ -176,22 +176,28 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * (data-parallel, pairs of tile rows share each B tile by TMA multicast:
  * half the B traffic from L2; on the H100 within +-2% of the unclustered
  * grid on the GPT-2 and square shapes, 6% slower at 2048^3, so not the
- * heuristic's choice); dpsk (below). An output tile
+ * heuristic's choice); dpsk (below); pingpong (the ping-pong kernel,
+ * gemm_sm90_pingpong.cuh: 128 x 128 tiles, one per consumer warpgroup in
+ * turn, data-parallel on min(tiles, SMs) CTAs in groups of 8 tile rows,
+ * its tile columns 128 wide). An output tile
  * is summed over k in order by one CTA, except that split-K and stream-K
  * add the partial sums of their k ranges in a fixed order: a candidate
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
-                                              "stream-k",     "cta-per-tile", "cluster2", "dpsk"};
+                                              "stream-k",     "cta-per-tile", "cluster2", "dpsk",
+                                              "pingpong"};
 enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK };
 static const struct {
   int group;          /* tile rows per raster group */
   sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
   int per_tile;       /* data-parallel grid of one CTA per tile */
   int cluster;        /* 1, or 2 (when unsplit and there are two tile rows) */
-} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1},  {4, SM90_SPLIT_K, 0, 1},
-                  {16, SM90_SPLIT_K, 0, 1},       {kGroupM, SM90_NO_SPLIT, 0, 1},
-                  {kGroupM, SM90_STREAM_K, 0, 1}, {kGroupM, SM90_NO_SPLIT, 1, 1},
-                  {kGroupM, SM90_NO_SPLIT, 0, 2}, {kGroupM, SM90_DPSK, 0, 1}};
+  int pingpong;       /* the ping-pong kernel: 128 x 128 tiles, data-parallel */
+} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1, 0},  {4, SM90_SPLIT_K, 0, 1, 0},
+                  {16, SM90_SPLIT_K, 0, 1, 0},       {kGroupM, SM90_NO_SPLIT, 0, 1, 0},
+                  {kGroupM, SM90_STREAM_K, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0},
+                  {kGroupM, SM90_NO_SPLIT, 0, 2, 0}, {kGroupM, SM90_DPSK, 0, 1, 0},
+                  {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -234,11 +240,14 @@ static void sm90_dpsk(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
   s->grid = waves > 0 ? n_sm : ctas;
 }
 
-nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n_sm) {
+nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm) {
+  int pp = sm90_cands[i].pingpong, tiles_n = (int)((N + (pp ? kBN / 2 : kBN) - 1) / (pp ? kBN / 2 : kBN));
   int64_t tiles = (int64_t)tiles_m * tiles_n;
   nb_sm90_sched s;
   s.dp_tiles = 0;
   s.sk_ctas = 0;
+  s.pingpong = pp;
+  s.tiles_n = tiles_n;
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
   if (s.sk) s.sk_ctas = n_sm;
   s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, ktiles, n_sm) : 1;
@@ -258,7 +267,8 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n
 
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
   return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
-         a.grid == b.grid && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas;
+         a.grid == b.grid && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&
+         a.pingpong == b.pingpong && a.tiles_n == b.tiles_n;
 }
 
 int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
@@ -266,9 +276,10 @@ int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n
   if (i < 0 || i >= kCands || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
       N > INT32_MAX || K > INT32_MAX || bk < 1)
     return 0;
-  int tiles_m = (int)((rows + kBM - 1) / kBM), tiles_n = (int)((N + kBN - 1) / kBN);
-  nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, tiles_n, (int)((K + bk - 1) / bk), n_sm);
-  out->tiles = (int64_t)tiles_m * tiles_n;
+  int tiles_m = (int)((rows + kBM - 1) / kBM);
+  nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, N, (int)((K + bk - 1) / bk), n_sm);
+  out->tiles = (int64_t)tiles_m * s.tiles_n;
+  out->tile_n = s.pingpong ? kBN / 2 : kBN;
   out->grid = s.grid;
   out->splits = s.splits;
   out->stream_k = s.sk;

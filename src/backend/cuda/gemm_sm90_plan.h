@@ -24,15 +24,17 @@ struct nb_sm90_sched {
   int64_t grid;
   int64_t dp_tiles; /* stream-K: tiles run data-parallel first (dpsk), 0 otherwise */
   int sk_ctas;      /* stream-K: CTAs that share the split tiles' k-iterations */
+  int pingpong;     /* the ping-pong kernel (128 x 128 tiles, one per consumer warpgroup) */
+  int tiles_n;      /* tile columns: of NB_SM90_BN, or of NB_SM90_BN / 2 with pingpong */
 };
 
 /* The number of schedule candidates (nb_sm90_candidate names them). */
 int nb_sm90_cand_count(void);
 /* The name table nb_tune_pick takes: nb_sm90_cand_count() names. */
 const char *const *nb_sm90_cand_names(void);
-/* Candidate i (0 <= i < nb_sm90_cand_count()) for tiles_m x tiles_n tiles
- * of ktiles k-tiles each on n_sm SMs. */
-nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int tiles_n, int ktiles, int n_sm);
+/* Candidate i (0 <= i < nb_sm90_cand_count()) for tiles_m tile rows, N
+ * columns and ktiles k-tiles per tile on n_sm SMs. */
+nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm);
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b);
 
 /* nb_sm90_schedule for k-tiles of bk elements (NB_SM90_BK: bf16/f16,
