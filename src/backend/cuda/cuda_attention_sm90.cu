@@ -14,9 +14,9 @@
  * V in an eighth of the L2 (NABLA_ATTENTION_SM90_SECTION=n: n, for the
  * tests), the heaviest query blocks of a section first:
  *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
- *     issues the TMA copies, for each item Q's 128 x D tile once (when the
- *     consumers' last S of the item before has completed: an empty Q
- *     mbarrier), then K_j and V_j (tiles of 128 keys) into the next stage
+ *     issues the TMA copies, for each item Q's 128 x D tile once into one
+ *     of two Q tiles (item n's in tile n % 2, once the consumers' last S
+ *     of item n - 2 has completed: an empty Q mbarrier each), then K_j and V_j (tiles of 128 keys) into the next stage
  *     of a ring (ST = 2 stages at D = 128, 3 at D = 64) that runs on across
  *     items, so the next item's loads overlap this one's last products and
  *     store. K and V each have a full mbarrier per stage (the copy engine
@@ -114,24 +114,26 @@ struct fa3_params {
 template <int D> struct fa3_cfg {
   static constexpr int ST = D == 64 ? 3 : 2;                      /* K/V stages */
   static constexpr int QB = FA3_BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q (and o's staging); one K or V tile */
-  /* full Q; full K, full V, empty K, empty V per stage; empty Q; full and
-   * empty item slot per slot (2) */
-  static constexpr int NBAR = 6 + 4 * ST;
-  static constexpr size_t SMEM = 1024 + 2 * QB + 2 * ST * KB + 8 * NBAR;
+  /* full Q 0; full K, full V, empty K, empty V per stage; empty Q 0; full
+   * and empty item slot per slot (2); full Q 1, empty Q 1 */
+  static constexpr int NBAR = 8 + 4 * ST;
+  /* two Q tiles (items n and n + 1), o's staging tile, the K/V ring */
+  static constexpr size_t SMEM = 1024 + 3 * QB + 2 * ST * KB + 8 * NBAR;
 };
 
 #ifdef NB_SM90A_DEVICE
-/* mbarrier addresses after the tiles: full Q, then per stage s full K, full
- * V, empty K, empty V, then empty Q, then the item slots' full and empty
- * barriers (fa3_put). */
+/* mbarrier addresses after the tiles: full Q 0, then per stage s full K,
+ * full V, empty K, empty V, then empty Q 0, the item slots' full and empty
+ * barriers (fa3_put), full Q 1, empty Q 1. Q tile s = n % 2 holds item n's
+ * Q, so the producer loads the next item's while this one's runs. */
 template <int D> struct fa3_bars {
   uint32_t base;
-  __device__ __forceinline__ uint32_t q() const { return base; }
+  __device__ __forceinline__ uint32_t q(int s) const { return s ? base + 8 * (6 + 4 * fa3_cfg<D>::ST) : base; }
   __device__ __forceinline__ uint32_t fk(int s) const { return base + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t fv(int s) const { return base + 8 * (1 + fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t ek(int s) const { return base + 8 * (1 + 2 * fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t ev(int s) const { return base + 8 * (1 + 3 * fa3_cfg<D>::ST + s); }
-  __device__ __forceinline__ uint32_t qe() const { return base + 8 * (1 + 4 * fa3_cfg<D>::ST); }
+  __device__ __forceinline__ uint32_t qe(int s) const { return base + 8 * ((s ? 7 : 1) + 4 * fa3_cfg<D>::ST); }
   __device__ __forceinline__ uint32_t itf(int s) const { return base + 8 * (2 + 4 * fa3_cfg<D>::ST + s); }
   __device__ __forceinline__ uint32_t ite(int s) const { return base + 8 * (4 + 4 * fa3_cfg<D>::ST + s); }
 };
@@ -228,12 +230,14 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
   for (int x = 0; x < D / 64; x++) fa3_tma(vt + x * FA3_BN * 128, mv, bar.fv(s), 64 * x, j * FA3_BN, c, p.nbk);
 }
 
-/* Producer (one thread), for each of the CTA's items n (fa3_next, handed
- * to the consumers by fa3_put): Q once the
- * consumers have freed it (their last S of item n - 1 has completed), then
- * K_j and V_j of every tile j into the ring, whose stage and phase come
- * from the running tile count it: item n + 1's loads start while the
- * consumers finish item n. */
+/* Producer (one thread), for each of the CTA's items n: Q into Q tile n % 2
+ * once the consumers have freed it (their last S of item n - 2 has
+ * completed), then K_j and V_j of every tile j into the ring, whose stage
+ * and phase come from the running tile count it: item n + 1's loads start
+ * while the consumers finish item n. The ticket of item n + 1 (fa3_next)
+ * is taken as item n starts and handed over (fa3_put) once its loads are
+ * issued, so the atomic's round trip is off the loads' path and long done
+ * when the consumers read it at item n's last tile. */
 template <int D>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
@@ -241,17 +245,18 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
   int it = 0, b, i0, ntiles, x = (int)blockIdx.x;
   fa3_put(p, bar, 0, x);
   for (int n = 0; x < p.items; n++) {
-    const int nx = fa3_next(p);
-    fa3_put(p, bar, n + 1, nx);
+    const int nx = fa3_next(p), qs = n % 2;
     fa3_item(p, x, &b, &i0, &ntiles);
-    x = nx;
     int c[FA3_MAXK];
     fa3_coords(p, b, c);
-    sm90_bar_wait(bar.qe(), ((uint32_t)n & 1) ^ 1); /* fresh barriers pass parity 1 */
-    sm90_bar_expect(bar.q(), C::QB);                /* the whole box counts, zero-filled rows too */
+    sm90_bar_wait(bar.qe(qs), ((uint32_t)(n / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
+    sm90_bar_expect(bar.q(qs), C::QB);                       /* the whole box counts, zero-filled rows too */
 #pragma unroll
-    for (int x = 0; x < D / 64; x++) fa3_tma(sq + x * FA3_BM * 128, mq, bar.q(), 64 * x, i0, c, p.nbk);
+    for (int xb = 0; xb < D / 64; xb++)
+      fa3_tma(sq + qs * C::QB + xb * FA3_BM * 128, mq, bar.q(qs), 64 * xb, i0, c, p.nbk);
     for (int j = 0; j < ntiles; j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
+    fa3_put(p, bar, n + 1, nx);
+    x = nx;
   }
   fa3_work_done(p);
 }
@@ -431,7 +436,7 @@ __device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
 /* Consumer warpgroup wg (0, 1) on item n of the CTA (*nx: the next one,
  * taken at this one's last tile): rows [i0 + 64 wg, + 64) over the ntiles key tiles, which are the
  * ring's tiles it0 .. it0 + ntiles - 1, with the overlap described at the
- * top; sq: Q's tile, so: o's staging tile. */
+ * top; sq: the Q tiles, so: o's staging tile. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
                                             int it0, int n, int *nx, int wg, uint32_t sq, uint32_t sk,
@@ -439,7 +444,8 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
-  const uint32_t qa = sq + wg * 64 * 128;
+  const int qs = n % 2;
+  const uint32_t qa = sq + qs * C::QB + wg * 64 * 128;
   float o[D / 2], s[FA3_BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
   uint32_t pa[FA3_BN / 16][4];
 #pragma unroll
@@ -448,7 +454,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   for (int i = 0; i < FA3_BN / 2; i++) s[i] = 0.0f;
   const int pp = p.pingpong;
   /* tile 0: S_0, its softmax, P_0 */
-  sm90_bar_wait(bar.q(), (uint32_t)n & 1);
+  sm90_bar_wait(bar.q(qs), (uint32_t)(n / 2) & 1);
   sm90_bar_wait(bar.fk(it0 % C::ST), (uint32_t)(it0 / C::ST) & 1);
   fa3_turn_wait(pp, wg);
   fa3_fence(s);
@@ -461,7 +467,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_fence(s);
   if (lane == 0) {
     sm90_bar_arrive(bar.ek(it0 % C::ST));
-    if (ntiles == 1) sm90_bar_arrive(bar.qe()); /* the item's last read of Q has completed */
+    if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
   }
   fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
   fa3_pack<T>(pa, s);
@@ -485,7 +491,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_fence(s);
     if (lane == 0) {
       sm90_bar_arrive(bar.ek(sj));
-      if (j == ntiles - 1) sm90_bar_arrive(bar.qe());
+      if (j == ntiles - 1) sm90_bar_arrive(bar.qe(qs));
     }
     fa3_tile(s, p, j, rw, r0, t, m, l, corr);
     fa3_wait<0>();
@@ -520,11 +526,12 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
   typedef fa3_cfg<D> C;
   extern __shared__ uint8_t fa3_raw[];
   /* the 128-byte swizzle repeats every 1024 bytes: align the tiles to it */
-  const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + C::QB, so = sk + 2 * C::ST * C::KB;
+  const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + 2 * C::QB, so = sk + 2 * C::ST * C::KB;
   const fa3_bars<D> bar = {so + C::QB};
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::NBAR; i++)
-      sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) ? 1 : 8);
+      sm90_bar_init(bar.base + 8 * i,
+                    i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST ? 1 : 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
