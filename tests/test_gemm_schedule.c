@@ -15,7 +15,10 @@
  * tiles' k-iterations split over min(SMs, r ktiles / 4) CTAs, when that is
  * more than r (else data-parallel); pingpong: 128 x 128 tiles (tile_n 128),
  * data-parallel on min(tiles, SMs) CTAs, groups of 8 tile rows; every other
- * candidate 128 x 256 (tile_n 256). */
+ * candidate 128 x 256 (tile_n 256), except that the heuristic (candidate 0)
+ * launches what pingpong does when a tile has at most 12 k-tiles (bf16 K <=
+ * 768, FP8 K <= 1536) and the 128 x 128 tiles are at least as many as the
+ * SMs, any layout. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -65,7 +68,10 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   char what[96];
   snprintf(what, sizeof what, "%s%lldx%lldx%lld on %d SMs", f8 ? "fp8 " : "", (long long)M, (long long)N,
            (long long)K, n_sm);
+  int64_t pt_tiles = tm * cdiv(N, 128);
+  int heur_pp = kt <= 12 && pt_tiles >= n_sm; /* the heuristic takes the ping-pong kernel */
   for (int c = DEFAULT; c <= GROUP16; c++) { /* split-K as the heuristic */
+    if (c == DEFAULT && heur_pp) continue; /* below, with pingpong */
     nb_gemm_own_schedule s = sched_of(f8, c, M, N, K, n_sm);
     int S = splits(tiles, kt, n_sm);
     NBT_CHECK(s.tiles == tiles && s.splits == S && !s.stream_k && s.cluster == 1,
@@ -82,14 +88,21 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   nb_gemm_own_schedule sk = sched_of(f8, STREAM_K, M, N, K, n_sm);
   NBT_CHECK(sk.stream_k && sk.splits == 1 && sk.grid == n_sm && sk.dp_tiles == 0 && sk.sk_ctas == n_sm,
             "%s stream-k", what);
-  for (int c = DEFAULT; c < PINGPONG; c++)
+  for (int c = heur_pp ? GROUP4 : DEFAULT; c < PINGPONG; c++)
     NBT_CHECK(sched_of(f8, c, M, N, K, n_sm).tile_n == 256, "%s cand %d: 256-wide tiles", what, c);
   nb_gemm_own_schedule pp = sched_of(f8, PINGPONG, M, N, K, n_sm);
-  int64_t pt_tiles = tm * cdiv(N, 128);
   NBT_CHECK(pp.tile_n == 128 && pp.tiles == pt_tiles && pp.splits == 1 && !pp.stream_k && pp.cluster == 1 &&
                 pp.grid == (pt_tiles < n_sm ? pt_tiles : n_sm) && pp.group == (8 < tm ? 8 : tm),
             "%s pingpong: %lld tiles of 128 x %d (want %lld), grid %lld", what, (long long)pp.tiles, pp.tile_n,
             (long long)pt_tiles, (long long)pp.grid);
+  if (heur_pp) {
+    nb_gemm_own_schedule h0 = sched_of(f8, DEFAULT, M, N, K, n_sm);
+    NBT_CHECK(h0.tile_n == 128 && h0.tiles == pt_tiles && h0.splits == 1 && !h0.stream_k && h0.cluster == 1 &&
+                  h0.grid == n_sm && h0.group == pp.group && h0.dp_tiles == 0 && h0.sk_ctas == 0,
+              "%s heuristic, %lld k-tiles and %lld tiles of 128 x 128: the ping-pong launch (tile_n %d, %lld "
+              "tiles, grid %lld)",
+              what, (long long)kt, (long long)pt_tiles, h0.tile_n, (long long)h0.tiles, (long long)h0.grid);
+  }
   nb_gemm_own_schedule h = sched_of(f8, DPSK, M, N, K, n_sm);
   int64_t waves = tiles / n_sm, r = tiles % n_sm, ctas = r * kt / 4 < n_sm ? r * kt / 4 : n_sm;
   NBT_CHECK(h.tiles == tiles && h.splits == 1 && h.cluster == 1 && h.group == (8 < tm ? 8 : tm), "%s dpsk", what);
@@ -163,6 +176,33 @@ static void test_documented(void) {
             "16384x3072x768 pingpong: 3072 tiles of 128 x 128, 132 CTAs");
   s8 = sched8(PINGPONG, 300, 700, 1024, 132);
   NBT_CHECK(s8.tiles == 18 && s8.tile_n == 128 && s8.grid == 18 && s8.group == 3, "fp8 300x700x1024 pingpong: 18 tiles");
+  /* the heuristic's kernel: ping-pong at most 12 k-tiles deep with at least a wave of 128 x 128
+   * tiles (the measured K = 768 training shapes, fused epilogues alike: the epilogue's view
+   * does not enter the schedule); cooperative one k-tile deeper or a tile short of a wave */
+  s = sched(DEFAULT, 16384, 3072, 768, 132);
+  NBT_CHECK(s.tile_n == 128 && s.tiles == 3072 && s.grid == 132 && s.splits == 1 && !s.stream_k,
+            "16384x3072x768 heuristic: pingpong, 3072 tiles (tile_n %d)", s.tile_n);
+  s = sched(DEFAULT, 16384, 2304, 768, 132);
+  NBT_CHECK(s.tile_n == 128 && s.tiles == 2304, "16384x2304x768 heuristic: pingpong (tile_n %d)", s.tile_n);
+  s = sched(DEFAULT, 16384, 50304, 768, 132);
+  NBT_CHECK(s.tile_n == 128 && s.tiles == 128 * 393, "16384x50304x768 heuristic: pingpong (tile_n %d)", s.tile_n);
+  s = sched(DEFAULT, 16384, 3072, 769, 132);
+  NBT_CHECK(s.tile_n == 256 && s.tiles == 1536 && s.grid == 132, "16384x3072x769 (13 k-tiles) heuristic: cooperative");
+  const int64_t coop[][3] = {{16384, 768, 3072}, {16384, 768, 2304}, {2304, 768, 16384}, {768, 3072, 16384},
+                             {8192, 8192, 8192}, {4096, 4096, 4096},  {2048, 2048, 2048}, {16384, 768, 50304}};
+  for (size_t i = 0; i < sizeof coop / sizeof *coop; i++)
+    NBT_CHECK(sched(DEFAULT, coop[i][0], coop[i][1], coop[i][2], 132).tile_n == 256 &&
+                  sched8(DEFAULT, coop[i][0], coop[i][1], coop[i][2], 132).tile_n == 256,
+              "%lldx%lldx%lld heuristic: cooperative (more than 12 k-tiles)", (long long)coop[i][0],
+              (long long)coop[i][1], (long long)coop[i][2]);
+  s = sched(DEFAULT, 1408, 1536, 768, 132); /* 11 x 12 = 132 tiles: one wave */
+  NBT_CHECK(s.tile_n == 128 && s.tiles == 132 && s.grid == 132, "1408x1536x768 heuristic: pingpong, one wave");
+  s = sched(DEFAULT, 1408, 1408, 768, 132); /* 11 x 11 = 121 tiles: short of a wave */
+  NBT_CHECK(s.tile_n == 256 && s.tiles == 66, "1408x1408x768 heuristic: cooperative (121 tiles of 128 x 128)");
+  s8 = sched8(DEFAULT, 16384, 3072, 1536, 132); /* FP8: 12 k-tiles of 128 */
+  NBT_CHECK(s8.tile_n == 128 && s8.tiles == 3072, "fp8 16384x3072x1536 heuristic: pingpong (tile_n %d)", s8.tile_n);
+  s8 = sched8(DEFAULT, 16384, 3072, 1537, 132);
+  NBT_CHECK(s8.tile_n == 256, "fp8 16384x3072x1537 (13 k-tiles) heuristic: cooperative");
   /* the k-tile depth matters: 9 tiles over K = 1024 are 16 bf16 k-tiles (2 parts) but 8
    * FP8 ones (parts of at least 8 k-tiles: none) */
   s = sched(DEFAULT, 300, 700, 1024, 132);
@@ -207,7 +247,8 @@ int main(void) {
   const int sms[] = {132, 114, 8, 1};
   const int64_t shapes[][3] = {{768, 3072, 16384}, {3072, 768, 16384}, {2304, 768, 16384},
                                {16384, 3072, 768},  {1000, 520, 4136},   {1, 1, 1},
-                               {129, 257, 65},      {2176, 2304, 520},   {50304, 768, 16384}};
+                               {129, 257, 65},      {2176, 2304, 520},   {50304, 768, 16384},
+                               {16384, 768, 768},   {1408, 1536, 768},   {2048, 3072, 1536}};
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
     for (size_t j = 0; j < sizeof sms / sizeof *sms; j++) check_rules(shapes[i][0], shapes[i][1], shapes[i][2], sms[j]);
   uint64_t x = 7; /* random sizes, primes and tails included */
@@ -215,7 +256,7 @@ int main(void) {
     int64_t d[3];
     for (int k = 0; k < 3; k++) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
-      d[k] = 1 + (int64_t)((x >> 33) % (k == 2 ? 40000 : 9000));
+      d[k] = 1 + (int64_t)((x >> 33) % (k == 2 ? (r % 4 == 0 ? 1600 : 40000) : 9000)); /* some K of <= 12 k-tiles */
     }
     check_rules(d[0], d[1], d[2], r % 2 ? 132 : 78);
   }

@@ -16,9 +16,11 @@
  * differ: a float64 reference as in "gemm sm90", and candidate 0 (the
  * heuristic, the choice when tuning is off). On the multi-wave shape every
  * candidate but "stream-k" and "dpsk" (whose tail tiles are split over k)
- * and "pingpong" (128 x 128 tiles by m64n128 wgmma, another instruction
- * shape) keeps each tile's k sum in one CTA as candidate 0 does, so it must
- * give candidate 0's bits; elsewhere the results may differ by rounding only
+ * keeps each tile's k sum in one CTA, so it must give the bits of the first
+ * such candidate that runs the same kernel: the cooperative one (128 x 256
+ * tiles) or the ping-pong one (128 x 128 tiles by m64n128 wgmma, another
+ * instruction shape; the heuristic's at few k-tiles and a full wave, as on
+ * that shape); elsewhere the results may differ by rounding only
  * (relative Frobenius difference below the output dtype's unit roundoff).
  * Fused epilogues run under every candidate too (bias, GELU, residual,
  * pre-activation output; 16-bit and f32 outputs). Then the cache: tuning off
@@ -53,12 +55,25 @@ static void gt_backend(int own) {
   (void)own;
 }
 
-/* Whether candidate i sums every tile over k as candidate 0 does on a
- * multi-wave shape (the stream-K ones split tiles over k; pingpong sums
- * 128 x 128 tiles with m64n128 wgmma). */
+/* Whether candidate i sums every tile over k in one CTA on a multi-wave
+ * shape (the stream-K ones split tiles over k). */
 static int gt_whole_tiles(int i) {
   const char *n = gt_name(i);
-  return n && strcmp(n, "stream-k") != 0 && strcmp(n, "dpsk") != 0 && strcmp(n, "pingpong") != 0;
+  return n && strcmp(n, "stream-k") != 0 && strcmp(n, "dpsk") != 0;
+}
+
+/* Whether candidate i runs the ping-pong kernel (128-wide tiles) for an M x
+ * N x K bf16/f16 product on the test device. */
+static int gt_pingpong(int i, int64_t M, int64_t N, int64_t K) {
+#ifdef NABLA_HAVE_CUDA
+  nb_cuda_info info;
+  nb_gemm_own_schedule s;
+  if (G.type != NB_CPU && nb_cuda_device_info(G.index, &info) == NB_OK &&
+      nb_cuda_gemm_own_schedule(i, M, N, K, info.n_sm, &s))
+    return s.tile_n == 128;
+#endif
+  (void)i, (void)M, (void)N, (void)K;
+  return 0;
 }
 
 /* Unit roundoff of the output dtype (f32: its accumulation differences). */
@@ -73,7 +88,8 @@ static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
   int64_t *rows, nrow;
   double *ref = gs_ref(A, B, M, N, K, &rows, &nrow);
   size_t bytes = (size_t)(M * N) * nb_dtype_size(dt);
-  char *bits0 = malloc(bytes), *bitsi = malloc(bytes);
+  char *bits0 = malloc(bytes), *bitsi = malloc(bytes), *kbits[2] = {malloc(bytes), malloc(bytes)};
+  int kseen[2] = {0, 0}; /* the first whole-tile candidate's bits per kernel (cooperative, ping-pong) */
   gt_backend(1);
   for (int i = 0; i < gt_ncand(); i++) {
     char name[128];
@@ -92,17 +108,24 @@ static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
     }
     double e_ref = gs_err(O, ref, rows, nrow, N), e_0 = i ? gs_rel(O, O0, M * N) : 0;
     NBT_CHECK(e_ref <= 1e-2, "%s: relative error vs float64 %g", name, e_ref);
-    if (i && bits && gt_whole_tiles(i))
-      NBT_CHECK(memcmp(bits0, bitsi, bytes) == 0, "%s: the bits of candidate 0", name);
-    else
+    int kern = gt_pingpong(i, M, N, K);
+    if (bits && gt_whole_tiles(i) && kseen[kern])
+      NBT_CHECK(kbits[kern] && memcmp(kbits[kern], i ? bitsi : bits0, bytes) == 0,
+                "%s: the bits of the first whole-tile candidate of its kernel (%s)", name,
+                kern ? "ping-pong" : "cooperative");
+    else if (i)
       NBT_CHECK(e_0 <= gt_unit(dt), "%s: differs from candidate 0 by %g (more than rounding)", name, e_0);
+    if (bits && gt_whole_tiles(i) && !kseen[kern] && kbits[kern]) {
+      memcpy(kbits[kern], i ? bitsi : bits0, bytes);
+      kseen[kern] = 1;
+    }
     if (getenv("NABLA_TEST_VERBOSE")) printf("  %-70s ref %.2e  cand0 %.2e\n", name, e_ref, e_0);
     if (i) free(O);
     else O0 = O;
   }
   nb_tune_force(-1);
   gt_backend(0);
-  free(A); free(B); free(O0); free(ref); free(rows); free(bits0); free(bitsi);
+  free(A); free(B); free(O0); free(ref); free(rows); free(bits0); free(bitsi); free(kbits[0]); free(kbits[1]);
   nb_scope_end();
 }
 
@@ -262,7 +285,8 @@ static void gt_cache(uint64_t seed) {
 
 void test_gemm_tune(void) {
   uint64_t seed = 15000;
-  /* 17 x 9 = 153 tiles, more than any H100's SMs: data-parallel by default */
+  /* 17 x 9 = 153 tiles, more than any H100's SMs, 9 k-tiles: the heuristic runs the ping-pong
+   * kernel (17 x 18 = 306 tiles of 128 x 128); the cooperative candidates share their bits */
   gt_case(2176, 2304, 520, NB_BF16, 0, 1, 1, seed += 2);
   /* 8 x 3 tiles over 65 k-tiles: split-K (4 parts) by default; TN, tails in M, N, K */
   gt_case(1000, 520, 4136, NB_BF16, 1, 0, 0, seed += 2);
@@ -284,6 +308,13 @@ void test_gemm_tune(void) {
     ge_case(264, 1000, 136, NB_F16, NB_F16, 0, 0, GE_BIAS | GE_GELU | GE_RESID | GE_AUX, seed++);
   }
   nb_tune_force(-1);
+  /* the heuristic (nothing forced) on a product it gives the ping-pong kernel: 12 x 12 = 144
+   * tiles of 128 x 128 (M, N tails) over 11 k-tiles (K tail), every epilogue, bf16 out */
+  if (G.type != NB_CPU && gs_launches() >= 0) {
+    NBT_CHECK(gt_pingpong(0, 1500, 1480, 700), "gemm tune: 1500x1480x700 takes the ping-pong kernel by default");
+    ge_case(1500, 1480, 700, NB_BF16, NB_BF16, 0, 0, GE_BIAS | GE_GELU | GE_RESID | GE_AUX, seed++);
+    ge_case(1500, 1480, 700, NB_BF16, NB_F32, 1, 1, GE_BIAS | GE_GELU, seed++);
+  }
 #endif
   nb_tune_reset();
   gt_cache(seed + 10);

@@ -165,9 +165,12 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * The candidates among which autotuning chooses (backend/autotune.h). They
  * change only which CTA computes which tile or k range, and in what order;
  * the tile shape and the instructions stay, so the template instantiations
- * do not multiply. Candidate 0 is the heuristic, the choice when tuning is
- * off: raster groups of 8 tile rows, split-K when sm90_splits says so,
- * else a persistent grid of min(tiles, SMs) CTAs. The others: groups of 4
+ * do not multiply (the ping-pong kernel has its own). Candidate 0 is the
+ * heuristic, the choice when tuning is off: pingpong's launch where
+ * sm90_heuristic_pingpong says so (few k-tiles, a full wave of 128 x 128
+ * tiles; below), else raster groups of 8 tile rows, split-K when
+ * sm90_splits says so, else a persistent grid of min(tiles, SMs) CTAs. The
+ * others: groups of 4
  * or 16 tile rows (split-K as the heuristic); data-parallel (never split);
  * stream-K whenever the workspace can be had (also for several waves of
  * tiles: it evens out a last partial wave); one CTA per tile (not
@@ -240,7 +243,32 @@ static void sm90_dpsk(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
   s->grid = waves > 0 ? n_sm : ctas;
 }
 
+/* ---- the heuristic's kernel ------------------------------------------------
+ * Candidate 0 runs the ping-pong kernel (candidate pingpong's launch) when a
+ * tile has at most kPPMaxKtiles k-tiles (bf16/f16: K <= 768; FP8's 128-deep
+ * k-tiles: K <= 1536) and the 128 x 128 tiles fill at least one wave (tiles >=
+ * SMs), any layout; the cooperative kernel otherwise. On the H100 (012fbda,
+ * each schedule in its own process) pingpong was faster than the cooperative
+ * heuristic on every such product measured, all of them 12 k-tiles:
+ * 16384x3072x768 NT 0.1506 -> 0.1426 ms, NN 0.1361 -> 0.1332, 16384x2304x768
+ * NT 0.0990 -> 0.0972, 16384x50304x768 NT 2.1657 -> 2.1118, bias+GELU
+ * 16384x3072x768 NT 0.2208 -> 0.2006; and slower on every deeper one (8192^3
+ * 1.5366 -> 1.7733, the K = 16384 dW shapes by about 30%): with few k-tiles
+ * the per-tile epilogue that the other warpgroup's main loop hides is a large
+ * share of a tile's time, with many it is not and the narrower tile's extra
+ * shared-memory and L2 reads per flop dominate. Below a wave the
+ * cooperative kernel's split-K and fewer, wider tiles stay. */
+constexpr int kPPMaxKtiles = 12;
+constexpr int kCandPingpong = 8; /* sm90_cands[kCandPingpong], the last */
+static_assert(kCandPingpong == kCands - 1, "pingpong is the last candidate");
+
+static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm) {
+  int64_t tiles = (int64_t)tiles_m * ((N + kBN / 2 - 1) / (kBN / 2));
+  return ktiles <= kPPMaxKtiles && tiles >= n_sm;
+}
+
 nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm) {
+  if (i == 0 && sm90_heuristic_pingpong(tiles_m, N, ktiles, n_sm)) i = kCandPingpong;
   int pp = sm90_cands[i].pingpong, tiles_n = (int)((N + (pp ? kBN / 2 : kBN) - 1) / (pp ? kBN / 2 : kBN));
   int64_t tiles = (int64_t)tiles_m * tiles_n;
   nb_sm90_sched s;

@@ -33,7 +33,9 @@ int nb_sm90_cand_count(void);
 /* The name table nb_tune_pick takes: nb_sm90_cand_count() names. */
 const char *const *nb_sm90_cand_names(void);
 /* Candidate i (0 <= i < nb_sm90_cand_count()) for tiles_m tile rows, N
- * columns and ktiles k-tiles per tile on n_sm SMs. */
+ * columns and ktiles k-tiles per tile on n_sm SMs. Candidate 0, the
+ * heuristic, resolves to pingpong's launch at most 12 k-tiles deep with at
+ * least n_sm tiles of 128 x 128 (gemm_sm90_plan.cu). */
 nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm);
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b);
 
