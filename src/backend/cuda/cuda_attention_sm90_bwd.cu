@@ -17,8 +17,8 @@
  *      heaviest key blocks (causal: the first) first. Warpgroup 0, the
  *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
  *      then for every 64-query tile that sees the block (causal: from the
- *      block's first key on) Q and dO (64 x D)
- *      into stage it % 3 of a ring (full mbarrier per stage, completed by
+ *      block's first key on) Q, dO (64 x D) and the tile's lse / delta rows
+ *      into stage it % 2 of a ring (full mbarrier per stage, completed by
  *      the copy engine's bytes; empty mbarrier, one arrival per consumer
  *      warp once its wgmma reading the stage have completed). Warpgroups 1
  *      and 2, the consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the
@@ -31,18 +31,14 @@
  *      A operand (dO as B, MN-major, transpose bit), dS^T = P^T (dP^T -
  *      delta[query]), dK += dS^T Q the same way. S^T and dP^T are two commit
  *      groups: P^T is computed while dP^T is on the tensor cores, dS^T
- *      while dV's product is, and the next tile's S^T and dP^T are issued
- *      right behind dK (software pipelining: the tensor cores do not drain
- *      between tiles; a stage is released at the next tile's first wait,
- *      hence three stages).
+ *      while dV's product is.
  *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
  *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
- *      tiles into a 3-stage ring (key tiles after the block's last row
+ *      tiles into a 2-stage ring (key tiles after the block's last row
  *      never loaded); consumer c owns query rows [64 c, 64 c + 64): S = Q
  *      K^T, dP = dO V^T (m64n64k16 from shared memory), P = exp2(S sl2 -
  *      lse2[row]) (zero past Lk and, causal, after the row), dS = P (dP -
- *      delta[row]), dQ += dS K (dS as register A, K MN-major), the next
- *      tile's S and dP issued right behind dQ as in the dK/dV kernel.
+ *      delta[row]), dQ += dS K (dS as register A, K MN-major).
  * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
  * tile wholly past them is not loaded at all (its rows' results are never
  * stored, and every product here is row-wise in them).
@@ -80,7 +76,7 @@
 #define FB_BQ 64  /* queries per streamed tile (dK/dV) */
 #define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
 #define FB_BN 64  /* keys per streamed tile (dQ) */
-#define FB_ST 3   /* ring stages */
+#define FB_ST 2   /* ring stages */
 #define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FB_THREADS 384
 #define FB_LOG2E 1.4426950408889634f
@@ -249,36 +245,22 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
   for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
-  /* Software-pipelined over the query tiles: tile it + 1's S^T and dP^T
-   * are issued right after tile it's dK product, so the tensor cores go
-   * from one to the next without draining; a stage is released at the
-   * next tile's first wait (its dV and dK products have completed then). */
-  if (ntiles) {
-    sm90_bar_wait(bar.once(), 0);
-    sm90_bar_wait(bar.full(0), 0);
-    fa3_fence(s);
-    fa3_fence(dp);
-    fa3_wg_fence();
-    fb_ss<T, D, FB_BK, FB_BQ>(s, ka, ss0); /* S^T = K Q^T (keys x queries) */
-    fa3_commit();
-    fb_ss<T, D, FB_BK, FB_BQ>(dp, va, ss0 + C::QB); /* dP^T = V dO^T */
-    fa3_commit();
-  }
+  if (ntiles) sm90_bar_wait(bar.once(), 0);
   for (int it = 0; it < ntiles; it++) {
     const int sg = it % FB_ST, i0 = ibeg + it * FB_BQ;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
     /* rows i0 .. i0 + 63 of the pre-pass's statistics (i0 + 64 <= Lp) */
     const float *sl = p.sl + (int64_t)b * p.Lp + i0, *sd = p.sd + (int64_t)b * p.Lp + i0;
-    fa3_wait<1>(); /* S^T (and the tile before's dV, dK) complete; dP^T may still run */
+    sm90_bar_wait(bar.full(sg), (uint32_t)(it / FB_ST) & 1);
     fa3_fence(s);
-    fa3_fence(dv);
-    fa3_fence(dk);
-    fa3_fence(pa);
-    fa3_fence(da);
-    if (it > 0) {
-      __syncwarp(); /* every lane's wgmma on the stage have completed before lane 0 releases it */
-      if (lane == 0) sm90_bar_arrive(bar.empty((it - 1) % FB_ST));
-    }
+    fa3_fence(dp);
+    fa3_wg_fence();
+    fb_ss<T, D, FB_BK, FB_BQ>(s, ka, qt); /* S^T = K Q^T (keys x queries) */
+    fa3_commit();
+    fb_ss<T, D, FB_BK, FB_BQ>(dp, va, gt); /* dP^T = V dO^T */
+    fa3_commit();
+    fa3_wait<1>(); /* S^T complete; dP^T may still run */
+    fa3_fence(s);
     /* P^T: column (query) i0 + 8n + 2t + (e & 1), row (key) kr + 8 (e >> 1) */
     const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
 #pragma unroll
@@ -310,24 +292,17 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_wg_fence();
     fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
     fa3_commit();
-    if (it + 1 < ntiles) { /* the next tile's S^T, dP^T behind dK */
-      const int sn = (it + 1) % FB_ST;
-      const uint32_t qn = ss0 + sn * C::STAGE;
-      sm90_bar_wait(bar.full(sn), (uint32_t)((it + 1) / FB_ST) & 1);
-      fa3_fence(s);
-      fa3_fence(dp);
-      fa3_wg_fence();
-      fb_ss<T, D, FB_BK, FB_BQ>(s, ka, qn);
-      fa3_commit();
-      fb_ss<T, D, FB_BK, FB_BQ>(dp, va, qn + C::QB);
-      fa3_commit();
-    }
+    fa3_wait<0>();
+    fa3_fence(dv);
+    fa3_fence(dk);
+    fa3_fence(pa);
+    fa3_fence(da);
+    /* every lane's reads of the stage (the statistics above) come before
+     * lane 0 releases it: racecheck reported the producer's next bulk copy
+     * against them without this ordering */
+    __syncwarp();
+    if (lane == 0) sm90_bar_arrive(bar.empty(sg)); /* the stage (stats read above) is free */
   }
-  fa3_wait<0>();
-  fa3_fence(dv);
-  fa3_fence(dk);
-  fa3_fence(pa);
-  fa3_fence(da);
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
   fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
 }
@@ -374,29 +349,20 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
-  /* Software-pipelined as the dK/dV kernel: key tile j + 1's S and dP are
-   * issued right after tile j's dQ product; a stage is released at the
-   * next tile's first wait. ntiles >= 1. */
   sm90_bar_wait(bar.once(), 0);
-  sm90_bar_wait(bar.full(0), 0);
-  fa3_fence(s);
-  fa3_fence(dp);
-  fa3_wg_fence();
-  fb_ss<T, D, FB_BM, FB_BN>(s, qa, ss0); /* S = Q K^T */
-  fa3_commit();
-  fb_ss<T, D, FB_BM, FB_BN>(dp, ga, ss0 + C::NB); /* dP = dO V^T */
-  fa3_commit();
   for (int j = 0; j < ntiles; j++) {
     const int sg = j % FB_ST, j0 = j * FB_BN;
-    const uint32_t kt = ss0 + sg * 2 * C::NB;
-    fa3_wait<1>(); /* S (and the tile before's dQ) complete; dP may still run */
+    const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
+    sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_ST) & 1);
     fa3_fence(s);
-    fa3_fence(dq);
-    fa3_fence(da);
-    if (j > 0) {
-      __syncwarp(); /* as above: all lanes' wgmma on the stage complete before the release */
-      if (lane == 0) sm90_bar_arrive(bar.empty((j - 1) % FB_ST));
-    }
+    fa3_fence(dp);
+    fa3_wg_fence();
+    fb_ss<T, D, FB_BM, FB_BN>(s, qa, kt); /* S = Q K^T */
+    fa3_commit();
+    fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
+    fa3_commit();
+    fa3_wait<1>();
+    fa3_fence(s);
     /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = nb_mma_exp2(fmaf(s[i], p.sl2, -l2[(i >> 1) & 1]));
@@ -417,22 +383,12 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
     fa3_wg_fence();
     fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K */
     fa3_commit();
-    if (j + 1 < ntiles) { /* the next tile's S, dP behind dQ */
-      const int sn = (j + 1) % FB_ST;
-      const uint32_t kn = ss0 + sn * 2 * C::NB;
-      sm90_bar_wait(bar.full(sn), (uint32_t)((j + 1) / FB_ST) & 1);
-      fa3_fence(s);
-      fa3_fence(dp);
-      fa3_wg_fence();
-      fb_ss<T, D, FB_BM, FB_BN>(s, qa, kn);
-      fa3_commit();
-      fb_ss<T, D, FB_BM, FB_BN>(dp, ga, kn + C::NB);
-      fa3_commit();
-    }
+    fa3_wait<0>();
+    fa3_fence(dq);
+    fa3_fence(da);
+    __syncwarp(); /* as above: all lanes' reads before the release */
+    if (lane == 0) sm90_bar_arrive(bar.empty(sg));
   }
-  fa3_wait<0>();
-  fa3_fence(dq);
-  fa3_fence(da);
   fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
 }
 #endif /* NB_SM90A_DEVICE */
