@@ -228,15 +228,11 @@ const char *const *nb_sm90_cand_names(void) { return sm90_cand_names; }
  * share a whole tile or more): data-parallel. */
 constexpr int64_t kMinShare = 4;
 
+/* s: resolved as the data-parallel candidate, which it stays without a tail to split. */
 static void sm90_dpsk(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
   int64_t waves = tiles / n_sm, r = tiles - waves * n_sm, ctas = r * ktiles / kMinShare;
   if (ctas > n_sm) ctas = n_sm;
-  s->splits = 1;
-  if (r == 0 || ctas <= r) {
-    s->sk = 0;
-    s->grid = tiles < n_sm ? tiles : n_sm;
-    return;
-  }
+  if (r == 0 || ctas <= r) return;
   s->sk = 1;
   s->dp_tiles = waves * n_sm;
   s->sk_ctas = (int)ctas;
