@@ -265,6 +265,17 @@ struct sm90_walk {
   }
 };
 
+/* The A tile of one k-tile (kBM rows from m0, k from k0) into stage sa:
+ * K-major one box; transposed (TA) kBM / 64 blocks of 64 rows. */
+template <int TA>
+__device__ __forceinline__ void sm90_load_a(uint32_t sa, const CUtensorMap *ma, uint32_t fb, int m0, int k0) {
+  if (TA) {
+    for (int j = 0; j < kBM / 64; j++) sm90_tma_load(sa + j * kBlock64, ma, fb, m0 + 64 * j, k0);
+  } else {
+    sm90_tma_load(sa, ma, fb, k0, m0);
+  }
+}
+
 /* Producer: one thread streams the k-tiles of this CTA's segments into the
  * ring; it runs ahead into the next tile while the consumers store. The B
  * tile goes in two halves of 128 rows; in a cluster of 2, rank r loads
@@ -290,11 +301,7 @@ __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtens
       uint32_t fb = full + 8 * s, sa = ring + s * kStageBytes, sb = sa + kABytes;
       sm90_bar_expect(fb, kStageBytes);
       int k0 = kt * sm90_in<T>::bk;
-      if (TA) {
-        for (int j = 0; j < kBM / 64; j++) sm90_tma_load(sa + j * kBlock64, ma, fb, m0 + 64 * j, k0);
-      } else {
-        sm90_tma_load(sa, ma, fb, k0, m0);
-      }
+      sm90_load_a<TA>(sa, ma, fb, m0, k0);
       if (TB) { /* half h: 64-column blocks 2h, 2h + 1 */
         for (int j = 2 * h0; j < 2 * h1; j++) {
           if (p.cluster > 1) sm90_tma_load_mc(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0, 3);

@@ -110,11 +110,7 @@ __device__ __forceinline__ void sm90_pp_produce(const CUtensorMap *ma, const CUt
       uint32_t fb = full + 8 * s, sa = ring + s * kPPStageBytes, sb = sa + kABytes;
       sm90_bar_expect(fb, kPPStageBytes);
       int k0 = kt * sm90_in<T>::bk;
-      if (TA) {
-        for (int j = 0; j < kBM / 64; j++) sm90_tma_load(sa + j * kBlock64, ma, fb, m0 + 64 * j, k0);
-      } else {
-        sm90_tma_load(sa, ma, fb, k0, m0);
-      }
+      sm90_load_a<TA>(sa, ma, fb, m0, k0);
       if (TB) {
         for (int j = 0; j < kPPBN / 64; j++) sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
       } else {
