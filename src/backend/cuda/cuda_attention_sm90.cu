@@ -637,14 +637,7 @@ int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const in
 }
 
 int nb_fa3_section(const nb_cuda_ctx *ctx, int64_t B, int64_t per_b) {
-  static int l2_of[64]; /* the devices' L2 sizes, read once (0: not yet) */
-  int l2 = ctx->dev >= 0 && ctx->dev < 64 ? __atomic_load_n(&l2_of[ctx->dev], __ATOMIC_RELAXED) : 0;
-  if (!l2) {
-    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx->dev) != cudaSuccess) l2 = 0, cudaGetLastError();
-    if (l2 > 0 && ctx->dev >= 0 && ctx->dev < 64)
-      __atomic_store_n(&l2_of[ctx->dev], l2, __ATOMIC_RELAXED);
-  }
-  int64_t hg = per_b > 0 ? l2 / 8 / per_b : B;
+  int64_t hg = per_b > 0 ? ctx->l2_bytes / 8 / per_b : B;
   const char *e = getenv("NABLA_ATTENTION_SM90_SECTION");
   if (e && atoi(e) > 0) hg = atoi(e);
   return (int)(hg < 1 ? 1 : hg > B ? B : hg);

@@ -15,11 +15,13 @@
 #include "core/core.h"
 
 /* ---- runtime (cuda_runtime.cu) ------------------------------------------ */
-/* What a kernel entry needs: the device holding its data and its stream. */
+/* What a kernel entry needs: the device holding its data and its stream,
+ * its SM count and L2 size in bytes (0 where the driver did not say). */
 typedef struct {
   int dev;
   cudaStream_t stream;
   int n_sm;
+  int l2_bytes;
 } nb_cuda_ctx;
 
 /* Finds the device of a device pointer, makes it current and returns its

@@ -36,7 +36,7 @@ typedef struct {
 typedef struct {
   int ready;
   cudaStream_t stream;
-  int n_sm;
+  int n_sm, l2_bytes;
   /* allocator: bins sorted by size */
   nb_cuda_bin *bins;
   int n_bins, cap_bins;
@@ -102,6 +102,8 @@ static nb_status dev_init(int d) {
   NB_CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   NB_CUDA_TRY(cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, d),
               "cudaDeviceGetAttribute");
+  if (cudaDeviceGetAttribute(&s->l2_bytes, cudaDevAttrL2CacheSize, d) != cudaSuccess)
+    s->l2_bytes = 0, cudaGetLastError(); /* sections then fall back to one batch index (nb_fa3_section) */
   NB_CUDA_TRY(cudaMalloc((void **)&s->flag, 2 * sizeof(int64_t)), "cudaMalloc(flag)");
   NB_CUDA_TRY(cudaMemsetAsync(s->flag, 0, 2 * sizeof(int64_t), s->stream), "cudaMemsetAsync(flag)");
   NB_CUDA_TRY(cudaHostAlloc((void **)&s->flag_host, 2 * sizeof(int64_t), cudaHostAllocDefault),
@@ -132,6 +134,7 @@ static void ctx_fill(nb_cuda_ctx *ctx, int d) {
   ctx->dev = d;
   ctx->stream = g_dev[d].stream;
   ctx->n_sm = g_dev[d].n_sm > 0 ? g_dev[d].n_sm : 1;
+  ctx->l2_bytes = g_dev[d].l2_bytes;
 }
 
 nb_status nb_cuda_enter(const void *ptr, const char *op, nb_cuda_ctx *ctx) {
