@@ -37,6 +37,31 @@ static int make_leaves(const scase *c, uint64_t seed, nb_tensor **leaf) {
 
 typedef atest_result sresult;
 
+/* One check's inputs: the case's name (prefix, dtype, shape, causal,
+ * layout), its f64 leaves in, the same rounded to dt (in f64, for the
+ * float64 reference) and the norm tolerance of dt. */
+typedef struct {
+  char name[160];
+  nb_tensor *in[3], *rounded[3];
+  int n;
+  double tol;
+} sinputs;
+
+static void sm90_inputs(sinputs *s, const char *prefix, const scase *c, int causal, nb_dtype dt, uint64_t seed) {
+  snprintf(s->name, sizeof s->name, "%s %s B%lld H%lld Lq%lld Lk%lld D%lld%s%s", prefix, nb_dtype_name(dt),
+           (long long)c->B, (long long)c->H, (long long)c->Lq, (long long)c->Lk, (long long)c->D,
+           causal ? " causal" : "", c->packed == 1 ? " packed" : c->packed == 2 ? " padded rows" : "");
+  s->n = make_leaves(c, seed, s->in);
+  nb_scope_begin();
+  for (int i = 0; i < s->n; i++) s->rounded[i] = nb_keep(nb_cast(nb_cast(s->in[i], dt), NB_F64));
+  nb_scope_end();
+  s->tol = dt == NB_F16 ? 2e-3 : 1.5e-2;
+}
+
+static void sm90_inputs_free(sinputs *s) {
+  for (int i = 0; i < s->n; i++) nb_release(s->in[i]), nb_release(s->rounded[i]);
+}
+
 /* Attention on dev in dtype dt from the leaves (cast, copied, made leaves
  * that require gradients): the output and the gradients of sum(y * w). */
 static sresult run(const scase *c, int causal, nb_tensor *const *in, int n, nb_dtype dt, nb_device dev) {

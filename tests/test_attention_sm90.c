@@ -52,15 +52,11 @@ static void set_switch(const char *name, const char *value) {
 }
 
 static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
-  char name[160];
-  snprintf(name, sizeof name, "sm90 %s B%lld H%lld Lq%lld Lk%lld D%lld%s%s", nb_dtype_name(dt),
-           (long long)c->B, (long long)c->H, (long long)c->Lq, (long long)c->Lk, (long long)c->D,
-           causal ? " causal" : "", c->packed == 1 ? " packed" : c->packed == 2 ? " padded rows" : "");
-  nb_tensor *in[3], *rounded[3];
-  const int n = make_leaves(c, seed, in);
-  nb_scope_begin();
-  for (int i = 0; i < n; i++) rounded[i] = nb_keep(nb_cast(nb_cast(in[i], dt), NB_F64));
-  nb_scope_end();
+  sinputs s;
+  sm90_inputs(&s, "sm90", c, causal, dt, seed);
+  const char *name = s.name;
+  nb_tensor **in = s.in, **rounded = s.rounded;
+  const int n = s.n;
   const int64_t l0 = launches();
   unsetenv("NABLA_ATTENTION_SM90");
   unsetenv("NABLA_ATTENTION_SM90_PINGPONG");
@@ -79,7 +75,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
               "expected)", name, (long long)(l1 - l0), c->runs ? 2 : 0);
     NBT_CHECK(l2 == l1, "%s: NABLA_ATTENTION_SM90=0 still ran it", name);
   }
-  const double tol = dt == NB_F16 ? 2e-3 : 1.5e-2;
+  const double tol = s.tol;
   compare(name, "float64", &got, &ref, n, tol);
   compare(name, "the mma.sync forward", &got, &mma, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
@@ -110,7 +106,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   atest_free(&again);
   atest_free(&mma);
   atest_free(&ref);
-  for (int i = 0; i < n; i++) nb_release(in[i]), nb_release(rounded[i]);
+  sm90_inputs_free(&s);
 }
 
 int main(void) {
