@@ -16,13 +16,14 @@
  *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
  *     issues the TMA copies, for each item Q's 128 x D tile once into one
  *     of two Q tiles (item n's in tile n % 2, once the consumers' last S
- *     of item n - 2 has completed: an empty Q mbarrier each), then K_j and V_j (tiles of 128 keys) into the next stage
- *     of a ring (ST = 2 stages at D = 128, 3 at D = 64) that runs on across
- *     items, so the next item's loads overlap this one's last products and
- *     store. K and V each have a full mbarrier per stage (the copy engine
- *     completes its bytes there) and an empty one (each consumer warp
- *     arrives once its wgmma reading the stage has completed): K is freed
- *     as soon as S is computed, V after O += P V.
+ *     of item n - 2 has completed: an empty Q mbarrier each), then K_j
+ *     and V_j (tiles of 128 keys) into the next stage of a ring (ST = 2
+ *     stages at D = 128, 3 at D = 64) that runs on across items, so the
+ *     next item's loads overlap this one's last products and store. K
+ *     and V each have a full mbarrier per stage (the copy engine completes
+ *     its bytes there) and an empty one (each consumer warp arrives once
+ *     its wgmma reading the stage has completed): K is freed as soon as S
+ *     is computed, V after O += P V.
  *   - warpgroups 1 and 2, the consumers (240 registers): rows
  *     [64c, 64c + 64) of the block each. S = Q K^T is D / 16 wgmma
  *     m64n128k16 with both operands in shared memory (K-major); the online
@@ -166,8 +167,8 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
  * take the next item at their current one's last tile, long after the
  * producer has put it there. With as many CTAs as items
  * (NABLA_ATTENTION_SM90_PERSISTENT=0) CTA c takes item c alone: no
- * counter, no slots. The CTA that
- * ends last returns the counters to zero for the next launch. */
+ * counter, no slots. The CTA that ends last returns the counters to zero
+ * for the next launch. */
 __device__ __forceinline__ int fa3_next(const fa3_params &p) {
   const int G = (int)gridDim.x;
   return G < p.items ? G + (int)atomicAdd(p.work, 1u) : p.items;
@@ -434,9 +435,10 @@ __device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
 }
 
 /* Consumer warpgroup wg (0, 1) on item n of the CTA (*nx: the next one,
- * taken at this one's last tile): rows [i0 + 64 wg, + 64) over the ntiles key tiles, which are the
- * ring's tiles it0 .. it0 + ntiles - 1, with the overlap described at the
- * top; sq: the Q tiles, so: o's staging tile. */
+ * taken at this one's last tile): rows [i0 + 64 wg, + 64) over the ntiles
+ * key tiles, which are the ring's tiles it0 .. it0 + ntiles - 1, with
+ * the overlap described at the top; sq: the Q tiles, so: o's staging
+ * tile. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
                                             int it0, int n, int *nx, int wg, uint32_t sq, uint32_t sk,
