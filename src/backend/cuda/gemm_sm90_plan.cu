@@ -211,13 +211,14 @@ const char *const *nb_sm90_cand_names(void) { return sm90_cand_names; }
 /* ---- dpsk: data-parallel waves + a stream-K tail ---------------------------
  * T tiles on P SMs are W = T / P full waves and a last wave of r = T % P
  * tiles that leaves P - r SMs idle for a whole tile's time (8192^3: 2048
- * tiles, 15 waves + 68 tiles, the last wave half empty). dpsk runs the W P
- * tiles of the full waves data-parallel as the persistent grid does (CTA c:
- * tiles c, c + P, ...), then splits the r tail tiles' r ktiles k-iterations
- * evenly over P' CTAs as stream-K does (the same partial tiles, flags and
- * fixed-order fix-up), so the tail takes r ktiles / P' k-tiles plus the
- * fix-up instead of ktiles. The tail tiles are consecutive in the raster
- * order, and consecutive CTAs take consecutive k ranges of them: the CTAs
+ * tiles, 15 waves + 68 tiles, the last wave half empty). dpsk first splits
+ * the first r tiles of the raster order (a tail's worth: r ktiles
+ * k-iterations) evenly over P' CTAs as stream-K does (the same partial
+ * tiles, flags and fixed-order fix-up), then runs the other W P tiles
+ * data-parallel as the persistent grid does (CTA c: tiles r + c, r + c + P,
+ * ...), so the split part takes r ktiles / P' k-tiles plus the fix-up
+ * instead of a whole last wave. The split tiles are consecutive in the
+ * raster order, and consecutive CTAs take consecutive k ranges of them: the CTAs
  * sharing an A panel (tiles a raster group apart) or a B panel (adjacent
  * tiles) start within a few k-tiles of each other (8192^3: about 2 and 4
  * of 128), so L2 serves the panels as it does for the data-parallel waves;
