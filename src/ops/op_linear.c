@@ -24,7 +24,10 @@ static nb_status float_ok(const char *what, const nb_tensor *t) {
 }
 
 /* Whether x's leading axes (all but the last) merge into one axis; its
- * stride in *stride (1 row or none: any stride reads it, x's row length). */
+ * stride in *stride (1 row or none: any stride reads it, x's row length).
+ * Not reshape's view check (op_view.c): for more than one row the two agree,
+ * but for one row that takes the stride of a size-1 axis, and for no rows it
+ * always views where this one copies unless the strides chain. */
 static int rows_merge(const nb_tensor *x, int64_t *stride) {
   int nd = x->ndim;
   int64_t in = nd ? x->shape[nd - 1] : 1, want = 0;
