@@ -1,9 +1,9 @@
 /* `nabla train` end to end, through the built binary (NABLA_BIN, set by the
  * test environment): a short run whose loss falls, bad options that exit
  * with status 2 and a message naming the problem, gradient accumulation
- * (--accum) against the plain run, a text run, and resumed runs (of
- * either task; text without --data) that match uninterrupted ones bit for
- * bit. */
+ * (--accum) against the plain run, each --precision (and a resumed run's),
+ * a text run, and resumed runs (of either task; text without --data) that
+ * match uninterrupted ones bit for bit. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -73,6 +73,9 @@ static void test_bad_input(void) {
   bad("frobnicate", "frobnicate");
   bad("train --batch 32 --accum 3 --device cpu", "--accum 3");
   bad("train --accum 0", "--accum");
+  bad("train --precision fp16", "--precision expects one of f32|bf16|f16, got 'fp16'");
+  bad("train --precision F32", "--precision expects one of f32|bf16|f16, got 'F32'");
+  bad("train --precision", "needs a value");
   snprintf(args, sizeof args, "train --data %s/missing.txt", dir);
   bad(args, "missing.txt");
   snprintf(args, sizeof args, "train --data %s", dir); /* a directory */
@@ -103,6 +106,33 @@ static void test_accumulation(void) {
   double l4 = loss_line("accum 4", &f4);
   NBT_CHECK(fabs(f1 - f4) <= 2e-4 && fabs(l1 - l4) <= 2e-4,
             "losses with and without accumulation agree: %.4f -> %.4f vs %.4f -> %.4f", f1, l1, f4, l4);
+}
+
+/* Each --precision as the run describes it, the CPU's default (f32), and
+ * a resumed run's precision: the checkpoint's unless --precision is given. */
+static void test_precision(void) {
+  static const char *const names[] = {"f32", "bf16", "f16", NULL};
+  static const char *const lines[] = {"cosine), f32", "cosine), bf16 autocast, f32 weights",
+                                      "cosine), f16 autocast with loss scaling, f32 weights",
+                                      "cosine), f32"};
+  char args[1024], ck[300];
+  snprintf(ck, sizeof ck, "%s/f16.safetensors", dir);
+  for (int i = 0; i < 4; i++) {
+    int f16 = names[i] && !strcmp(names[i], "f16");
+    snprintf(args, sizeof args, "%s--steps 4 --stop-at 2 --eval-every 0%s%s%s%s", TINY,
+             names[i] ? " --precision " : "", names[i] ? names[i] : "", f16 ? " --save " : "",
+             f16 ? ck : "");
+    int st = run(args);
+    NBT_CHECK(st == 0, "--precision %s exits 0, got %d:\n%s", names[i] ? names[i] : "(default)", st,
+              out);
+    NBT_CHECK(strstr(out, lines[i]) != NULL, "'%s' in:\n%s", lines[i], out);
+    NBT_CHECK(!f16 == !strstr(out, "; loss scale now "), "loss scale reported for f16 only:\n%s", out);
+  }
+  snprintf(args, sizeof args, "train --device %s --quiet --no-svg --resume %s",
+           getenv("NABLA_TRAIN_DEVICE") ? getenv("NABLA_TRAIN_DEVICE") : "cpu", ck);
+  NBT_CHECK(run(args) == 0 && strstr(out, lines[2]), "resumed as f16:\n%s", out);
+  strcat(args, " --precision bf16");
+  NBT_CHECK(run(args) == 0 && strstr(out, lines[1]), "resumed as bf16:\n%s", out);
 }
 
 static void compare_checkpoints(const char *pa, const char *pb);
@@ -228,6 +258,7 @@ int main(void) {
   test_bad_input();
   test_loss_falls();
   test_accumulation();
+  test_precision();
   test_text();
   test_resume();
   nbt_rmtree(dir);

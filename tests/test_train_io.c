@@ -280,7 +280,8 @@ static void test_data_limits(void) {
 
 static const char *const meta_keys[] = {
     "format", "task", "digits", "vocab", "context", "layers", "heads", "dim", "batch",
-    "accum", "steps", "warmup", "lr", "seed", "step", "data_rng_seed", "data_rng_offset"};
+    "accum", "steps", "warmup", "lr", "seed", "step", "data_rng_seed", "data_rng_offset",
+    "precision"};
 #define N_META (int)(sizeof meta_keys / sizeof *meta_keys)
 
 /* Copies checkpoint src to dst with metadata key set to value. */
@@ -320,6 +321,7 @@ static void test_metadata(void) {
   bad_meta(base, "accum", "-3", "metadata \"accum\"");
   bad_meta(base, "heads", "", "metadata \"heads\"");
   bad_meta(base, "step", "18446744073709551615", "metadata \"step\"");
+  bad_meta(base, "precision", "fp8", "metadata \"precision\" expects one of f32|bf16|f16, got 'fp8'");
   bad_meta(base, "format", "nablaZZZZ-1",
            "not a nabla train checkpoint (format 'nablaZZZZ-1', expected 'nabla-gpt-1')\n");
   /* the checkpoint as written still resumes */

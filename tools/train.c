@@ -232,8 +232,8 @@ static nb_tensor *train_loss_of(const trainer *tr, int B, const int64_t *x, cons
   /* --precision bf16/f16: the forward under autocast; backward runs outside
    * it, each rule in the dtypes its forward used, and the f32 parameters get
    * f32 gradients through the casts */
-  int low = strcmp(tr->o.precision, "f32") != 0;
-  if (low && nb_autocast_begin(strcmp(tr->o.precision, "f16") ? NB_BF16 : NB_F16)) return NULL;
+  int low = tr->o.prec != TRAIN_F32;
+  if (low && nb_autocast_begin(tr->o.prec == TRAIN_F16 ? NB_F16 : NB_BF16)) return NULL;
   nb_tensor *loss = gpt_loss(tr->model, xt, yt);
   if (low) nb_autocast_end();
   return loss;
@@ -251,7 +251,7 @@ static int train_accumulate(trainer *tr, const int64_t *x, const int64_t *y) {
   const train_opts *o = &tr->o;
   int micro = o->batch / o->accum, ok = 1;
   int64_t stride = (int64_t)micro * train_seq_len(tr);
-  int scaled = !strcmp(o->precision, "f16"); /* bf16, f32: scale 1 */
+  int scaled = o->prec == TRAIN_F16; /* bf16, f32: scale 1 */
   nb_tensor *sum = NULL;
   for (int m = 0; ok && m < o->accum; m++) {
     nb_scope_begin();
@@ -292,14 +292,14 @@ static int train_sync(trainer *tr) {
   if (skipped < 0) return -1;
   if (skipped > tr->skipped && !tr->o.quiet) {
     const char *clear = tr->tty ? "\r\033[K" : "";
-    if (!strcmp(tr->o.precision, "f16"))
+    if (tr->o.prec == TRAIN_F16)
       fprintf(stderr, "%sby step %lld: %lld step%s skipped (gradients not finite), loss scale now %g\n",
               clear, (long long)tr->step, (long long)(skipped - tr->skipped),
               skipped - tr->skipped > 1 ? "s" : "", nb_scaler_get_scale(tr->scaler));
     else
       fprintf(stderr, "%sby step %lld: %lld step%s skipped (gradients not finite, %s, no loss "
               "scaling)\n", clear, (long long)tr->step, (long long)(skipped - tr->skipped),
-              skipped - tr->skipped > 1 ? "s" : "", tr->o.precision);
+              skipped - tr->skipped > 1 ? "s" : "", train_precision_name(tr->o.prec));
   }
   tr->skipped = skipped;
   return 0;
@@ -402,7 +402,7 @@ static double train_mfu(const trainer *tr, double tps, nb_cuda_info *info, doubl
     nb_clear_error();
     return -1;
   }
-  double peak = strcmp(tr->o.precision, "f32") ? d.peak_flops_low : d.peak_flops_f32;
+  double peak = tr->o.prec != TRAIN_F32 ? d.peak_flops_low : d.peak_flops_f32;
   if (info) *info = d;
   if (peak_out) *peak_out = peak;
   const gpt_config *g = &tr->model->cfg;
@@ -511,7 +511,7 @@ static int train_build(trainer *tr) {
   /* f16: GradScaler's defaults; bf16 and f32: a fixed scale of 1 (their
    * range needs no scaling), so that the clip and the non-finite check
    * (a step whose gradients are not finite is skipped) run on the device */
-  if (!strcmp(o->precision, "f16")) tr->scaler = nb_scaler_new(NB_SCALER_DEFAULTS);
+  if (o->prec == TRAIN_F16) tr->scaler = nb_scaler_new(NB_SCALER_DEFAULTS);
   else tr->scaler = nb_scaler_new(1.0, 1.0, 1.0, 1);
   if (!tr->scaler) return train_fail("creating the loss scaler");
   nb_scope_begin(); /* nb_keep takes the one reference the trainer holds */
@@ -643,9 +643,9 @@ static void train_describe(const trainer *tr) {
   if (o->accum > 1) snprintf(accum, sizeof accum, " in %d micro-batches", o->accum);
   printf("training: %lld steps of %d x %d tokens%s, AdamW lr %g (warm-up %lld, cosine), %s%s\n",
          (long long)o->steps, o->batch, train_seq_len(tr), accum, o->lr, (long long)o->warmup,
-         !strcmp(o->precision, "f16")    ? "f16 autocast with loss scaling, f32 weights"
-         : !strcmp(o->precision, "bf16") ? "bf16 autocast, f32 weights"
-                                         : "f32",
+         o->prec == TRAIN_F16    ? "f16 autocast with loss scaling, f32 weights"
+         : o->prec == TRAIN_BF16 ? "bf16 autocast, f32 weights"
+                                 : "f32",
          tr->step ? ", resumed" : "");
   if (tr->step) printf("resumed at step %lld from %s\n", (long long)tr->step, o->resume);
   fflush(stdout);
@@ -766,11 +766,11 @@ static int train_report(trainer *tr, int64_t *x, int64_t *y, double seconds, int
   if (u >= 0)
     printf("model FLOPs utilisation: %.1f%% of %.0f TFLOP/s (%s peak of %s: %d SMs at %d MHz)\n",
            100 * u, peak / 1e12,
-           strcmp(tr->o.precision, "f32") ? "bf16/f16 tensor-core" : "f32 FMA", d.name, d.n_sm,
+           tr->o.prec != TRAIN_F32 ? "bf16/f16 tensor-core" : "f32 FMA", d.name, d.n_sm,
            d.clock_mhz);
-  if (tr->skipped || !strcmp(tr->o.precision, "f16")) {
+  if (tr->skipped || tr->o.prec == TRAIN_F16) {
     printf("skipped steps: %lld of %lld (gradients not finite)", (long long)tr->skipped, (long long)n);
-    if (!strcmp(tr->o.precision, "f16")) printf("; loss scale now %g", nb_scaler_get_scale(tr->scaler));
+    if (tr->o.prec == TRAIN_F16) printf("; loss scale now %g", nb_scaler_get_scale(tr->scaler));
     printf("\n");
   }
   double mib = train_peak_mib(tr);

@@ -23,11 +23,17 @@ enum {
 #define TRAIN_DEFAULT_DIR "runs"
 #define TRAIN_DEFAULT_SVG TRAIN_DEFAULT_DIR "/loss.svg"
 
+/* --precision, parsed once (train_resolve_defaults): f32; bf16 or f16 run
+ * the forward under autocast in that dtype (f32 master weights), and f16
+ * alone scales the loss. */
+typedef enum { TRAIN_F32, TRAIN_BF16, TRAIN_F16 } train_precision;
+
 typedef struct {
   const char *data, *save, *resume, *svg, *device;
   const char *tokens, *val_tokens; /* token files (llm.c's format) */
   const char *model;               /* a preset of model defaults ("gpt2"), or NULL */
-  const char *precision;           /* "f32", "bf16" or "f16" (autocast), after defaults */
+  const char *precision;           /* --precision's text ("f32", "bf16", "f16"); NULL: not given */
+  train_precision prec;            /* the precision, after defaults and the checkpoint's */
   int vocab_size;                  /* token ids are below it (--tokens) */
   int64_t max_data;   /* largest --data in bytes; 0: the default (train.c) */
   int64_t save_every; /* checkpoint to --save every N steps; 0: only at the end */
@@ -96,8 +102,12 @@ void train_usage(FILE *f);
  * the message. Returns 0, or 2 after printing a message. */
 int train_opt_value(const char *name, const char *what, const char *s, void *dst);
 /* Fills unset model and schedule options with defaults for the task and
- * device. */
+ * device, and sets o->prec from o->precision (or the device's default). */
 void train_resolve_defaults(train_opts *o, int is_text, int on_gpu);
+/* The precision's name ("f32", "bf16", "f16"; static), and the precision
+ * of a name that the option's choices accept. */
+const char *train_precision_name(train_precision p);
+train_precision train_precision_of(const char *name);
 
 /* Checkpoints: parameters, both optimizers' state, the loss history, and in
  * __metadata__ the configuration, step and data RNG state. */

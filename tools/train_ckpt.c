@@ -58,9 +58,9 @@ static void ckpt_fill_meta(const trainer *tr, ckpt_meta *m, char *vocab_hex) {
   meta_put(m, "step", "%lld", (long long)tr->step);
   meta_put(m, "data_rng_seed", "%llu", (unsigned long long)tr->data_rng.seed);
   meta_put(m, "data_rng_offset", "%llu", (unsigned long long)tr->data_rng.offset);
-  meta_put(m, "precision", "%s", o->precision);
+  meta_put(m, "precision", "%s", train_precision_name(o->prec));
   meta_put(m, "optim_steps", "%lld", (long long)nb_optim_steps(tr->opt_decay));
-  if (!strcmp(o->precision, "f16")) {
+  if (o->prec == TRAIN_F16) {
     meta_put(m, "scaler_scale", "%.17g", nb_scaler_get_scale(tr->scaler));
     meta_put(m, "scaler_growth", "%lld", (long long)nb_scaler_growth_tracker(tr->scaler));
   }
@@ -274,8 +274,8 @@ static int ckpt_read_schedule(trainer *tr) {
   char what[512];
   snprintf(what, sizeof what, "--resume %s: metadata \"precision\"", o->resume);
   if (prec && train_opt_value("precision", what, prec, &p)) return NB_TOOL_EXIT_USAGE;
-  if (prec && !o->precision)
-    o->precision = !strcmp(p, "f16") ? "f16" : !strcmp(p, "bf16") ? "bf16" : "f32";
+  /* the static name: the metadata's text goes when the checkpoint is closed */
+  if (prec && !o->precision) o->precision = train_precision_name(train_precision_of(p));
   return 0;
 }
 
@@ -371,7 +371,7 @@ static int ckpt_restore_counters(trainer *tr, int64_t *osteps) {
     *osteps = (int64_t)v;
   }
   const char *s = nb_st_metadata(tr->resume, "scaler_scale");
-  if (!s || strcmp(tr->o.precision, "f16")) return 0;
+  if (!s || tr->o.prec != TRAIN_F16) return 0;
   char *end;
   errno = 0;
   double scale = strtod(s, &end);

@@ -130,6 +130,15 @@ int train_opt_value(const char *name, const char *what, const char *s, void *dst
   return cli_value("nabla train", &one, what, s);
 }
 
+/* The choices of --precision, in train_precision's order. */
+static const char *const precision_names[] = {"f32", "bf16", "f16"};
+
+const char *train_precision_name(train_precision p) { return precision_names[p]; }
+
+train_precision train_precision_of(const char *name) {
+  return !strcmp(name, "f16") ? TRAIN_F16 : !strcmp(name, "bf16") ? TRAIN_BF16 : TRAIN_F32;
+}
+
 /* Sets *field to v unless the option was given. */
 #define DEFAULT(bit, field, v) \
   do {                         \
@@ -180,6 +189,7 @@ void train_resolve_defaults(train_opts *o, int is_text, int on_gpu) {
   /* bf16 on the GPU: every device the CUDA build runs on (sm_80 and later)
    * has bf16 tensor cores; f32 on the CPU */
   if (!o->precision) o->precision = on_gpu ? "bf16" : "f32";
+  o->prec = train_precision_of(o->precision);
   DEFAULT(OPT_WARMUP, warmup, o->steps / 20 < 100 ? o->steps / 20 : 100);
   DEFAULT(OPT_EVAL_EVERY, eval_every, o->steps >= 10 ? o->steps / 5 : 0);
   DEFAULT(OPT_LOG_EVERY, log_every, o->steps >= 20 ? o->steps / 20 : 1);
