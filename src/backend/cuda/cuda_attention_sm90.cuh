@@ -82,21 +82,6 @@ template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int
 }
 
 /* ---- wgmma ------------------------------------------------------------- */
-#define FA3_ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define FA3_ACC64 "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define FA3_OUT32 \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FA3_OUT64 FA3_OUT32, \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
 /* ss128 / ss64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B^T, A and B by
  * descriptor, both K-major. rs128 / rs64: d (64 x 128 / 64 x 64) += A B, A
  * from registers (4 per thread, mma.sync's A fragment), B by descriptor,
@@ -104,28 +89,28 @@ template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int
 #define FA3_MMA_BODY(TY)                                                                    \
   static __device__ __forceinline__ void ss128(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " NB_SM90_ACC64        \
                  ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                          \
-                 : FA3_OUT64 : "l"(da), "l"(db), "r"(acc));                                 \
+                 : NB_SM90_OUT64 : "l"(da), "l"(db), "r"(acc));                                 \
   }                                                                                         \
   static __device__ __forceinline__ void ss64(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA3_ACC32         \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " NB_SM90_ACC32         \
                  ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
-                 : FA3_OUT32 : "l"(da), "l"(db), "r"(acc));                                 \
+                 : NB_SM90_OUT32 : "l"(da), "l"(db), "r"(acc));                                 \
   }                                                                                         \
   static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA3_ACC64        \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " NB_SM90_ACC64        \
                  ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                             \
-                 : FA3_OUT64                                                                \
+                 : NB_SM90_OUT64                                                                \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
   }                                                                                         \
   static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db) {   \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA3_ACC32         \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " NB_SM90_ACC32         \
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                             \
-                 : FA3_OUT32                                                                \
+                 : NB_SM90_OUT32                                                                \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
   }
 template <typename T> struct fa3_mma;
