@@ -166,21 +166,21 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
  * race checker would not see the mbarriers order them). The consumers
  * take the next item at their current one's last tile, long after the
  * producer has put it there. With as many CTAs as items
- * (NABLA_ATTENTION_SM90_PERSISTENT=0) CTA c takes item c alone: no
- * counter, no slots. The CTA that ends last returns the counters to zero
- * for the next launch. */
+ * (NABLA_ATTENTION_SM90_PERSISTENT=0; fa3_one_each) CTA c takes item c
+ * alone: no counter, no slots. The CTA that ends last returns the
+ * counters to zero for the next launch. */
+__device__ __forceinline__ int fa3_one_each(const fa3_params &p) { return (int)gridDim.x >= p.items; }
 __device__ __forceinline__ int fa3_next(const fa3_params &p) {
-  const int G = (int)gridDim.x;
-  return G < p.items ? G + (int)atomicAdd(p.work, 1u) : p.items;
+  return fa3_one_each(p) ? p.items : (int)gridDim.x + (int)atomicAdd(p.work, 1u);
 }
 template <int D> __device__ __forceinline__ void fa3_put(const fa3_params &p, fa3_bars<D> bar, int k, int x) {
-  if ((int)gridDim.x >= p.items) return;
+  if (fa3_one_each(p)) return;
   sm90_bar_wait(bar.ite(k % 2), ((uint32_t)(k / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
   ((volatile int *)p.work)[2 + 2 * blockIdx.x + k % 2] = x;
   sm90_bar_arrive(bar.itf(k % 2)); /* release: the consumers' wait acquires the word */
 }
 template <int D> __device__ __forceinline__ int fa3_take(const fa3_params &p, fa3_bars<D> bar, int k) {
-  if ((int)gridDim.x >= p.items) return k == 0 ? (int)blockIdx.x : p.items;
+  if (fa3_one_each(p)) return k == 0 ? (int)blockIdx.x : p.items;
   sm90_bar_wait(bar.itf(k % 2), (uint32_t)(k / 2) & 1);
   const int x = ((volatile int *)p.work)[2 + 2 * blockIdx.x + k % 2];
   __syncwarp();
@@ -188,7 +188,7 @@ template <int D> __device__ __forceinline__ int fa3_take(const fa3_params &p, fa
   return x;
 }
 __device__ __forceinline__ void fa3_work_done(const fa3_params &p) {
-  if ((int)gridDim.x >= p.items) return;
+  if (fa3_one_each(p)) return;
   __threadfence();
   if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) { /* every CTA has taken its last ticket */
     atomicExch(p.work, 0u);
