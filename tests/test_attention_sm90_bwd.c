@@ -13,7 +13,14 @@
  * projection (their gradients strided views of one buffer), more blocks
  * than SMs. The work order in sections of 3 batch indices
  * (NABLA_ATTENTION_SM90_SECTION=3, forward and backward) gives the same
- * bits as the default's L2-sized sections. NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000 rows.
+ * bits as the default's L2-sized sections. The fused path (one kernel for
+ * dK, dV and dQ's partial sums, dQ by bulk reduce-add) runs every case too,
+ * with NABLA_ATTN_BWD=fused: compared with float64 and with the split
+ * (default) path's results, its launch counter moved where the kernels
+ * apply; on cases under 1000 rows also through nb_set_deterministic(0)
+ * (fused, compared with float64), and nb_set_deterministic(0) with
+ * NABLA_ATTN_BWD=split stays on the split path. NABLA_TEST_QUICK=1 (the
+ * sanitizers) keeps the cases under 1000 rows.
  * Without a CUDA device: skipped (77). */
 #include <math.h>
 #include <stdlib.h>
@@ -31,6 +38,53 @@ static int64_t launches(void) {
 #else
   return -1;
 #endif
+}
+
+static int64_t fused_launches(void) {
+#ifdef NABLA_HAVE_CUDA
+  return nb_cuda_attn_sm90_bwd_fused_launches(0);
+#else
+  return -1;
+#endif
+}
+
+/* The fused path's runs of a case: NABLA_ATTN_BWD=fused against float64
+ * and the split path's result, and (small cases) nb_set_deterministic(0)
+ * alone, then with NABLA_ATTN_BWD=split (the split path). */
+static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype dt, const sresult *split,
+                        const sresult *ref) {
+  const char *name = s->name;
+  const int n = s->n, small = c->Lq < 1000 && c->Lk < 1000;
+  const int64_t f0 = fused_launches(), l0 = launches();
+  setenv("NABLA_ATTN_BWD", "fused", 1);
+  sresult fus = run(c, causal, s->in, n, dt, GPU);
+  unsetenv("NABLA_ATTN_BWD");
+  const int64_t f1 = fused_launches(), l1 = launches();
+  if (f0 >= 0) {
+    NBT_CHECK(f1 == f0 + (c->runs ? 1 : 0) && l1 == l0 + (c->runs ? 1 : 0),
+              "%s: NABLA_ATTN_BWD=fused ran the fused backward %lld times of %lld (%d expected)", name,
+              (long long)(f1 - f0), (long long)(l1 - l0), c->runs ? 1 : 0);
+  }
+  compare(name, "float64 (fused)", &fus, ref, n, s->tol);
+  compare(name, "the split backward (fused)", &fus, split, n, s->tol);
+  atest_free(&fus);
+  if (!small) return;
+  nb_set_deterministic(0);
+  sresult nd = run(c, causal, s->in, n, dt, GPU);
+  const int64_t f2 = fused_launches();
+  setenv("NABLA_ATTN_BWD", "split", 1);
+  sresult sp = run(c, causal, s->in, n, dt, GPU);
+  unsetenv("NABLA_ATTN_BWD");
+  nb_set_deterministic(1);
+  const int64_t f3 = fused_launches();
+  if (f0 >= 0) {
+    NBT_CHECK(f2 == f1 + (c->runs ? 1 : 0), "%s: nb_set_deterministic(0) did not take the fused backward", name);
+    NBT_CHECK(f3 == f2, "%s: NABLA_ATTN_BWD=split still took the fused backward", name);
+  }
+  compare(name, "float64 (nondeterministic)", &nd, ref, n, s->tol);
+  NBT_CHECK(same_bits(split, &sp, n), "%s: NABLA_ATTN_BWD=split differs from the default", name);
+  atest_free(&nd);
+  atest_free(&sp);
 }
 
 static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
@@ -61,6 +115,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "the mma.sync backward", &got, &mma, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
   NBT_CHECK(same_bits(&got, &sec, n), "%s: sections of 3 batch indices differ from the default order", name);
+  check_fused(c, causal, &s, dt, &got, &ref);
   atest_free(&sec);
   atest_free(&got);
   atest_free(&again);

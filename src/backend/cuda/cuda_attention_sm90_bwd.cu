@@ -42,6 +42,30 @@
  * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
  * tile wholly past them is not loaded at all (its rows' results are never
  * stored, and every product here is row-wise in them).
+ * The fused path (nb_set_deterministic(0), or NABLA_ATTN_BWD=fused; never
+ * with NABLA_ATTN_BWD=split; the three kernels above stay the
+ * deterministic default): the pre-pass, the f32 dQ accumulator (B, Lp / 64
+ * query tiles, D / 64 chunks, 64 x 64) zeroed, then kernel 2 with F = true
+ * computes dQ's partial sums too (five tile products per (key block, query
+ * tile) instead of the split path's seven): each consumer writes its dS^T
+ * (input dtype, the 128-byte swizzle, rows = keys) into one of two 16 KB
+ * buffers (double-buffered: a warpgroup may write the next while the other
+ * still reads this one), fence.proxy.async, then D 128: both consumers
+ * meet (named barrier 1, 256 threads) and consumer c computes dQ[:, 64 c,
+ * + 64) = dS K over the 128 keys (m64n64k16, 8 k-steps, A = dS and B = K
+ * both MN-major from shared memory, transpose bits set); D 64: consumer c
+ * computes the 64 x 64 dQ over its own 64 keys (4 k-steps, its own barrier
+ * 2 + c; no exchange, two reduces into one chunk instead of a 32-column
+ * split whose MN-major B would start inside a swizzle atom). The partial
+ * (f32, 32 registers, the S^T registers reused) goes to the warpgroup's
+ * 16 KB buffer, float4 j of thread x at (128 j + x) 16 bytes (conflict
+ * free), then fence.proxy.async, barrier 2 + c and one thread's
+ * cp.reduce.async.bulk .add.f32 of the 16 KB into the accumulator chunk;
+ * cp.async.bulk.wait_group.read 0 before the next iteration's barrier keeps
+ * the buffer until read. Both K halves are loaded (zero-filled past Lk: the
+ * dQ product reads every key row). A last kernel writes dq = scale acc in
+ * the input dtype. The reduce order varies between runs: dq is not the same
+ * bits every run (dk, dv are).
  *
  * Fragment layouts (warp w of a consumer warpgroup, lane l, g = l / 4,
  * t = l % 4), as in the forward (cuda_attention_sm90.cu):
@@ -92,10 +116,11 @@ struct fb_params {
   const uint16_t *o, *g; /* o, dout: the pre-pass */
   const float *lse;      /* (B, Lq) */
   float *sl, *sd;        /* scratch (B, Lp): lse log2(e), delta */
+  float *acc;            /* fused: the f32 dQ accumulator (B, Lp / 64, D / 64, 64 x 64 chunk) */
   int64_t dq_rs, dk_rs, dv_rs, o_rs, g_rs;
   int64_t dq_bs[FB_MAXK], dk_bs[FB_MAXK], dv_bs[FB_MAXK], o_bs[FB_MAXK], g_bs[FB_MAXK];
   int bdim[FB_MAXK], nbk;
-  int B, Lq, Lk, Lp, nblk; /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
+  int B, Lq, Lk, Lp, ntq, nblk; /* ntq = Lp / 64 */ /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
   int hg;                  /* batch indices per section of the CTAs' order (fa3_section) */
   float scale, sl2;        /* sl2 = scale log2(e) */
   int causal;
@@ -106,6 +131,10 @@ template <int D> struct fb_cfg {
    * (lse2 [64], delta [64], padded to 1024 bytes: stages stay aligned) */
   static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB + 1024;
   static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * STAGE + 8 * (1 + 2 * FB_ST);
+  /* fused: then two dS^T buffers (128 keys x 64 queries) and a dQ partial
+   * (64 x 64 f32) per consumer */
+  static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
+  static constexpr size_t SMEM_FU = SMEM_KV + 2 * DS + 2 * PART;
   /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
   static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
   static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_ST * 2 * NB + 8 * (1 + 2 * FB_ST);
@@ -204,17 +233,85 @@ __device__ __forceinline__ void fb_store(uint16_t *dst, int64_t rs, int r0, int 
   }
 }
 
+
+/* ---- the fused kernel's dQ ---------------------------------------------- */
+/* d (64 x 64) = (acc ? d : 0) + A B, both operands by descriptor and
+ * MN-major (transpose bits 1, 1): A = dS (queries x keys) stored as dS^T,
+ * B = K (keys x d). */
+template <typename T> struct fb_tt;
+#define FB_TT_BODY(TY)                                                                       \
+  static __device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " NB_SM90_ACC32  \
+                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"                                           \
+                 : NB_SM90_OUT32 : "l"(da), "l"(db), "r"(acc));                               \
+  }
+template <> struct fb_tt<__nv_bfloat16> { FB_TT_BODY("bf16") };
+template <> struct fb_tt<__half> { FB_TT_BODY("f16") };
+
+/* Named barriers: 1 the two consumer warpgroups (256 threads), 2 + wg one
+ * consumer warpgroup (0 is __syncthreads'). */
+__device__ __forceinline__ void fb_bar_both() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+__device__ __forceinline__ void fb_bar_wg(int wg) {
+  if (wg) asm volatile("bar.sync 3, 128;" ::: "memory");
+  else asm volatile("bar.sync 2, 128;" ::: "memory");
+}
+__device__ __forceinline__ void fb_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+/* dS^T (this warpgroup's 64 keys, the register A fragments da) into rows
+ * [64 wg, + 64) of the 128 x 64 tile at ds, 128 bytes a row, the 128-byte
+ * swizzle: da[kk][r] is key row 16 w + g + 8 (r % 2), queries
+ * 8 (2 kk + r / 2) + 2 t + {0, 1}, 4 bytes at unit 2 kk + r / 2. For a
+ * given (kk, r) a warp's 8 rows g land in 8 different units: no bank
+ * conflicts. */
+__device__ __forceinline__ void fb_put_ds(uint32_t ds, const uint32_t (&da)[4][4], int wg, int w, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int row = 64 * wg + 16 * w + g + 8 * (r & 1), u = 2 * kk + (r >> 1);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(ds + row * 128 + ((u ^ (row & 7)) << 4) + 4 * t), "r"(da[kk][r])
+                   : "memory");
+    }
+}
+
+/* dQ partial (64 queries x 64 columns) = dS K over the keys [k0, k0 + 16 nk)
+ * of the dS^T tile at ds and of the K tile (128 rows) at sk, columns
+ * [64 x, + 64) of K. */
+template <typename T, int NK>
+__device__ __forceinline__ void fb_dq(float (&d)[32], uint32_t ds, uint32_t sk, int k0, int x) {
+#pragma unroll
+  for (int kk = 0; kk < NK; kk++)
+    fb_tt<T>::mma(d, sm90_desc(ds + (k0 + 16 * kk) * 128, 64 * 128),
+                  sm90_desc(sk + x * FB_BK * 128 + (k0 + 16 * kk) * 128, FB_BK * 128), kk > 0);
+}
+
+/* The partial to the buffer at pb (16 KB): float4 j (registers 4 j .. 4 j
+ * + 3) of thread x of the warpgroup at (128 j + x) 16 bytes (a warp's
+ * stores are 512 contiguous bytes: no bank conflicts). The convert kernel
+ * (fb_dq_kernel) decodes it. */
+__device__ __forceinline__ void fb_put_part(uint32_t pb, const float (&d)[32], int x) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(pb + (128 * j + x) * 16), "f"(d[4 * j]),
+                 "f"(d[4 * j + 1]), "f"(d[4 * j + 2]), "f"(d[4 * j + 3])
+                 : "memory");
+}
+
 /* ---- dK, dV -------------------------------------------------------------- */
 /* Producer (one thread): K, V once, then Q, dO and the stats of query tile
  * it into stage it % FB_ST once the consumers have freed it. */
 template <int D>
 __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                               const CUtensorMap *mg, const fb_params &p, int b, int j0, int ibeg,
-                                              int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar) {
+                                              int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar, bool fused) {
   typedef fb_cfg<D> C;
   int c[FB_MAXK];
   fa3_coords(p, b, c);
-  const int nh = j0 + 64 < p.Lk ? 2 : 1; /* a half wholly past Lk is not loaded */
+  /* a half wholly past Lk is not loaded, but for the fused kernel, whose dQ
+   * product reads every key row of K (TMA fills them with zeros) */
+  const int nh = fused || j0 + 64 < p.Lk ? 2 : 1;
   sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
   fb_tile<D, FB_BK>(sk, mk, bar.once(), j0, nh, c, p.nbk);
   fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(), j0, nh, c, p.nbk);
@@ -232,11 +329,12 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
 }
 
 /* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile. */
-template <typename T, int D>
+template <typename T, int D, bool F>
 __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
-                                              uint32_t sk, uint32_t ss0, const uint8_t *gss0, fb_bars bar) {
+                                              uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar) {
   typedef fb_cfg<D> C;
-  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4, x = threadIdx.x % 128;
+  const uint32_t pb = sds + 2 * C::DS + wg * C::PART; /* fused: this warpgroup's dQ partial */
   const int kw = j0 + 64 * wg + 16 * w, kr = kw + lane / 4; /* the warp's first key; this thread's key g */
   const uint32_t ka = sk + wg * 64 * 128, va = ka + C::KB;  /* this warpgroup's rows of K, V */
   float dk[D / 2], dv[D / 2], s[32], dp[32];
@@ -287,12 +385,36 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       for (int e = 0; e < 4; e++) dp[4 * n + e] = s[4 * n + e] * (dp[4 * n + e] - ((e & 1) ? dl.y : dl.x));
     }
     fa3_pack<T>(da, dp);
+    const uint32_t ds = sds + (it & 1) * C::DS;
+    if (F) { /* dS^T to shared memory, before the dK product reads da */
+      fb_put_ds(ds, da, wg, w, lane);
+      fb_fence_async(); /* the stores, then the other warpgroup's wgmma reading them */
+    }
     fa3_fence(da);
     fa3_fence(dk);
     fa3_wg_fence();
     fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
     fa3_commit();
-    fa3_wait<0>();
+    if (F) {
+      /* the last reduce has read the partial buffer (before the barrier:
+       * the warpgroup writes it below); D 128: both warpgroups' dS^T are
+       * in (and, one iteration ago, both had completed their dQ product
+       * reading the other buffer); D 64: this warpgroup's */
+      if (x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      if (D == 128) fb_bar_both();
+      else fb_bar_wg(wg);
+      fa3_fence(s);
+      fa3_wg_fence();
+      /* D 128: queries x columns [64 wg, + 64) over the 128 keys; D 64:
+       * queries x the 64 columns over this warpgroup's 64 keys (no
+       * exchange between the warpgroups, two reduces into one chunk) */
+      if (D == 128) fb_dq<T, 8>(s, ds, sk, 0, wg);
+      else fb_dq<T, 4>(s, ds, sk, 64 * wg, 0);
+      fa3_commit();
+      fa3_wait<1>(); /* dV, dK complete; the dQ product may still run */
+    } else {
+      fa3_wait<0>();
+    }
     fa3_fence(dv);
     fa3_fence(dk);
     fa3_fence(pa);
@@ -302,7 +424,20 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
      * against them without this ordering */
     __syncwarp();
     if (lane == 0) sm90_bar_arrive(bar.empty(sg)); /* the stage (stats read above) is free */
+    if (F) {
+      fa3_wait<0>();
+      fa3_fence(s);
+      fb_put_part(pb, s, x);
+      fb_fence_async();
+      fb_bar_wg(wg);
+      if (x == 0) {
+        float *g = p.acc + (((int64_t)b * p.ntq + i0 / 64) * (D / 64) + (D == 128 ? wg : 0)) * 4096;
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                     "cp.async.bulk.commit_group;" ::"l"(g), "r"(pb), "n"(C::PART) : "memory");
+      }
+    }
   }
+  if (F && x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
   fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
 }
@@ -407,15 +542,16 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   }                                                                                      \
   __syncthreads()
 
-// dk, dv (B, Lk, D): a CTA per (128 keys, batch index)
-template <typename T, int D>
+// dk, dv (B, Lk, D), and for F the dQ accumulator: a CTA per (128 keys, batch index)
+template <typename T, int D, bool F>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                  const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
                  const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
-  FB_PROLOGUE(2 * C::KB + FB_ST * C::STAGE);
+  FB_PROLOGUE(2 * C::KB + FB_ST * C::STAGE + (F ? 2 * C::DS + 2 * C::PART : 0));
+  (void)g0;
   int b, blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
   fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
   const int j0 = blk * FB_BK;
@@ -423,10 +559,11 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FB_BQ - 1) / FB_BQ : 0;
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
-    if (threadIdx.x == 0 && ntiles) fb_kv_produce<D>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0, s0 + 2 * C::KB, bar);
+    if (threadIdx.x == 0 && ntiles) fb_kv_produce<D>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0, s0 + 2 * C::KB, bar, F);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fb_kv_consume<T, D>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB, g0 + 2 * C::KB, bar);
+    fb_kv_consume<T, D, F>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB,
+                           s0 + 2 * C::KB + FB_ST * C::STAGE, bar);
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
@@ -461,6 +598,25 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #endif
 }
 
+/* The fused path's last step: dq = scale acc in T, a thread per column
+ * pair of a row (row r, columns c, c + 1 of chunk c / 64 of query tile
+ * r / 64: thread 32 w + 4 g + t of the chunk's writer, registers 4 j + 2 h
+ * and + 1, at float (128 j + thread) 4 + 2 h, with r % 64 = 16 w + 8 h + g,
+ * c % 64 = 8 j + 2 t: fb_put_part's layout). */
+template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
+  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (int64_t)p.B * p.Lq * (D / 2)) return;
+  const int c = (int)(idx % (D / 2)) * 2;
+  const int64_t ri = idx / (D / 2);
+  const int i = (int)(ri % p.Lq), b = (int)(ri / p.Lq);
+  const int r = i % 64, cc = c % 64;
+  const int w = r / 16, h = (r / 8) % 2, g = r % 8, j = cc / 8, t = (cc % 8) / 2;
+  const float2 v = *(const float2 *)(p.acc + (((int64_t)b * p.ntq + i / 64) * (D / 64) + c / 64) * 4096 +
+                                     (128 * j + 32 * w + 4 * g + t) * 4 + 2 * h);
+  T *row = (T *)(p.dq + fb_off(p, b, p.dq_bs) + (int64_t)i * p.dq_rs) + c;
+  *(uint32_t *)row = nb_mma<T>::pack(v.x * p.scale, v.y * p.scale);
+}
+
 /* ---- host -------------------------------------------------------------- */
 /* 1 when the loaded images of both kernels are the 9.0 ones (a binary built
  * without that target would run the sm_80 image's empty kernels). */
@@ -468,8 +624,10 @@ template <typename T, int D> int fb_ready(void) {
   static int cache = 0;
   if (!cache) {
     cudaFuncAttributes a, b;
-    cache = cudaFuncGetAttributes(&a, fb_kv_kernel<T, D>) == cudaSuccess && a.binaryVersion >= 90 &&
-                    cudaFuncGetAttributes(&b, fb_q_kernel<T, D>) == cudaSuccess && b.binaryVersion >= 90
+    cudaFuncAttributes f;
+    cache = cudaFuncGetAttributes(&a, fb_kv_kernel<T, D, false>) == cudaSuccess && a.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&b, fb_q_kernel<T, D>) == cudaSuccess && b.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&f, fb_kv_kernel<T, D, true>) == cudaSuccess && f.binaryVersion >= 90
                 ? 1 : -1;
     cudaGetLastError();
   }
@@ -489,7 +647,45 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
   return 1;
 }
 
-int64_t fb_launches;
+int64_t fb_launches, fb_fused_launches;
+
+/* Whether this call takes the fused path: NABLA_ATTN_BWD=fused or split
+ * (read at every call) decide, otherwise nb_deterministic() (on: split). */
+int fb_use_fused(void) {
+  const char *e = getenv("NABLA_ATTN_BWD");
+  if (e && !strcmp(e, "fused")) return 1;
+  if (e && !strcmp(e, "split")) return 0;
+  return !nb_deterministic();
+}
+
+/* The fused path: the pre-pass, the accumulator zeroed, dK, dV and dQ's
+ * partial sums in one kernel, then dq from the accumulator. */
+template <typename T, int D>
+nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb) {
+  const int64_t rows = (int64_t)p.B * p.Lp;
+  fb_prep_kernel<T, D><<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(p);
+  nb_status st = nb_cuda_launch_check("attention_bwd (sm90 delta)");
+  if (st) return st;
+  NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
+              "attention_bwd (sm90): zeroing the dq accumulator");
+  auto kv = fb_kv_kernel<T, D, true>;
+  const size_t sm = fb_cfg<D>::SMEM_FU;
+  NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
+              "attention_bwd (sm90): shared memory attribute");
+  p.nblk = nkb;
+  p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D); /* Q, dO, the accumulator */
+  kv<<<(unsigned)((int64_t)p.B * nkb), FB_THREADS, sm, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  st = nb_cuda_launch_check("attention_bwd (sm90 fused dk, dv, dq)");
+  if (st) return st;
+  const int64_t n = (int64_t)p.B * p.Lq * (D / 2);
+  fb_dq_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, ctx->stream>>>(p);
+  st = nb_cuda_launch_check("attention_bwd (sm90 dq from the accumulator)");
+  if (!st) {
+    __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&fb_fused_launches, 1, __ATOMIC_RELAXED);
+  }
+  return st;
+}
 
 template <typename T, int D>
 nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb, int nqb) {
@@ -497,7 +693,7 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   fb_prep_kernel<T, D><<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(p);
   nb_status st = nb_cuda_launch_check("attention_bwd (sm90 delta)");
   if (st) return st;
-  auto kv = fb_kv_kernel<T, D>;
+  auto kv = fb_kv_kernel<T, D, false>;
   auto qk = fb_q_kernel<T, D>;
   const size_t skv = fb_cfg<D>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
   NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv),
@@ -521,6 +717,10 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
 
 int64_t nb_cuda_attn_sm90_bwd_launches(int device) {
   return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_launches, __ATOMIC_RELAXED) : -1;
+}
+
+int64_t nb_cuda_attn_sm90_bwd_fused_launches(int device) {
+  return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_fused_launches, __ATOMIC_RELAXED) : -1;
 }
 
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
@@ -573,20 +773,23 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, 64) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, 64) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, 64) || !nb_fa3_map(&maps[3], dout, Lq, D, axes, nbk, 64))
     return 0;
-  const size_t half = (size_t)B * Lp * sizeof(float);
-  float *scratch = (float *)nb_cuda_scratch(ctx, 2 * half);
+  const int fused = fb_use_fused();
+  const size_t half = (size_t)B * Lp * sizeof(float), bytes = 2 * half + (fused ? half * (size_t)D : 0);
+  float *scratch = (float *)nb_cuda_scratch(ctx, bytes);
   if (!scratch) {
     *st = nb_last_status();
     return 1;
   }
   if ((uintptr_t)scratch & 15) { /* the bulk copies need 16-byte alignment */
-    nb_cuda_scratch_free(ctx, scratch, 2 * half);
+    nb_cuda_scratch_free(ctx, scratch, bytes);
     return 0;
   }
   p.dq = (uint16_t *)dq->data, p.dk = (uint16_t *)dk->data, p.dv = (uint16_t *)dv->data;
   p.o = (const uint16_t *)o->data, p.g = (const uint16_t *)dout->data;
   p.lse = (const float *)lse->data;
   p.sl = scratch, p.sd = scratch + B * Lp;
+  p.acc = fused ? scratch + 2 * B * Lp : NULL; /* 16-byte aligned: Lp is a multiple of 128 */
+  p.ntq = (int)(Lp / 64);
   p.dq_rs = dq->strides[nd - 2], p.dk_rs = dk->strides[nd - 2], p.dv_rs = dv->strides[nd - 2];
   p.o_rs = o->strides[nd - 2], p.g_rs = dout->strides[nd - 2];
   p.nbk = nbk;
@@ -597,12 +800,18 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;
-  if (D == 64)
+  if (fused && D == 64)
+    *st = dt == NB_BF16 ? fb_launch_fused<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb)
+                        : fb_launch_fused<__half, 64>(ctx, maps, p, (int)nkb);
+  else if (fused)
+    *st = dt == NB_BF16 ? fb_launch_fused<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb)
+                        : fb_launch_fused<__half, 128>(ctx, maps, p, (int)nkb);
+  else if (D == 64)
     *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb, (int)nqb)
                         : fb_launch<__half, 64>(ctx, maps, p, (int)nkb, (int)nqb);
   else
     *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb, (int)nqb)
                         : fb_launch<__half, 128>(ctx, maps, p, (int)nkb, (int)nqb);
-  nb_cuda_scratch_free(ctx, scratch, 2 * half);
+  nb_cuda_scratch_free(ctx, scratch, bytes);
   return 1;
 }

@@ -18,7 +18,8 @@
  * every call), and 1 when it ran the call, with *st its status. Same views and
  * contract as attn_bwd (backend_entries.h) without mask, dropout or grouped
  * heads: lse (.., Lq) f32 contiguous as the forwards write it; dq, dk, dv
- * written (not accumulated), the same bits every run. */
+ * written (not accumulated), the same bits every run but on the fused
+ * path (nb_cuda_attn_sm90_bwd_fused_launches). */
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk,
                           const nb_kview *dv, const nb_kview *dout, const nb_kview *q,
                           const nb_kview *k, const nb_kview *v, const nb_kview *o,
@@ -31,6 +32,11 @@ extern "C" {
  * -1 when the device is not compute capability 9.0 (it never runs there).
  * For tests that must know which kernels ran. */
 int64_t nb_cuda_attn_sm90_bwd_launches(int device);
+/* Of those, the calls that took the fused path (one kernel for dK, dV and
+ * dQ's partial sums, dQ accumulated by bulk reduce-add: not the same bits
+ * every run), taken when nb_deterministic() is 0 or NABLA_ATTN_BWD=fused,
+ * never with NABLA_ATTN_BWD=split. */
+int64_t nb_cuda_attn_sm90_bwd_fused_launches(int device);
 
 #ifdef __cplusplus
 }
