@@ -34,7 +34,8 @@ enum { BC_NONE, BC_COPY, BC_GEMM_CUDA, BC_GEMM_CPU };
  *                             one GEMM with the epilogue fused (the
  *                             backend's gemm_ex); _unfused: matmul, add, gelu
  *   attention_fwd(bwd)        {B, H, N, D}: scaled_dot_product_attention of
- *                             (B, H, N, D) q, k, v; layout "causal" or NULL
+ *                             (B, H, N, D) q, k, v; layout "causal" or NULL;
+ *                             "causal_nd": causal under nb_set_deterministic(0)
  * gpu: the shapes of the issue; cpu: smaller; quick: smaller still (CPU). */
 typedef struct {
   bench_kind kind;

@@ -77,10 +77,15 @@ const bench_spec bench_specs[] = {
    {1, 2, 64, 64}, BC_NONE},
   {BK_ATTN_FWDBWD, NB_BF16, "causal", "flash attention, square", {4, 16, 4096, 128},
    {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
+  /* _nd: under nb_set_deterministic(0) (the fused backward, dQ by atomic reduce-add) */
+  {BK_ATTN_FWDBWD, NB_BF16, "causal_nd", "flash attention, square, nondeterministic dQ",
+   {4, 16, 4096, 128}, {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
   {BK_ATTN_FWD, NB_BF16, "causal", "flash attention, GPT-2 small shape", {16, 12, 1024, 64},
    {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
   {BK_ATTN_FWDBWD, NB_BF16, "causal", "flash attention, GPT-2 small shape", {16, 12, 1024, 64},
    {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
+  {BK_ATTN_FWDBWD, NB_BF16, "causal_nd", "flash attention, GPT-2 small shape, nondeterministic dQ",
+   {16, 12, 1024, 64}, {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
 };
 const int bench_n_specs = (int)(sizeof bench_specs / sizeof bench_specs[0]);
 
@@ -128,7 +133,8 @@ void bench_describe(bench_case *c) {
     snprintf(c->shape, sizeof c->shape, "%lldx%lld", a, b);
   }
   if (sp->kind == BK_ATTN_FWD || sp->kind == BK_ATTN_FWDBWD)
-    snprintf(c->name, sizeof c->name, "%s%s", bench_family[sp->kind], sp->layout ? "_causal" : "");
+    snprintf(c->name, sizeof c->name, "%s%s%s", bench_family[sp->kind], sp->layout ? "_" : "",
+             sp->layout ? sp->layout : "");
   else if (sp->layout) snprintf(c->name, sizeof c->name, "%s_%c%c", bench_family[sp->kind],
                            tolower((unsigned char)sp->layout[0]),
                            tolower((unsigned char)sp->layout[1]));
@@ -435,9 +441,14 @@ nb_status bench_step(bench_case *c, int s) {
   case BK_ATTN_FWD:
     return bench_ok(nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, c->spec->layout != NULL,
                                                     0.0, NULL, 0.0));
-  case BK_ATTN_FWDBWD:
+  case BK_ATTN_FWDBWD: {
+    const int nd = c->spec->layout && strstr(c->spec->layout, "_nd"), was = nb_deterministic();
+    if (nd) nb_set_deterministic(0);
     y = nb_scaled_dot_product_attention(t[0], t[1], t[2], NULL, c->spec->layout != NULL, 0.0, NULL, 0.0);
-    return y ? nb_autograd_grad(y, t[3], 3, t, g, 0) : bench_fail();
+    const nb_status st = y ? nb_autograd_grad(y, t[3], 3, t, g, 0) : bench_fail();
+    if (nd) nb_set_deterministic(was);
+    return st;
+  }
   default: return NB_ERR_UNSUPPORTED;
   }
 }
