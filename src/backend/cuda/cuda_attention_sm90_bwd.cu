@@ -58,8 +58,8 @@
  * 2 + c; no exchange, two reduces into one chunk instead of a 32-column
  * split whose MN-major B would start inside a swizzle atom). The partial
  * (f32, 32 registers, the S^T registers reused) goes to the warpgroup's
- * 16 KB buffer, float4 j of thread x at (128 j + x) 16 bytes (conflict
- * free), then fence.proxy.async, barrier 2 + c and one thread's
+ * 16 KB buffer, row-major with the 8-byte column pairs of row r permuted
+ * by u ^ 4 (r % 8) (2 stores to a bank pair, the least), then fence.proxy.async, barrier 2 + c and one thread's
  * cp.reduce.async.bulk .add.f32 of the 16 KB into the accumulator chunk;
  * cp.async.bulk.wait_group.read 0 before the next iteration's barrier keeps
  * the buffer until read. Both K halves are loaded (zero-filled past Lk: the
@@ -287,16 +287,21 @@ __device__ __forceinline__ void fb_dq(float (&d)[32], uint32_t ds, uint32_t sk, 
                   sm90_desc(sk + x * FB_BK * 128 + (k0 + 16 * kk) * 128, FB_BK * 128), kk > 0);
 }
 
-/* The partial to the buffer at pb (16 KB): float4 j (registers 4 j .. 4 j
- * + 3) of thread x of the warpgroup at (128 j + x) 16 bytes (a warp's
- * stores are 512 contiguous bytes: no bank conflicts). The convert kernel
- * (fb_dq_kernel) decodes it. */
-__device__ __forceinline__ void fb_put_part(uint32_t pb, const float (&d)[32], int x) {
+/* The partial to the buffer at pb (16 KB): row-major (row r at 256 r
+ * bytes), the 8-byte column pair u of row r at pair u ^ 4 (r % 8) (a warp's
+ * 8-byte stores of rows g, pairs 4 j + t, land 2 to a bank pair: the least
+ * for 256 bytes). fb_dq_kernel reads a row's pairs back in order. */
+__device__ __forceinline__ void fb_put_part(uint32_t pb, const float (&d)[32], int w, int lane) {
+  const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < 8; j++)
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(pb + (128 * j + x) * 16), "f"(d[4 * j]),
-                 "f"(d[4 * j + 1]), "f"(d[4 * j + 2]), "f"(d[4 * j + 3])
-                 : "memory");
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = 16 * w + 8 * h + g, u = (4 * j + t) ^ (4 * g);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(pb + r * 256 + u * 8), "f"(d[4 * j + 2 * h]),
+                   "f"(d[4 * j + 2 * h + 1])
+                   : "memory");
+    }
 }
 
 /* ---- dK, dV -------------------------------------------------------------- */
@@ -427,7 +432,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     if (F) {
       fa3_wait<0>();
       fa3_fence(s);
-      fb_put_part(pb, s, x);
+      fb_put_part(pb, s, w, lane);
       fb_fence_async();
       fb_bar_wg(wg);
       if (x == 0) {
@@ -599,20 +604,18 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 }
 
 /* The fused path's last step: dq = scale acc in T, a thread per column
- * pair of a row (row r, columns c, c + 1 of chunk c / 64 of query tile
- * r / 64: thread 32 w + 4 g + t of the chunk's writer, registers 4 j + 2 h
- * and + 1, at float (128 j + thread) 4 + 2 h, with r % 64 = 16 w + 8 h + g,
- * c % 64 = 8 j + 2 t: fb_put_part's layout). */
+ * pair of a row: row i, columns c, c + 1 are row i % 64, pair (c % 64) / 2
+ * ^ 4 (i % 8) of chunk c / 64 of query tile i / 64 (fb_put_part's layout;
+ * a warp reads a row's 256 bytes). */
 template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (int64_t)p.B * p.Lq * (D / 2)) return;
   const int c = (int)(idx % (D / 2)) * 2;
   const int64_t ri = idx / (D / 2);
   const int i = (int)(ri % p.Lq), b = (int)(ri / p.Lq);
-  const int r = i % 64, cc = c % 64;
-  const int w = r / 16, h = (r / 8) % 2, g = r % 8, j = cc / 8, t = (cc % 8) / 2;
+  const int r = i % 64, u = ((c % 64) / 2) ^ (4 * (r % 8));
   const float2 v = *(const float2 *)(p.acc + (((int64_t)b * p.ntq + i / 64) * (D / 64) + c / 64) * 4096 +
-                                     (128 * j + 32 * w + 4 * g + t) * 4 + 2 * h);
+                                     r * 64 + 2 * u);
   T *row = (T *)(p.dq + fb_off(p, b, p.dq_bs) + (int64_t)i * p.dq_rs) + c;
   *(uint32_t *)row = nb_mma<T>::pack(v.x * p.scale, v.y * p.scale);
 }
