@@ -13,7 +13,13 @@
  * parts); each candidate's grid; clusters of 2 only with two tile rows;
  * dpsk: W = tiles / SMs full waves data-parallel, the r = tiles % SMs tail
  * tiles' k-iterations split over min(SMs, r ktiles / 4) CTAs, when that is
- * more than r (else data-parallel); pingpong: 128 x 128 tiles (tile_n 128),
+ * more than r (else data-parallel); sk-heads: with fewer tiles T than SMs P, T
+ * head CTAs of head_k >= T kt / P k-tiles (leaving a rest of at least 4),
+ * tile rows in groups of 1 when the rows are at least the columns in
+ * elements, else all together, on P CTAs (else data-parallel); and every
+ * CTA's walk (nb_cuda_gemm_own_walk) for the split candidates: each
+ * (tile, k-tile) once, each partial in a slot of its own, taken in k order
+ * by its tile's one head; pingpong: 128 x 128 tiles (tile_n 128),
  * data-parallel on min(tiles, SMs) CTAs, groups of 8 tile rows; every other
  * candidate 128 x 256 (tile_n 256), except that the heuristic (candidate 0)
  * launches what pingpong does when a tile has at most 12 k-tiles (bf16 K <=
@@ -26,7 +32,8 @@
 #ifdef NABLA_HAVE_CUDA
 #include "backend/cuda/cuda_gemm.h"
 
-enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, PINGPONG, LAST = PINGPONG };
+enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, SK_HEADS, PINGPONG,
+       LAST = PINGPONG };
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -113,6 +120,19 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
     NBT_CHECK(h.stream_k && h.dp_tiles == waves * n_sm && h.sk_ctas == ctas && h.grid == (waves ? n_sm : ctas),
               "%s dpsk: %lld tiles data-parallel (want %lld), tail over %d CTAs (want %lld), grid %lld", what,
               (long long)h.dp_tiles, (long long)(waves * n_sm), h.sk_ctas, (long long)ctas, (long long)h.grid);
+  /* sk-heads: with fewer tiles than SMs, one head CTA per tile over its first head_k k-tiles,
+   * head_k at least the even share T kt / P and leaving at least 4 k-tiles of rest; else
+   * data-parallel */
+  nb_gemm_own_schedule sh = sched_of(f8, SK_HEADS, M, N, K, n_sm);
+  int64_t lo = cdiv(tiles * kt, n_sm);
+  if (tiles < n_sm && lo <= kt - 4)
+    NBT_CHECK(sh.stream_k && sh.sk_heads == tiles && sh.head_k >= lo && sh.head_k <= kt - 4 && sh.grid == n_sm &&
+                  sh.sk_ctas == n_sm && sh.splits == 1 && sh.cluster == 1 &&
+                  sh.group == (tm * 128 >= tn * 256 ? 1 : tm),
+              "%s sk-heads: %d heads of %d k-tiles (share %lld of %lld), grid %lld", what, sh.sk_heads, sh.head_k,
+              (long long)lo, (long long)kt, (long long)sh.grid);
+  else
+    NBT_CHECK(!sh.stream_k && sh.sk_heads == 0 && sh.grid == dp.grid, "%s sk-heads: data-parallel", what);
   nb_gemm_own_schedule pt = sched_of(f8, CTA_PER_TILE, M, N, K, n_sm);
   NBT_CHECK(pt.grid == tiles, "%s cta-per-tile grid %lld", what, (long long)pt.grid);
   nb_gemm_own_schedule cl = sched_of(f8, CLUSTER2, M, N, K, n_sm);
@@ -123,9 +143,90 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   else
     NBT_CHECK(cl.cluster == 1 && cl.grid == dp.grid, "%s cluster2 with one tile row: unclustered", what);
 }
+/* Candidate cand's walk over every CTA (the cooperative kernel's segments,
+ * nb_cuda_gemm_own_walk): each (tile, k-tile) exactly once; whole tiles
+ * whole; every partial in a workspace slot (2 per SM) of its own, and taken
+ * by its tile's one head, in k order, which together cover the tile. */
+static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
+  nb_gemm_own_schedule s = sched(cand, M, N, K, n_sm);
+  int64_t kt = cdiv(K, 64), tiles = s.tiles;
+  if (s.tile_n != 256 || s.cluster != 1 || tiles * kt > ((int64_t)1 << 24)) return;
+  char what[96];
+  snprintf(what, sizeof what, "walk %s %lldx%lldx%lld on %d SMs", nb_cuda_gemm_own_candidate(cand), (long long)M,
+           (long long)N, (long long)K, n_sm);
+  unsigned char *cov = calloc((size_t)(tiles * kt), 1);
+  int *head = malloc(sizeof(int) * (size_t)tiles), nslot = 2 * n_sm, bad = 0;
+  int *slot_tile = malloc(sizeof(int) * (size_t)nslot), *slot_kb = malloc(sizeof(int) * (size_t)nslot);
+  int *puts = calloc((size_t)tiles, sizeof(int)), cap = 64;
+  nb_gemm_own_segment *seg = malloc(sizeof *seg * (size_t)cap);
+  for (int64_t t = 0; t < tiles; t++) head[t] = -1;
+  for (int i = 0; i < nslot; i++) slot_tile[i] = -1;
+  /* heads' takes, checked after all puts are known: (tile, slots) */
+  int ntk = 0, tk_cap = 16;
+  nb_gemm_own_segment *tk = malloc(sizeof *tk * (size_t)tk_cap);
+  for (int64_t c = 0; c < s.grid && !bad; c++) {
+    int n = nb_cuda_gemm_own_walk(cand, M, N, K, n_sm, (int)c, seg, cap);
+    if (n > cap) {
+      cap = n;
+      seg = realloc(seg, sizeof *seg * (size_t)cap);
+      n = nb_cuda_gemm_own_walk(cand, M, N, K, n_sm, (int)c, seg, cap);
+    }
+    NBT_CHECK(n >= 0, "%s: CTA %lld walks", what, (long long)c);
+    for (int i = 0; i < n && !bad; i++) {
+      nb_gemm_own_segment *g = &seg[i];
+      if (!(g->tile >= 0 && g->tile < tiles && g->kb >= 0 && g->kb < g->ke && g->ke <= kt)) {
+        NBT_CHECK(0, "%s: CTA %lld segment %d: tile %d k [%d, %d)", what, (long long)c, i, g->tile, g->kb, g->ke);
+        bad = 1;
+        break;
+      }
+      for (int k = g->kb; k < g->ke; k++) cov[(int64_t)g->tile * kt + k]++;
+      if (g->role == 0) {
+        if (g->kb != 0 || g->ke != kt) {
+          NBT_CHECK(0, "%s: a whole tile of k [%d, %d)", what, g->kb, g->ke);
+          bad = 1;
+        }
+      } else if (g->role == 1) {
+        if (g->slot < 0 || g->slot >= nslot || slot_tile[g->slot] >= 0) {
+          NBT_CHECK(0, "%s: CTA %lld puts tile %d into slot %d (used by tile %d)", what, (long long)c, g->tile,
+                    g->slot, g->slot >= 0 && g->slot < nslot ? slot_tile[g->slot] : -2);
+          bad = 1;
+        } else {
+          slot_tile[g->slot] = g->tile, slot_kb[g->slot] = g->kb, puts[g->tile]++;
+        }
+      } else {
+        if ((g->kb == 0 && g->ke == kt) || head[g->tile] >= 0) {
+          NBT_CHECK(0, "%s: tile %d's head k [%d, %d), a head before: %d", what, g->tile, g->kb, g->ke, head[g->tile]);
+          bad = 1;
+        }
+        head[g->tile] = (int)c;
+        if (ntk == tk_cap) tk = realloc(tk, sizeof *tk * (size_t)(tk_cap *= 2));
+        tk[ntk++] = *g;
+      }
+    }
+  }
+  int64_t holes = 0;
+  for (int64_t i = 0; i < tiles * kt; i++) holes += cov[i] != 1;
+  NBT_CHECK(!bad && holes == 0, "%s: %lld (tile, k-tile) pairs not covered exactly once", what, (long long)holes);
+  for (int i = 0; i < ntk && !bad; i++) {
+    const nb_gemm_own_segment *g = &tk[i];
+    int ok = g->ntakes == puts[g->tile] && g->ntakes > 0, kb = -1;
+    for (int j = 0; j < g->ntakes && j < NB_GEMM_OWN_TAKES && ok; j++) {
+      int sl = g->takes[j];
+      ok = sl >= 0 && sl < nslot && slot_tile[sl] == g->tile && slot_kb[sl] > kb;
+      if (ok) kb = slot_kb[sl];
+    }
+    NBT_CHECK(ok, "%s: tile %d's head takes %d partials in k order (%d put)", what, g->tile, g->ntakes, puts[g->tile]);
+  }
+  for (int64_t t = 0; t < tiles && !bad; t++)
+    if (puts[t]) NBT_CHECK(head[t] >= 0, "%s: tile %lld has partials and a head", what, (long long)t);
+  free(cov), free(head), free(slot_tile), free(slot_kb), free(puts), free(seg), free(tk);
+}
+
 static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
   check_rules_of(0, M, N, K, n_sm);
   check_rules_of(1, M, N, K, n_sm);
+  const int walked[] = {DEFAULT, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, DPSK, SK_HEADS};
+  for (size_t i = 0; i < sizeof walked / sizeof *walked; i++) check_walk(walked[i], M, N, K, n_sm);
 }
 
 static void test_documented(void) {
@@ -168,6 +269,14 @@ static void test_documented(void) {
   NBT_CHECK(s.stream_k && s.dp_tiles == 0 && s.sk_ctas == 132 && s.grid == 132 && k.grid == s.grid &&
                 k.sk_ctas == s.sk_ctas && k.dp_tiles == s.dp_tiles,
             "768x3072x16384 dpsk: stream-k's launch");
+  /* sk-heads on the weight gradients: 72 tiles of 256 k-tiles (3072 x 768 x 16384) on 132 SMs,
+   * the even share 140 k-tiles; 54 tiles (2304 x 768 x 16384), share 105 */
+  s = sched(SK_HEADS, 3072, 768, 16384, 132);
+  NBT_CHECK(s.stream_k && s.sk_heads == 72 && s.head_k >= 140 && s.head_k < 160 && s.grid == 132,
+            "3072x768x16384 sk-heads: 72 heads of %d k-tiles", s.head_k);
+  s = sched(SK_HEADS, 2304, 768, 16384, 132);
+  NBT_CHECK(s.stream_k && s.sk_heads == 54 && s.head_k >= 105 && s.head_k < 130 && s.grid == 132,
+            "2304x768x16384 sk-heads: 54 heads of %d k-tiles", s.head_k);
   s = sched(DPSK, 1024, 1024, 64, 132);
   NBT_CHECK(!s.stream_k && s.grid == 32, "1024x1024x64 dpsk: one k-tile, data-parallel");
   /* pingpong: the fc forward 16384 x 3072 x 768 is 128 x 24 = 3072 tiles of 128 x 128 on 132 CTAs */
@@ -219,6 +328,7 @@ static void test_documented(void) {
       nb_gemm_own_schedule a = sched8(c, 1000, 520, ks[k], 132), b = sched(c, 1000, 520, cdiv(ks[k], 2), 132);
       NBT_CHECK(a.tiles == b.tiles && a.grid == b.grid && a.splits == b.splits && a.stream_k == b.stream_k &&
                     a.cluster == b.cluster && a.group == b.group && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&
+                    a.sk_heads == b.sk_heads && a.head_k == b.head_k &&
                     a.tile_n == b.tile_n,
                 "fp8 1000x520x%lld cand %d: the schedule of bf16 K = %lld", (long long)ks[k], c,
                 (long long)cdiv(ks[k], 2));

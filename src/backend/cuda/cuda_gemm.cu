@@ -550,6 +550,11 @@ extern "C" int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t
   return nb_sm90_schedule(i, rows, N, K, n_sm, out);
 }
 
+extern "C" int nb_cuda_gemm_own_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta,
+                                     nb_gemm_own_segment *seg, int cap) {
+  return nb_sm90_walk(i, rows, N, K, n_sm, cta, seg, cap);
+}
+
 extern "C" nb_status nb_cuda_gemm_ex(const nb_kview *out, const nb_kview *a, const nb_kview *b,
                                      const nb_gemm_epilogue *ep) {
   nb_status st = gx_check(out, a, b, ep);

@@ -46,9 +46,27 @@ typedef struct {
   int64_t dp_tiles; /* stream-K after this many data-parallel tiles (dpsk) */
   int sk_ctas;      /* stream-K: CTAs sharing the split k-iterations */
   int tile_n;       /* tile width: 256, or 128 for the ping-pong kernel (128 x 128 tiles) */
+  int sk_heads;     /* stream-K with heads: CTAs 0 .. sk_heads - 1 run one tile's first head_k k-tiles */
+  int head_k;
 } nb_gemm_own_schedule;
 int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
                               nb_gemm_own_schedule *out);
+/* One segment of a CTA's walk over the own kernel's (tile, k range) work:
+ * k-tiles [kb, ke) of tile `tile` (in the raster order), role 0 (the whole
+ * tile: stored), 1 (a partial: put into workspace slot `slot`) or 2 (the
+ * tile's head: adds ntakes partials, of slots takes[0], takes[1], ... (the
+ * first NB_GEMM_OWN_TAKES stored) in that order, then stores). */
+enum { NB_GEMM_OWN_TAKES = 16 };
+typedef struct {
+  int tile, kb, ke, role, slot;
+  int ntakes, takes[NB_GEMM_OWN_TAKES];
+} nb_gemm_own_segment;
+/* CTA cta's segments under candidate i for rows x N x K on n_sm SMs, as the
+ * cooperative kernel walks them (host arithmetic only): the count (the
+ * first cap stored in seg), 0 for a CTA past the grid, -1 for a bad
+ * argument or a candidate that runs the ping-pong kernel. For tests. */
+int nb_cuda_gemm_own_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta,
+                          nb_gemm_own_segment *seg, int cap);
 /* The same for nb_scaled_mm's FP8 product of rows x N x K (its k-tiles are
  * 128 elements deep, not 64): the same candidates and rules. */
 int nb_cuda_scaled_mm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,

@@ -29,6 +29,17 @@ static void sm90_shape(nb_sm90_params *p, int64_t rows, int64_t N, int64_t K, in
   p->ktiles = (int)((K + bk - 1) / bk);
 }
 
+/* p's split fields for schedule s (tiles: p's tile count). */
+static void sm90_split_params(nb_sm90_params *p, const nb_sm90_sched &s, int64_t tiles) {
+  p->sk = s.sk;
+  p->splits = s.splits;
+  p->dp_first = tiles - s.dp_tiles;
+  p->sk_ctas = s.sk_ctas;
+  p->sk_heads = s.sk_heads;
+  p->head_k = s.head_k;
+  p->work = s.sk_heads ? (int64_t)s.sk_heads * (p->ktiles - s.head_k) : (tiles - s.dp_tiles) * p->ktiles;
+}
+
 /* Sets p's schedule to s and returns the grid; a split schedule without its
  * workspace falls back to the persistent data-parallel grid. */
 static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm90_sched &s) {
@@ -40,16 +51,53 @@ static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm
   p->sk = 0;
   p->splits = 1;
   if ((s.sk || s.splits > 1) && nb_sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
-    p->sk = s.sk;
-    p->splits = s.splits;
-    p->dp_first = tiles - s.dp_tiles;
-    p->sk_ctas = s.sk_ctas;
-    p->work = (tiles - s.dp_tiles) * p->ktiles;
+    sm90_split_params(p, s, tiles);
     return s.grid;
   }
   return s.sk || s.splits > 1 ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
 }
 
+int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, nb_gemm_own_segment *seg,
+                 int cap) {
+  if (i < 0 || i >= nb_sm90_cand_count() || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
+      N > INT32_MAX || K > INT32_MAX || cta < 0)
+    return -1;
+  nb_sm90_params p;
+  sm90_shape(&p, rows, N, K, kBK);
+  nb_sm90_sched s = nb_sm90_resolve(i, p.tiles_m, N, p.ktiles, n_sm);
+  p.pingpong = s.pingpong;
+  p.tiles_n = s.tiles_n;
+  p.group = s.group;
+  p.cluster = s.cluster;
+  sm90_split_params(&p, s, (int64_t)p.tiles_m * p.tiles_n);
+  if (s.pingpong || cta >= s.grid) return s.pingpong ? -1 : 0; /* the ping-pong kernel has its own walk */
+  sm90_walk w(p, cta);
+  int n = 0, tile, kb, ke, role;
+  while (w.next(p, cta, (int)s.grid, &tile, &kb, &ke, &role)) {
+    if (n < cap) {
+      nb_gemm_own_segment *g = &seg[n];
+      g->tile = tile;
+      g->kb = kb;
+      g->ke = ke;
+      g->role = role;
+      g->slot = role == SM90_PUT ? sm90_slot(p, tile, cta) : -1;
+      g->ntakes = 0;
+      if (role == SM90_HEAD && p.splits > 1) {
+        for (int q = 0; q < p.splits - 1; q++, g->ntakes++)
+          if (g->ntakes < NB_GEMM_OWN_TAKES) g->takes[g->ntakes] = tile + q * p.tiles_m * p.tiles_n;
+      } else if (role == SM90_HEAD) {
+        int64_t end;
+        for (int o = sm90_sk_first(p, cta, tile, &end); o < p.sk_ctas && sm90_sk_begin(p, o) < end; o++)
+          if (sm90_sk_puts(p, o)) {
+            if (g->ntakes < NB_GEMM_OWN_TAKES) g->takes[g->ntakes] = sm90_slot(p, tile, o);
+            g->ntakes++;
+          }
+      }
+    }
+    n++;
+  }
+  return n;
+}
 
 /* ---- launch ----------------------------------------------------------------- */
 /* Launches of the own kernel's bf16/f16 instantiations, for tests that must

@@ -97,6 +97,8 @@ struct nb_sm90_params {
   int64_t work;    /* stream-K: the k-iterations it splits, dp_first * ktiles */
   int64_t dp_first; /* stream-K: tiles from dp_first on run data-parallel after it (dpsk; else tiles) */
   int sk_ctas;     /* stream-K: CTAs 0 .. sk_ctas - 1 share the work */
+  int sk_heads;    /* stream-K with heads: CTA t < sk_heads runs tile t's k-tiles [0, head_k) */
+  int head_k;      /* ... and the other CTAs split the tiles' k-tiles [head_k, ktiles) (work) */
   int splits;      /* split-K: k parts per tile, one CTA each (1: no split-K) */
   int cluster;     /* CTAs per cluster (1, or 2: pairs of tile rows share B by multicast) */
   float alpha, beta;
@@ -139,6 +141,117 @@ template <typename T> struct sm90_in {
 template <int EA, int EB> struct sm90_in<sm90_f8<EA, EB>> {
   static constexpr int bk = 2 * kBK, f8 = 1;
 };
+
+/* ---- schedule: the (tile, k range) segments of this CTA -------------------
+ * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ...; with clusters,
+ * units blockIdx.x / 2, + gridDim.x / 2, ... (both CTAs of a cluster walk
+ * the same units, so their rings stay in step). Stream-K: CTA c < P
+ * (p.sk_ctas) owns k-iterations [c W / P, (c + 1) W / P) of the W
+ * iterations of tiles 0 .. dp_first - 1 laid end to end, cut into
+ * segments at tile boundaries; with dp_first < tiles (dpsk) every CTA then
+ * takes whole tiles dp_first + blockIdx.x, + gridDim.x, ... Only a CTA's
+ * first segment can start inside a tile (kb > 0), so it puts at most one
+ * partial. Stream-K with heads (sk_heads = T tiles, fewer than the CTAs):
+ * the iterations are laid out as every tile's first head_k k-tiles, then
+ * every tile's rest; CTA t < T owns tile t's first part whole (the head:
+ * all T heads read the same k-tiles at the same time, as a data-parallel
+ * wave does), the other P - T CTAs split the rests evenly, W = T (ktiles -
+ * head_k) iterations, and may put several partials. Split-K: one
+ * segment, part blockIdx.x / tiles of tile blockIdx.x % tiles.
+ * A segment's role: store a whole tile, put a partial tile, or be the
+ * tile's head, which adds the other parts' partials and stores it.
+ * The segment arithmetic is __host__ too: gemm_sm90.cu enumerates every
+ * CTA's segments for the schedule tests (nb_sm90_segments). */
+enum { SM90_WHOLE, SM90_PUT, SM90_HEAD };
+/* Where CTA c's stream-K range begins (c = sk_ctas: where the last ends). */
+__host__ __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &p, int c) {
+  if (c < p.sk_heads) return (int64_t)c * p.head_k;
+  uint32_t r = (uint32_t)(c - p.sk_heads), n = (uint32_t)(p.sk_ctas - p.sk_heads);
+  return (int64_t)p.sk_heads * p.head_k + (int64_t)((uint64_t)r * (uint64_t)p.work / n); /* all >= 0 */
+}
+/* The workspace slot of CTA c's partial of tile t: the CTA's own, or with
+ * heads t + c - T (a CTA's tiles and the CTAs on a tile both ascend, so no
+ * two partials share it; below T + P - T = P slots). */
+__host__ __device__ __forceinline__ int sm90_slot(const nb_sm90_params &p, int t, int c) {
+  return p.sk_heads ? t + c - p.sk_heads : c;
+}
+/* (it, end): whole tiles (units) it, + grid, ... below end; or in a
+ * stream-K range [b, e) at k-iteration e + it, it running from b - e < 0 up
+ * to 0. At 0 the range is done, and dpsk goes on with whole tiles from
+ * dp_first (> 0). The sign of it is the phase: no register of its own (the
+ * producer has 40). cta, grid: blockIdx.x and gridDim.x on the device. */
+struct sm90_walk {
+  int64_t it, end;
+  __host__ __device__ __forceinline__ sm90_walk(const nb_sm90_params &p, int cta) {
+    int sk = p.sk && cta < p.sk_ctas;
+    end = sk ? sm90_sk_begin(p, cta + 1)
+          : p.splits > 1 ? cta / p.cluster + 1 : (int64_t)((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n;
+    it = sk ? sm90_sk_begin(p, cta) - end : p.sk ? 0 : cta / p.cluster;
+  }
+  /* The next segment: tile, k-tiles [kb, ke), role. false when done. */
+  __host__ __device__ __forceinline__ bool next(const nb_sm90_params &p, int cta, int grid, int *tile, int *kb,
+                                                int *ke, int *role) {
+    if (p.sk && it == 0) { /* the range done: whole tiles from dp_first on (dpsk; none for stream-K) */
+      it = p.dp_first + cta;
+      end = (int64_t)p.tiles_m * p.tiles_n;
+    }
+    if (it >= end) return false;
+    if (p.splits > 1) {
+      /* the last part is the head: a CTA waits only on lower-numbered ones */
+      int tiles = p.tiles_m * p.tiles_n, part = (int)it / tiles;
+      *tile = (int)it % tiles;
+      *kb = (int)((int64_t)part * p.ktiles / p.splits);
+      *ke = (int)((int64_t)(part + 1) * p.ktiles / p.splits);
+      *role = part == p.splits - 1 ? SM90_HEAD : SM90_PUT;
+      it = end;
+      return true;
+    }
+    if (it >= 0) {
+      *tile = (int)it;
+      *kb = 0;
+      *ke = p.ktiles;
+      *role = SM90_WHOLE;
+      it += grid / p.cluster;
+      return true;
+    }
+    uint64_t at = (uint64_t)(end + it), heads = (uint64_t)p.sk_heads * (uint32_t)p.head_k; /* >= 0 */
+    uint32_t span = (uint32_t)p.ktiles, k0 = 0; /* the k-tiles of a tile's part here: [k0, k0 + span) */
+    if (at < heads) {
+      span = (uint32_t)p.head_k;
+    } else {
+      at -= heads;
+      k0 = (uint32_t)p.head_k;
+      span -= k0;
+    }
+    *tile = (int)(at / span);
+    *kb = (int)(k0 + at % span);
+    int64_t left = -it;
+    *ke = left < (int64_t)(k0 + span) - *kb ? *kb + (int)left : (int)(k0 + span);
+    *role = *kb > 0 ? SM90_PUT : *ke < p.ktiles ? SM90_HEAD : SM90_WHOLE;
+    it += *ke - *kb;
+    return true;
+  }
+};
+
+/* The CTAs after `cta` that put partials of tile (this CTA its head) are,
+ * in k order, those from sm90_sk_first on whose ranges are not empty and
+ * begin before *end: stream-K, the CTAs whose ranges start inside the tile;
+ * with heads, the other CTAs whose ranges meet the tile's rest [tile span,
+ * + span) of W (the first: the last range to start at or before it).
+ * Split-K does not come here. */
+__host__ __device__ __forceinline__ int sm90_sk_first(const nb_sm90_params &p, int cta, int tile, int64_t *end) {
+  if (!p.sk_heads) {
+    *end = (int64_t)(tile + 1) * p.ktiles;
+    return cta + 1;
+  }
+  uint64_t span = (uint64_t)(p.ktiles - p.head_k), x = (uint64_t)tile * span;
+  uint64_t n = (uint64_t)(p.sk_ctas - p.sk_heads);
+  *end = (int64_t)p.sk_heads * p.head_k + (int64_t)(x + span);
+  return p.sk_heads + (int)(((x + 1) * n - 1) / (uint64_t)p.work);
+}
+__host__ __device__ __forceinline__ bool sm90_sk_puts(const nb_sm90_params &p, int o) {
+  return sm90_sk_begin(p, o + 1) != sm90_sk_begin(p, o);
+}
 
 #ifdef NB_SM90A_DEVICE
 constexpr int kBlock64 = 64 * 64 * 2; /* one 64 x 64 swizzled block */
@@ -199,72 +312,6 @@ __device__ __forceinline__ void sm90_tile(int t, const nb_sm90_params &p, uint32
   *n0 = ((t % per_group) / gsize) * BN;
 }
 
-/* ---- schedule: the (tile, k range) segments of this CTA -------------------
- * Data-parallel: whole tiles blockIdx.x, + gridDim.x, ...; with clusters,
- * units blockIdx.x / 2, + gridDim.x / 2, ... (both CTAs of a cluster walk
- * the same units, so their rings stay in step). Stream-K: CTA c < P
- * (p.sk_ctas) owns k-iterations [c W / P, (c + 1) W / P) of the W
- * iterations of tiles 0 .. dp_first - 1 laid end to end, cut into
- * segments at tile boundaries; with dp_first < tiles (dpsk) every CTA then
- * takes whole tiles dp_first + blockIdx.x, + gridDim.x, ... Only a CTA's
- * first segment can start inside a tile (kb > 0), so it puts at most one
- * partial. Split-K: one
- * segment, part blockIdx.x / tiles of tile blockIdx.x % tiles.
- * A segment's role: store a whole tile, put a partial tile, or be the
- * tile's head, which adds the other parts' partials and stores it. */
-enum { SM90_WHOLE, SM90_PUT, SM90_HEAD };
-__device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &p, int c) {
-  return (int64_t)((uint64_t)c * (uint64_t)p.work / (uint32_t)p.sk_ctas); /* all >= 0 */
-}
-/* (it, end): whole tiles (units) it, + gridDim.x, ... below end; or in a
- * stream-K range [b, e) at k-iteration e + it, it running from b - e < 0 up
- * to 0. At 0 the range is done, and dpsk goes on with whole tiles from
- * dp_first (> 0). The sign of it is the phase: no register of its own (the
- * producer has 40). */
-struct sm90_walk {
-  int64_t it, end;
-  __device__ __forceinline__ explicit sm90_walk(const nb_sm90_params &p) {
-    int sk = p.sk && (int)blockIdx.x < p.sk_ctas;
-    end = sk ? sm90_sk_begin(p, blockIdx.x + 1)
-          : p.splits > 1 ? blockIdx.x / p.cluster + 1 : (int64_t)((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n;
-    it = sk ? sm90_sk_begin(p, blockIdx.x) - end : p.sk ? 0 : blockIdx.x / p.cluster;
-  }
-  /* The next segment: tile, k-tiles [kb, ke), role. false when done. */
-  __device__ __forceinline__ bool next(const nb_sm90_params &p, int *tile, int *kb, int *ke, int *role) {
-    if (p.sk && it == 0) { /* the range done: whole tiles from dp_first on (dpsk; none for stream-K) */
-      it = p.dp_first + blockIdx.x;
-      end = (int64_t)p.tiles_m * p.tiles_n;
-    }
-    if (it >= end) return false;
-    if (p.splits > 1) {
-      /* the last part is the head: a CTA waits only on lower-numbered ones */
-      int tiles = p.tiles_m * p.tiles_n, part = (int)it / tiles;
-      *tile = (int)it % tiles;
-      *kb = (int)((int64_t)part * p.ktiles / p.splits);
-      *ke = (int)((int64_t)(part + 1) * p.ktiles / p.splits);
-      *role = part == p.splits - 1 ? SM90_HEAD : SM90_PUT;
-      it = end;
-      return true;
-    }
-    if (it >= 0) {
-      *tile = (int)it;
-      *kb = 0;
-      *ke = p.ktiles;
-      *role = SM90_WHOLE;
-      it += gridDim.x / p.cluster;
-      return true;
-    }
-    uint64_t at = (uint64_t)(end + it); /* >= 0 */
-    *tile = (int)(at / (uint32_t)p.ktiles);
-    *kb = (int)(at % (uint32_t)p.ktiles);
-    int64_t left = -it;
-    *ke = left < p.ktiles - *kb ? *kb + (int)left : p.ktiles;
-    *role = *kb > 0 ? SM90_PUT : *ke < p.ktiles ? SM90_HEAD : SM90_WHOLE;
-    it += *ke - *kb;
-    return true;
-  }
-};
-
 /* The A tile of one k-tile (kBM rows from m0, k from k0) into stage sa:
  * K-major one box; transposed (TA) kBM / 64 blocks of 64 rows. */
 template <int TA>
@@ -289,9 +336,9 @@ __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtens
   int it = 0; /* k-tiles issued so far: selects stage and phase */
   uint32_t rank = sm90_rank(p);
   int h0 = p.cluster > 1 ? (int)rank : 0, h1 = p.cluster > 1 ? h0 + 1 : 2; /* B halves to load */
-  sm90_walk w(p);
+  sm90_walk w(p, blockIdx.x);
   int tile, kb, ke, role;
-  while (w.next(p, &tile, &kb, &ke, &role)) {
+  while (w.next(p, blockIdx.x, gridDim.x, &tile, &kb, &ke, &role)) {
     int m0, n0;
     sm90_tile(tile, p, rank, &m0, &n0);
     for (int kt = kb; kt < ke; kt++, it++) {
@@ -358,58 +405,55 @@ __device__ __forceinline__ void sm90_consume(float *d, int c, uint32_t ring, uin
 }
 
 /* ---- split partial tiles (split-K, stream-K) ------------------------------
- * A slot holds one CTA's 128 x 256 f32 partial in fragment order: float4 q
+ * A slot holds one partial 128 x 256 f32 tile in fragment order: float4 q
  * of consumer c's thread t at (c * 32 + q) * 128 + t, so both the write and
- * the read are 16-byte accesses contiguous across the warpgroup. */
-__device__ __forceinline__ void sm90_partial_put(const float *d, const nb_sm90_params &p, int c) {
+ * the read are 16-byte accesses contiguous across the warpgroup. Split-K and
+ * stream-K: slot = the CTA; stream-K with heads: sm90_slot. */
+__device__ __forceinline__ void sm90_partial_put(const float *d, const nb_sm90_params &p, int c, int slot) {
   int t = threadIdx.x % 128;
-  float4 *slot = (float4 *)(p.ws + (size_t)blockIdx.x * kBM * kBN) + c * 32 * 128;
+  float4 *dst = (float4 *)(p.ws + (size_t)slot * kBM * kBN) + c * 32 * 128;
 #pragma unroll
   for (int q = 0; q < 32; q++)
-    __stcg(slot + q * 128 + t, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
+    __stcg(dst + q * 128 + t, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
   __threadfence();
   sm90_wg_sync(c);
   if (t == 0)
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.flags + 2 * blockIdx.x + c), "r"(p.epoch)
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.flags + 2 * slot + c), "r"(p.epoch)
                  : "memory");
 }
 
-/* Adds CTA o's partial (consumer c's half) once its flag shows this launch. */
-__device__ __forceinline__ void sm90_partial_take(float *d, const nb_sm90_params &p, int c, int o) {
+/* Adds slot's partial (consumer c's half) once its flag shows this launch. */
+__device__ __forceinline__ void sm90_partial_take(float *d, const nb_sm90_params &p, int c, int slot) {
   int t = threadIdx.x % 128;
   if (t == 0) {
-    const unsigned *f = p.flags + 2 * o + c;
+    const unsigned *f = p.flags + 2 * slot + c;
     unsigned v;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
     } while (v != p.epoch);
   }
   sm90_wg_sync(c);
-  const float4 *slot = (const float4 *)(p.ws + (size_t)o * kBM * kBN) + c * 32 * 128;
+  const float4 *src = (const float4 *)(p.ws + (size_t)slot * kBM * kBN) + c * 32 * 128;
 #pragma unroll
   for (int q = 0; q < 32; q++) {
-    float4 v = __ldcg(slot + q * 128 + t);
+    float4 v = __ldcg(src + q * 128 + t);
     d[4 * q] += v.x; d[4 * q + 1] += v.y; d[4 * q + 2] += v.z; d[4 * q + 3] += v.w;
   }
 }
 
 /* The head of a split tile adds the other parts' partials in a fixed order,
- * so the sum does not depend on which CTA finished first. Stream-K: the
- * CTAs after this one whose ranges start inside the tile, in k order.
- * Split-K: parts 0 .. S-2 (CTAs tile + s * tiles) onto the last part's. */
+ * so the sum does not depend on which CTA finished first. Stream-K: as
+ * sm90_sk_parts says. Split-K: parts 0 .. S-2 (CTAs tile + s * tiles) onto
+ * the last part's. */
 __device__ __forceinline__ void sm90_partial_add(float *d, const nb_sm90_params &p, int c, int tile) {
   if (p.splits > 1) {
     int tiles = p.tiles_m * p.tiles_n;
     for (int s = 0; s < p.splits - 1; s++) sm90_partial_take(d, p, c, tile + s * tiles);
     return;
   }
-  int64_t tile_end = (int64_t)(tile + 1) * p.ktiles;
-  for (int o = blockIdx.x + 1; o < p.sk_ctas; o++) {
-    int64_t b = sm90_sk_begin(p, o);
-    if (b >= tile_end) break;
-    if (sm90_sk_begin(p, o + 1) == b) continue; /* an empty range */
-    sm90_partial_take(d, p, c, o);
-  }
+  int64_t end;
+  for (int o = sm90_sk_first(p, blockIdx.x, tile, &end); o < p.sk_ctas && sm90_sk_begin(p, o) < end; o++)
+    if (sm90_sk_puts(p, o)) sm90_partial_take(d, p, c, sm90_slot(p, tile, o));
 }
 
 /* ---- epilogue -------------------------------------------------------------
@@ -520,16 +564,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     int c = wg - 1, it0 = 0, nbuf = 0, lead = threadIdx.x % 128 == 0;
     /* FP8: the per-tensor scales, read once (no host wait) */
     const float scale = sm90_in<T>::f8 ? __ldg(p.scale_a) * __ldg(p.scale_b) : 1.0f;
-    sm90_walk w(p);
+    sm90_walk w(p, blockIdx.x);
     int tile, kb, ke, role;
     /* the first wgmma of each segment (scale-d 0) overwrites the accumulators */
-    while (w.next(p, &tile, &kb, &ke, &role)) {
+    while (w.next(p, blockIdx.x, gridDim.x, &tile, &kb, &ke, &role)) {
       int m0, n0;
       sm90_tile(tile, p, sm90_rank(p), &m0, &n0);
       sm90_consume<T, TA, TB>(d, c, ring, full, empty, p, it0, ke - kb, lead);
       it0 += ke - kb;
       if (role == SM90_PUT) { /* one part of a split tile: its head stores it */
-        sm90_partial_put(d, p, c);
+        sm90_partial_put(d, p, c, sm90_slot(p, tile, blockIdx.x));
         continue;
       }
       if (role == SM90_HEAD) sm90_partial_add(d, p, c, tile);

@@ -179,7 +179,7 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * (data-parallel, pairs of tile rows share each B tile by TMA multicast:
  * half the B traffic from L2; on the H100 within +-2% of the unclustered
  * grid on the GPT-2 and square shapes, 6% slower at 2048^3, so not the
- * heuristic's choice); dpsk (below); pingpong (the ping-pong kernel,
+ * heuristic's choice); dpsk, sk-heads (below); pingpong (the ping-pong kernel,
  * gemm_sm90_pingpong.cuh: 128 x 128 tiles, one per consumer warpgroup in
  * turn, data-parallel on min(tiles, SMs) CTAs in groups of 8 tile rows,
  * its tile columns 128 wide). An output tile
@@ -188,8 +188,8 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
                                               "stream-k",     "cta-per-tile", "cluster2", "dpsk",
-                                              "pingpong"};
-enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK };
+                                              "sk-heads",     "pingpong"};
+enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK, SM90_SK_HEADS };
 static const struct {
   int group;          /* tile rows per raster group */
   sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
@@ -200,7 +200,7 @@ static const struct {
                   {16, SM90_SPLIT_K, 0, 1, 0},       {kGroupM, SM90_NO_SPLIT, 0, 1, 0},
                   {kGroupM, SM90_STREAM_K, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0},
                   {kGroupM, SM90_NO_SPLIT, 0, 2, 0}, {kGroupM, SM90_DPSK, 0, 1, 0},
-                  {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
+                  {kGroupM, SM90_SK_HEADS, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -240,6 +240,61 @@ static void sm90_dpsk(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
   s->grid = waves > 0 ? n_sm : ctas;
 }
 
+/* ---- sk-heads: stream-K with heads ------------------------------------------
+ * T < P tiles of K k-tiles each (the GPT-2 weight gradients: 72 or 54 tiles
+ * of 256 k-tiles on 132 SMs). Split-K into S equal parts leaves a partly
+ * empty last wave (72 x 3 parts = 216 on 132 SMs: 82% busy); stream-K
+ * spreads the work evenly but its CTAs read each tile's operand panels at
+ * staggered k, which cost it up to half its speed in L2 misses. sk-heads
+ * keeps most of the work in step: CTA t < T runs tile t's first L
+ * k-tiles (all T at the same k, as one data-parallel wave), the other
+ * R = P - T CTAs split the T rests (K - L each) evenly as stream-K does and
+ * put their partials; each head then adds its tile's partials (one or a
+ * few) and stores. L balances the two sides in k-tile times: a head L plus
+ * kPartCost per partial it reads, a rest CTA its share T (K - L) / R plus
+ * kPartCost per partial it puts (the partials counted as the most ranges a
+ * rest or a share can meet). L is searched upward from the even share
+ * T K / P. No schedule (data-parallel) when T >= P, or the rests would be
+ * shorter than kMinShare k-tiles. */
+static double sm90_heads_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t L) {
+  int64_t rest = ktiles - L, R = n_sm - tiles;
+  double share = (double)(tiles * rest) / (double)R;
+  double puts = (double)(int64_t)(share / (double)rest) + 2.0, reads = (double)(int64_t)((double)rest / share) + 2.0;
+  if (puts > (double)tiles) puts = (double)tiles;
+  double head = (double)L + kPartCost * (reads - 1.0), tail = share + kPartCost * puts;
+  return head > tail ? head : tail;
+}
+
+static int64_t sm90_heads_k(int64_t tiles, int64_t ktiles, int n_sm) {
+  if (tiles < 1 || tiles >= n_sm) return 0;
+  int64_t lo = (tiles * ktiles + n_sm - 1) / n_sm, best = 0;
+  double cost = 0.0;
+  for (int64_t L = lo; L <= ktiles - kMinShare && L < lo + 256; L++) {
+    double c = sm90_heads_cost(tiles, ktiles, n_sm, L);
+    if (!best || c < cost) best = L, cost = c;
+  }
+  return best;
+}
+
+/* s: resolved as the data-parallel candidate, which it stays without heads.
+ * The rests are taken in the raster order, a rest CTA's range a little
+ * more than one rest, so consecutive CTAs are a fraction of a rest apart
+ * in k: the tiles that share a panel of the larger operand are made
+ * consecutive (rows: group 1, A's panels; columns: one group of all tile
+ * rows, B's), so its panel is read again a few k-tiles after the first
+ * read, from L2, where the group-8 raster put them 8 tiles (about 7 CTAs
+ * and any k offset) apart. */
+static void sm90_sk_heads(nb_sm90_sched *s, int tiles_m, int64_t tiles, int ktiles, int n_sm) {
+  int64_t L = sm90_heads_k(tiles, ktiles, n_sm);
+  if (!L) return;
+  s->group = (int64_t)tiles_m * kBM >= (int64_t)s->tiles_n * kBN ? 1 : tiles_m;
+  s->sk = 1;
+  s->sk_ctas = n_sm;
+  s->sk_heads = (int)tiles;
+  s->head_k = (int)L;
+  s->grid = n_sm;
+}
+
 /* ---- the heuristic's kernel ------------------------------------------------
  * Candidate 0 runs the ping-pong kernel (candidate pingpong's launch) when a
  * tile has at most kPPMaxKtiles k-tiles (bf16/f16: K <= 768; FP8's 128-deep
@@ -256,7 +311,7 @@ static void sm90_dpsk(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
  * shared-memory and L2 reads per flop dominate. Below a wave the
  * cooperative kernel's split-K and fewer, wider tiles stay. */
 constexpr int kPPMaxKtiles = 12;
-constexpr int kCandPingpong = 8; /* sm90_cands[kCandPingpong], the last */
+constexpr int kCandPingpong = 9; /* sm90_cands[kCandPingpong], the last */
 static_assert(kCandPingpong == kCands - 1, "pingpong is the last candidate");
 
 static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm) {
@@ -271,6 +326,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   nb_sm90_sched s;
   s.dp_tiles = 0;
   s.sk_ctas = 0;
+  s.sk_heads = s.head_k = 0;
   s.pingpong = pp;
   s.tiles_n = tiles_n;
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
@@ -287,13 +343,14 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
              : s.splits > 1 ? tiles * s.splits
              : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   if (sm90_cands[i].split == SM90_DPSK) sm90_dpsk(&s, tiles, ktiles, n_sm);
+  if (sm90_cands[i].split == SM90_SK_HEADS) sm90_sk_heads(&s, tiles_m, tiles, ktiles, n_sm);
   return s;
 }
 
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
   return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
          a.grid == b.grid && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&
-         a.pingpong == b.pingpong && a.tiles_n == b.tiles_n;
+         a.pingpong == b.pingpong && a.tiles_n == b.tiles_n && a.sk_heads == b.sk_heads && a.head_k == b.head_k;
 }
 
 int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
@@ -312,6 +369,8 @@ int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n
   out->group = s.group;
   out->dp_tiles = s.dp_tiles;
   out->sk_ctas = s.sk_ctas;
+  out->sk_heads = s.sk_heads;
+  out->head_k = s.head_k;
   return 1;
 }
 

@@ -24,6 +24,8 @@ struct nb_sm90_sched {
   int64_t grid;
   int64_t dp_tiles; /* stream-K: tiles run data-parallel first (dpsk), 0 otherwise */
   int sk_ctas;      /* stream-K: CTAs that share the split tiles' k-iterations */
+  int sk_heads;     /* stream-K with heads: one CTA per tile runs its first head_k k-tiles */
+  int head_k;
   int pingpong;     /* the ping-pong kernel (128 x 128 tiles, one per consumer warpgroup) */
   int tiles_n;      /* tile columns: of NB_SM90_BN, or of NB_SM90_BN / 2 with pingpong */
 };
