@@ -366,7 +366,8 @@ const nb_op nb_op_scaled_dot_product_attention = {
 const nb_op nb_op_scaled_dot_product_attention_backward = {
     .name = "scaled_dot_product_attention_backward", .kind = NB_OPK_CONTRACT, .n_in = 7,
     .n_opt = 1, .n_out = 3, .in_names = {"dy", "q", "k", "v", "o", "lse", "mask"}, .psize = sizeof(att_params),
-    .prec = NB_PREC_LOW, .determinism = "dq, dk, dv summed in a fixed order (no atomics)",
+    .prec = NB_PREC_LOW, .determinism = "dq, dk, dv summed in a fixed order (no atomics); after nb_set_deterministic(0) "
+                   "the sm_90a kernels add dq by bulk reduce-add, in no fixed order",
     .infer = att_backward_infer, .prepare = att_backward_prepare,
     .forward = att_backward_forward, .always_forward = 1, .backward = nb_no_double_backward,
     .cost = att_backward_cost,

@@ -175,7 +175,8 @@ const nb_op nb_op_attention_qkv = {
 const nb_op nb_op_attention_qkv_backward = {
     .name = "attention_qkv_backward", .kind = NB_OPK_CONTRACT, .n_in = 4,
     .in_names = {"dy", "qkv", "o", "lse"}, .psize = sizeof(qkv_params), .prec = NB_PREC_FOLLOW,
-    .determinism = "dq, dk, dv summed in a fixed order (no atomics)",
+    .determinism = "dq, dk, dv summed in a fixed order (no atomics); after nb_set_deterministic(0) "
+                   "the sm_90a kernels add dq by bulk reduce-add, in no fixed order",
     .infer = qkv_backward_infer, .prepare = qkv_backward_prepare,
     .forward = qkv_backward_forward, .backward = nb_no_double_backward,
     .cost = qkv_backward_cost,

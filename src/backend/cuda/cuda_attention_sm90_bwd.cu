@@ -8,8 +8,9 @@
  * dK = scale dS^T Q, dQ = scale dS K, with P = exp(scale S - lse) recomputed.
  * Three kernels, no atomics (every output element is summed by one thread
  * in a fixed order: the same bits every run):
- *   1. the pre-pass (a warp per row): delta = rowsum(dO o) as the mma
- *      backward computes it, and lse log2(e) (+inf for lse = -inf: p = 0)
+ *   1. the pre-pass (D / 8 lanes per row, 16-byte loads, where the views
+ *      allow; else a warp per row): delta = rowsum(dO o) in f32, and lse
+ *      log2(e) (+inf for lse = -inf: p = 0)
  *      into a scratch of two (B, Lp) f32 arrays, Lp = Lq rounded up to 128,
  *      the rows past Lq +inf and 0 (p = 0, dS = 0 there), so that a tile's
  *      64 values are one 256-byte bulk copy.
@@ -124,6 +125,7 @@ struct fb_params {
   int hg;                  /* batch indices per section of the CTAs' order (fa3_section) */
   float scale, sl2;        /* sl2 = scale log2(e) */
   int causal;
+  int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
 };
 
 template <int D> struct fb_cfg {
@@ -153,24 +155,45 @@ __device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64
 }
 
 /* ---- pre-pass ---------------------------------------------------------- */
-/* Row r of the (B, Lp) scratch: delta = dout . o (f32, as the mma
- * backward), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0. */
-template <typename T, int D> __global__ void fb_prep_kernel(const fb_params p) {
-  const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (r >= (int64_t)p.B * p.Lp) return; /* warp-uniform */
-  const int b = (int)(r / p.Lp), i = (int)(r % p.Lp);
-  float s = 0.0f, l2 = INFINITY;
-  if (i < p.Lq) { /* warp-uniform */
+/* Row r of the (B, Lp) scratch: delta = dout . o (f32), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0.
+ * V (p.vec_og): D / 8 lanes per row, each two 16-byte loads of 8 elements,
+ * two rows a thread group apart per group (four loads in flight per
+ * thread: the pass is a stream of dout and o, 2 B Lq D elements); else a
+ * warp per row, 4-byte pairs. Both sum a row's products in a fixed order. */
+template <typename T, int D, bool V> __global__ void fb_prep_kernel(const fb_params p) {
+  constexpr int LPR = V ? D / 8 : 32; /* lanes per row */
+  constexpr int RPB = 2 * 256 / LPR;  /* rows per 256-thread block */
+  const int lane = threadIdx.x % LPR;
+  const int64_t r0 = (int64_t)blockIdx.x * RPB + threadIdx.x / LPR;
+  float s[2] = {0.0f, 0.0f}, l2[2] = {INFINITY, INFINITY};
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int64_t r = r0 + h * (RPB / 2);
+    if (r >= (int64_t)p.B * p.Lp) break;
+    const int b = (int)(r / p.Lp), i = (int)(r % p.Lp);
+    if (i >= p.Lq) continue;
     const T *g = (const T *)(p.g + fb_off(p, b, p.g_bs) + (int64_t)i * p.g_rs);
     const T *o = (const T *)(p.o + fb_off(p, b, p.o_bs) + (int64_t)i * p.o_rs);
-    for (int d = 2 * lane; d < D; d += 64)
-      s += nb_to_f(g[d]) * nb_to_f(o[d]) + nb_to_f(g[d + 1]) * nb_to_f(o[d + 1]);
-    s = nb_warp_sum(s);
+    if (V) {
+      const uint4 gv = __ldg((const uint4 *)g + lane), ov = __ldg((const uint4 *)o + lane);
+      const T *ge = (const T *)&gv, *oe = (const T *)&ov;
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)
+        s[h] += nb_to_f(ge[e]) * nb_to_f(oe[e]) + nb_to_f(ge[e + 1]) * nb_to_f(oe[e + 1]);
+    } else {
+      for (int d = 2 * lane; d < D; d += 64)
+        s[h] += nb_to_f(g[d]) * nb_to_f(o[d]) + nb_to_f(g[d + 1]) * nb_to_f(o[d + 1]);
+    }
     const float L = p.lse[(int64_t)b * p.Lq + i];
-    l2 = L != -INFINITY ? L * FB_LOG2E : INFINITY;
+    l2[h] = L != -INFINITY ? L * FB_LOG2E : INFINITY;
   }
-  if (lane == 0) p.sl[r] = l2, p.sd[r] = s;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+#pragma unroll
+    for (int m = LPR / 2; m > 0; m /= 2) s[h] += __shfl_xor_sync(0xffffffffu, s[h], m);
+    const int64_t r = r0 + h * (RPB / 2);
+    if (lane == 0 && r < (int64_t)p.B * p.Lp) p.sl[r] = l2[h], p.sd[r] = s[h];
+  }
 }
 
 #ifdef NB_SM90A_DEVICE
@@ -603,21 +626,42 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #endif
 }
 
-/* The fused path's last step: dq = scale acc in T, a thread per column
- * pair of a row: row i, columns c, c + 1 are row i % 64, pair (c % 64) / 2
- * ^ 4 (i % 8) of chunk c / 64 of query tile i / 64 (fb_put_part's layout;
- * a warp reads a row's 256 bytes). */
+/* The fused path's last step: dq = scale acc in T, a thread per 8 columns
+ * of a row: row i, columns c .. c + 7 are row i % 64, pairs (c % 64) / 2 ^
+ * 4 (i % 8) .. + 3 (contiguous: the swizzle flips whole groups of four) of
+ * chunk c / 64 of query tile i / 64 (fb_put_part's layout): two 16-byte
+ * loads, one 16-byte store (p.vec_dq) or four 4-byte ones. */
 template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (int64_t)p.B * p.Lq * (D / 2)) return;
-  const int c = (int)(idx % (D / 2)) * 2;
-  const int64_t ri = idx / (D / 2);
+  if (idx >= (int64_t)p.B * p.Lq * (D / 8)) return;
+  const int c = (int)(idx % (D / 8)) * 8;
+  const int64_t ri = idx / (D / 8);
   const int i = (int)(ri % p.Lq), b = (int)(ri / p.Lq);
   const int r = i % 64, u = ((c % 64) / 2) ^ (4 * (r % 8));
-  const float2 v = *(const float2 *)(p.acc + (((int64_t)b * p.ntq + i / 64) * (D / 64) + c / 64) * 4096 +
-                                     r * 64 + 2 * u);
+  const float4 *src = (const float4 *)(p.acc + (((int64_t)b * p.ntq + i / 64) * (D / 64) + c / 64) * 4096 +
+                                       r * 64 + 2 * u);
+  const float4 v0 = __ldcs(src), v1 = __ldcs(src + 1);
+  uint4 out;
+  out.x = nb_mma<T>::pack(v0.x * p.scale, v0.y * p.scale);
+  out.y = nb_mma<T>::pack(v0.z * p.scale, v0.w * p.scale);
+  out.z = nb_mma<T>::pack(v1.x * p.scale, v1.y * p.scale);
+  out.w = nb_mma<T>::pack(v1.z * p.scale, v1.w * p.scale);
   T *row = (T *)(p.dq + fb_off(p, b, p.dq_bs) + (int64_t)i * p.dq_rs) + c;
-  *(uint32_t *)row = nb_mma<T>::pack(v.x * p.scale, v.y * p.scale);
+  if (p.vec_dq) {
+    *(uint4 *)row = out;
+  } else {
+    uint32_t *w = (uint32_t *)row;
+    w[0] = out.x, w[1] = out.y, w[2] = out.z, w[3] = out.w;
+  }
+}
+
+/* 1 when every row of view v (row stride rs, batch strides bs over nbk
+ * axes) starts 16 bytes aligned: 8-element vector accesses. */
+static int fb_vec_ok(const void *data, int64_t rs, const int64_t *bs, int nbk) {
+  if ((uintptr_t)data & 15 || rs % 8) return 0;
+  for (int i = 0; i < nbk; i++)
+    if (bs[i] % 8) return 0;
+  return 1;
 }
 
 /* ---- host -------------------------------------------------------------- */
@@ -652,6 +696,16 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
 
 int64_t fb_launches, fb_fused_launches;
 
+/* The pre-pass over rows rows of the scratch. */
+template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
+  const int64_t per = p.vec_og ? 4096 / D : 16; /* rows per block: fb_prep_kernel's RPB */
+  if (p.vec_og)
+    fb_prep_kernel<T, D, true><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
+  else
+    fb_prep_kernel<T, D, false><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
+  return nb_cuda_launch_check("attention_bwd (sm90 delta)");
+}
+
 /* Whether this call takes the fused path: NABLA_ATTN_BWD=fused or split
  * (read at every call) decide, otherwise nb_deterministic() (on: split). */
 int fb_use_fused(void) {
@@ -666,8 +720,7 @@ int fb_use_fused(void) {
 template <typename T, int D>
 nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb) {
   const int64_t rows = (int64_t)p.B * p.Lp;
-  fb_prep_kernel<T, D><<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(p);
-  nb_status st = nb_cuda_launch_check("attention_bwd (sm90 delta)");
+  nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
   NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
               "attention_bwd (sm90): zeroing the dq accumulator");
@@ -680,7 +733,7 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   kv<<<(unsigned)((int64_t)p.B * nkb), FB_THREADS, sm, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 fused dk, dv, dq)");
   if (st) return st;
-  const int64_t n = (int64_t)p.B * p.Lq * (D / 2);
+  const int64_t n = (int64_t)p.B * p.Lq * (D / 8);
   fb_dq_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, ctx->stream>>>(p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dq from the accumulator)");
   if (!st) {
@@ -693,8 +746,7 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
 template <typename T, int D>
 nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb, int nqb) {
   const int64_t rows = (int64_t)p.B * p.Lp;
-  fb_prep_kernel<T, D><<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(p);
-  nb_status st = nb_cuda_launch_check("attention_bwd (sm90 delta)");
+  nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
   auto kv = fb_kv_kernel<T, D, false>;
   auto qk = fb_q_kernel<T, D>;
@@ -796,6 +848,8 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.dq_rs = dq->strides[nd - 2], p.dk_rs = dk->strides[nd - 2], p.dv_rs = dv->strides[nd - 2];
   p.o_rs = o->strides[nd - 2], p.g_rs = dout->strides[nd - 2];
   p.nbk = nbk;
+  p.vec_og = fb_vec_ok(o->data, p.o_rs, p.o_bs, nbk) && fb_vec_ok(dout->data, p.g_rs, p.g_bs, nbk);
+  p.vec_dq = fb_vec_ok(dq->data, p.dq_rs, p.dq_bs, nbk);
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
