@@ -186,6 +186,8 @@ class Case:
             self.eager_label, self.compile_label = "AdamW foreach", "AdamW fused"
             fused = (lambda s: s[2].step()) if self.device.type == "cuda" else None
             return (lambda s: s[1].step()), fused
+        # nabla's "causal_nd" rows (its nondeterministic backward) map to the causal call
+        causal = (self.spec.get("layout") or "").startswith("causal")
         fwd = {
             "copy": lambda src, dst: dst.copy_(src),
             "add": lambda a, b: a + b,
@@ -204,12 +206,11 @@ class Case:
             "matmul_bias_gelu": lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
             "matmul_bias_gelu_unfused":
                 lambda x, wt, b: F.gelu(x @ wt + b, approximate="tanh"),
-            # torch picks its flash or cuDNN backend; is_causal aligns top-left, as nabla does;
-            # nabla's "causal_nd" rows (its nondeterministic backward) map to the same call
+            # torch picks its flash or cuDNN backend; is_causal aligns top-left, as nabla does
             "attention_fwd": lambda q, k, v: F.scaled_dot_product_attention(
-                q, k, v, is_causal=(self.spec.get("layout") or "").startswith("causal")),
+                q, k, v, is_causal=causal),
             "attention_fwdbwd": lambda q, k, v: F.scaled_dot_product_attention(
-                q, k, v, is_causal=(self.spec.get("layout") or "").startswith("causal")),
+                q, k, v, is_causal=causal),
         }[f]
         return self.wrap(fwd), self.wrap(self.compiled(fwd))
 
