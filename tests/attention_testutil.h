@@ -29,19 +29,17 @@ static void atest_free(atest_result *r) {
   for (int i = 0; i < 3; i++) free(r->g[i]);
 }
 
-/* ||a - b|| / ||b|| over n elements. */
-static inline double atest_norm_err(const double *a, const double *b, int64_t n) {
-  double e = 0, s = 0;
-  for (int64_t i = 0; i < n; i++) e += (a[i] - b[i]) * (a[i] - b[i]), s += b[i] * b[i];
-  return s > 0 ? sqrt(e / s) : sqrt(e);
-}
-
 /* ||a - b|| / ||r|| (||a - b|| when r is zero): a and b's difference on the
  * scale of the reference r. */
 static inline double atest_norm_err_to(const double *a, const double *b, const double *r, int64_t n) {
   double e = 0, s = 0;
   for (int64_t i = 0; i < n; i++) e += (a[i] - b[i]) * (a[i] - b[i]), s += r[i] * r[i];
   return s > 0 ? sqrt(e / s) : sqrt(e);
+}
+
+/* ||a - b|| / ||b|| over n elements. */
+static inline double atest_norm_err(const double *a, const double *b, int64_t n) {
+  return atest_norm_err_to(a, b, b, n);
 }
 
 #endif
