@@ -160,9 +160,12 @@ __device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64
  * two rows a thread group apart per group (four loads in flight per
  * thread: the pass is a stream of dout and o, 2 B Lq D elements); else a
  * warp per row, 4-byte pairs. Both sum a row's products in a fixed order. */
+template <int D, bool V> struct fb_prep_cfg {
+  static constexpr int LPR = V ? D / 8 : 32; /* lanes per row */
+  static constexpr int RPB = 2 * 256 / LPR;  /* rows per 256-thread block */
+};
 template <typename T, int D, bool V> __global__ void fb_prep_kernel(const fb_params p) {
-  constexpr int LPR = V ? D / 8 : 32; /* lanes per row */
-  constexpr int RPB = 2 * 256 / LPR;  /* rows per 256-thread block */
+  constexpr int LPR = fb_prep_cfg<D, V>::LPR, RPB = fb_prep_cfg<D, V>::RPB;
   const int lane = threadIdx.x % LPR;
   const int64_t r0 = (int64_t)blockIdx.x * RPB + threadIdx.x / LPR;
   float s[2] = {0.0f, 0.0f}, l2[2] = {INFINITY, INFINITY};
@@ -689,7 +692,7 @@ template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
 /* 1 when every row of view v (row stride rs, batch strides bs over nbk
  * axes) starts 16 bytes aligned: 8-element vector accesses. */
 static int fb_vec_ok(const void *data, int64_t rs, const int64_t *bs, int nbk) {
-  if ((uintptr_t)data & 15 || rs % 8) return 0;
+  if (!nb_cuda_aligned16(data) || rs % 8) return 0;
   for (int i = 0; i < nbk; i++)
     if (bs[i] % 8) return 0;
   return 1;
@@ -701,8 +704,7 @@ static int fb_vec_ok(const void *data, int64_t rs, const int64_t *bs, int nbk) {
 template <typename T, int D> int fb_ready(void) {
   static int cache = 0;
   if (!cache) {
-    cudaFuncAttributes a, b;
-    cudaFuncAttributes f;
+    cudaFuncAttributes a, b, f;
     cache = cudaFuncGetAttributes(&a, fb_kv_kernel<T, D, false>) == cudaSuccess && a.binaryVersion >= 90 &&
                     cudaFuncGetAttributes(&b, fb_q_kernel<T, D>) == cudaSuccess && b.binaryVersion >= 90 &&
                     cudaFuncGetAttributes(&f, fb_kv_kernel<T, D, true>) == cudaSuccess && f.binaryVersion >= 90
@@ -729,7 +731,7 @@ int64_t fb_launches, fb_fused_launches;
 
 /* The pre-pass over rows rows of the scratch. */
 template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
-  const int64_t per = p.vec_og ? 4096 / D : 16; /* rows per block: fb_prep_kernel's RPB */
+  const int64_t per = p.vec_og ? fb_prep_cfg<D, true>::RPB : fb_prep_cfg<D, false>::RPB; /* rows per block */
   if (p.vec_og)
     fb_prep_kernel<T, D, true><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
   else
