@@ -776,8 +776,10 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   return st;
 }
 
+/* fused: fb_launch_fused; else the pre-pass, dK and dV, then dQ. */
 template <typename T, int D>
-nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb, int nqb) {
+nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb, int nqb, int fused) {
+  if (fused) return fb_launch_fused<T, D>(ctx, m, p, nkb);
   const int64_t rows = (int64_t)p.B * p.Lp;
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
@@ -890,18 +892,12 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;
-  if (fused && D == 64)
-    *st = dt == NB_BF16 ? fb_launch_fused<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb)
-                        : fb_launch_fused<__half, 64>(ctx, maps, p, (int)nkb);
-  else if (fused)
-    *st = dt == NB_BF16 ? fb_launch_fused<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb)
-                        : fb_launch_fused<__half, 128>(ctx, maps, p, (int)nkb);
-  else if (D == 64)
-    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb, (int)nqb)
-                        : fb_launch<__half, 64>(ctx, maps, p, (int)nkb, (int)nqb);
+  if (D == 64)
+    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb, (int)nqb, fused)
+                        : fb_launch<__half, 64>(ctx, maps, p, (int)nkb, (int)nqb, fused);
   else
-    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb, (int)nqb)
-                        : fb_launch<__half, 128>(ctx, maps, p, (int)nkb, (int)nqb);
+    *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 128>(ctx, maps, p, (int)nkb, (int)nqb, fused)
+                        : fb_launch<__half, 128>(ctx, maps, p, (int)nkb, (int)nqb, fused);
   nb_cuda_scratch_free(ctx, scratch, bytes);
   return 1;
 }
