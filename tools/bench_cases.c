@@ -77,7 +77,7 @@ const bench_spec bench_specs[] = {
    {1, 2, 64, 64}, BC_NONE},
   {BK_ATTN_FWDBWD, NB_BF16, "causal", "flash attention, square", {4, 16, 4096, 128},
    {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
-  /* _nd: under nb_set_deterministic(0) (the fused backward, dQ by atomic reduce-add) */
+  /* _nd: under nb_set_deterministic(0) (the fused backward, dQ by bulk reduce-add) */
   {BK_ATTN_FWDBWD, NB_BF16, "causal_nd", "flash attention, square, nondeterministic dQ",
    {4, 16, 4096, 128}, {1, 2, 256, 64}, {1, 2, 64, 64}, BC_NONE},
   {BK_ATTN_FWD, NB_BF16, "causal", "flash attention, GPT-2 small shape", {16, 12, 1024, 64},
