@@ -57,6 +57,15 @@ static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm
   return s.sk || s.splits > 1 ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
 }
 
+/* Counts a head's takes into its segment (the first NB_GEMM_OWN_TAKES stored). */
+struct sm90_take_rec {
+  nb_gemm_own_segment *g;
+  __host__ __device__ void operator()(int slot) const {
+    if (g->ntakes < NB_GEMM_OWN_TAKES) g->takes[g->ntakes] = slot;
+    g->ntakes++;
+  }
+};
+
 int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, nb_gemm_own_segment *seg,
                  int cap) {
   if (i < 0 || i >= nb_sm90_cand_count() || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
@@ -82,17 +91,7 @@ int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, n
       g->role = role;
       g->slot = role == SM90_PUT ? sm90_slot(p, tile, cta) : -1;
       g->ntakes = 0;
-      if (role == SM90_HEAD && p.splits > 1) {
-        for (int q = 0; q < p.splits - 1; q++, g->ntakes++)
-          if (g->ntakes < NB_GEMM_OWN_TAKES) g->takes[g->ntakes] = tile + q * p.tiles_m * p.tiles_n;
-      } else if (role == SM90_HEAD) {
-        int64_t end;
-        for (int o = sm90_sk_first(p, cta, tile, &end); o < p.sk_ctas && sm90_sk_begin(p, o) < end; o++)
-          if (sm90_sk_puts(p, o)) {
-            if (g->ntakes < NB_GEMM_OWN_TAKES) g->takes[g->ntakes] = sm90_slot(p, tile, o);
-            g->ntakes++;
-          }
-      }
+      if (role == SM90_HEAD) sm90_takes(p, cta, tile, sm90_take_rec{g}); /* as sm90_partial_add */
     }
     n++;
   }

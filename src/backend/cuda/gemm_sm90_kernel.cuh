@@ -161,7 +161,7 @@ template <int EA, int EB> struct sm90_in<sm90_f8<EA, EB>> {
  * A segment's role: store a whole tile, put a partial tile, or be the
  * tile's head, which adds the other parts' partials and stores it.
  * The segment arithmetic is __host__ too: gemm_sm90.cu enumerates every
- * CTA's segments for the schedule tests (nb_sm90_segments). */
+ * CTA's segments for the schedule tests (nb_sm90_walk). */
 enum { SM90_WHOLE, SM90_PUT, SM90_HEAD };
 /* Where CTA c's stream-K range begins (c = sk_ctas: where the last ends). */
 __host__ __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &p, int c) {
@@ -251,6 +251,21 @@ __host__ __device__ __forceinline__ int sm90_sk_first(const nb_sm90_params &p, i
 }
 __host__ __device__ __forceinline__ bool sm90_sk_puts(const nb_sm90_params &p, int o) {
   return sm90_sk_begin(p, o + 1) != sm90_sk_begin(p, o);
+}
+/* The slots of the partials that the head of tile (CTA cta) adds, in
+ * that fixed order, so the sum does not depend on which CTA finished
+ * first: f(slot) for each. Split-K: parts 0 .. S-2 (CTAs tile + s * tiles)
+ * onto the last part's; stream-K: as sm90_sk_first says. */
+template <class F>
+__host__ __device__ __forceinline__ void sm90_takes(const nb_sm90_params &p, int cta, int tile, F f) {
+  if (p.splits > 1) {
+    int tiles = p.tiles_m * p.tiles_n;
+    for (int s = 0; s < p.splits - 1; s++) f(tile + s * tiles);
+    return;
+  }
+  int64_t end;
+  for (int o = sm90_sk_first(p, cta, tile, &end); o < p.sk_ctas && sm90_sk_begin(p, o) < end; o++)
+    if (sm90_sk_puts(p, o)) f(sm90_slot(p, tile, o));
 }
 
 #ifdef NB_SM90A_DEVICE
@@ -441,19 +456,9 @@ __device__ __forceinline__ void sm90_partial_take(float *d, const nb_sm90_params
   }
 }
 
-/* The head of a split tile adds the other parts' partials in a fixed order,
- * so the sum does not depend on which CTA finished first. Stream-K: as
- * sm90_sk_parts says. Split-K: parts 0 .. S-2 (CTAs tile + s * tiles) onto
- * the last part's. */
+/* The head of a split tile adds the other parts' partials (sm90_takes). */
 __device__ __forceinline__ void sm90_partial_add(float *d, const nb_sm90_params &p, int c, int tile) {
-  if (p.splits > 1) {
-    int tiles = p.tiles_m * p.tiles_n;
-    for (int s = 0; s < p.splits - 1; s++) sm90_partial_take(d, p, c, tile + s * tiles);
-    return;
-  }
-  int64_t end;
-  for (int o = sm90_sk_first(p, blockIdx.x, tile, &end); o < p.sk_ctas && sm90_sk_begin(p, o) < end; o++)
-    if (sm90_sk_puts(p, o)) sm90_partial_take(d, p, c, sm90_slot(p, tile, o));
+  sm90_takes(p, blockIdx.x, tile, [&](int slot) { sm90_partial_take(d, p, c, slot); });
 }
 
 /* ---- epilogue -------------------------------------------------------------
