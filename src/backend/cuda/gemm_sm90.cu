@@ -40,16 +40,22 @@ static void sm90_split_params(nb_sm90_params *p, const nb_sm90_sched &s, int64_t
   p->work = s.sk_heads ? (int64_t)s.sk_heads * (p->ktiles - s.head_k) : (tiles - s.dp_tiles) * p->ktiles;
 }
 
-/* Sets p's schedule to s and returns the grid; a split schedule without its
- * workspace falls back to the persistent data-parallel grid. */
-static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm90_sched &s) {
+/* p's kernel, tiles and raster for schedule s, unsplit (sm90_split_params
+ * adds the split). */
+static void sm90_unsplit_params(nb_sm90_params *p, const nb_sm90_sched &s) {
   p->pingpong = s.pingpong;
   p->tiles_n = s.tiles_n; /* 128-wide tile columns with pingpong */
-  int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   p->group = s.group;
   p->cluster = s.cluster;
   p->sk = 0;
   p->splits = 1;
+}
+
+/* Sets p's schedule to s and returns the grid; a split schedule without its
+ * workspace falls back to the persistent data-parallel grid. */
+static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm90_sched &s) {
+  sm90_unsplit_params(p, s);
+  int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   if ((s.sk || s.splits > 1) && nb_sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
     sm90_split_params(p, s, tiles);
     return s.grid;
@@ -74,10 +80,7 @@ int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, n
   nb_sm90_params p;
   sm90_shape(&p, rows, N, K, kBK);
   nb_sm90_sched s = nb_sm90_resolve(i, p.tiles_m, N, p.ktiles, n_sm);
-  p.pingpong = s.pingpong;
-  p.tiles_n = s.tiles_n;
-  p.group = s.group;
-  p.cluster = s.cluster;
+  sm90_unsplit_params(&p, s);
   sm90_split_params(&p, s, (int64_t)p.tiles_m * p.tiles_n);
   if (s.pingpong || cta >= s.grid) return s.pingpong ? -1 : 0; /* the ping-pong kernel has its own walk */
   sm90_walk w(p, cta);
