@@ -94,7 +94,8 @@ struct nb_sm90_params {
   int M, N, K, tiles_m, tiles_n, ktiles;
   int group;       /* tile raster: this many tile rows walk N together */
   int sk;          /* stream-K schedule */
-  int64_t work;    /* stream-K: the k-iterations it splits, dp_first * ktiles */
+  int64_t work;    /* stream-K: the k-iterations it splits: dp_first * ktiles; with heads,
+                      the rests' sk_heads * (ktiles - head_k) */
   int64_t dp_first; /* stream-K: tiles from dp_first on run data-parallel after it (dpsk; else tiles) */
   int sk_ctas;     /* stream-K: CTAs 0 .. sk_ctas - 1 share the work */
   int sk_heads;    /* stream-K with heads: CTA t < sk_heads runs tile t's k-tiles [0, head_k) */
