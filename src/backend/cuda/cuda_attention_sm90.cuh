@@ -83,7 +83,7 @@ template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int
 
 /* ---- wgmma ------------------------------------------------------------- */
 /* ss128 / ss64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B^T, A and B by
- * descriptor, both K-major. rs128 / rs64: d (64 x 128 / 64 x 64) += A B, A
+ * descriptor, both K-major (ss64<1, 1>: both MN-major, the transpose bits). rs128 / rs64: d (64 x 128 / 64 x 64) += A B, A
  * from registers (4 per thread, mma.sync's A fragment), B by descriptor,
  * MN-major (transpose bit 1). */
 #define FA3_MMA_BODY(TY)                                                                    \
@@ -93,11 +93,12 @@ template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int
                  ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                          \
                  : NB_SM90_OUT64 : "l"(da), "l"(db), "r"(acc));                                 \
   }                                                                                         \
+  template <int TA = 0, int TB = 0>                                                         \
   static __device__ __forceinline__ void ss64(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " NB_SM90_ACC32         \
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
-                 : NB_SM90_OUT32 : "l"(da), "l"(db), "r"(acc));                                 \
+                 ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                      \
+                 : NB_SM90_OUT32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));               \
   }                                                                                         \
   static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \

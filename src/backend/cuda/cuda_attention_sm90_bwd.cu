@@ -259,22 +259,7 @@ __device__ __forceinline__ void fb_store(uint16_t *dst, int64_t rs, int r0, int 
   }
 }
 
-
 /* ---- the fused kernel's dQ ---------------------------------------------- */
-/* d (64 x 64) = (acc ? d : 0) + A B, both operands by descriptor and
- * MN-major (transpose bits 1, 1): A = dS (queries x keys) stored as dS^T,
- * B = K (keys x d). */
-template <typename T> struct fb_tt;
-#define FB_TT_BODY(TY)                                                                       \
-  static __device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " NB_SM90_ACC32  \
-                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"                                           \
-                 : NB_SM90_OUT32 : "l"(da), "l"(db), "r"(acc));                               \
-  }
-template <> struct fb_tt<__nv_bfloat16> { FB_TT_BODY("bf16") };
-template <> struct fb_tt<__half> { FB_TT_BODY("f16") };
-
 /* Named barriers: 1 the two consumer warpgroups (256 threads), 2 + wg one
  * consumer warpgroup (0 is __syncthreads'). */
 __device__ __forceinline__ void fb_bar_both() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
@@ -304,13 +289,13 @@ __device__ __forceinline__ void fb_put_ds(uint32_t ds, const uint32_t (&da)[4][4
 
 /* dQ partial (64 queries x 64 columns) = dS K over the keys [k0, k0 + 16 nk)
  * of the dS^T tile at ds and of the K tile (128 rows) at sk, columns
- * [64 x, + 64) of K. */
+ * [64 x, + 64) of K; both operands MN-major (A = dS stored as dS^T, B = K). */
 template <typename T, int NK>
 __device__ __forceinline__ void fb_dq(float (&d)[32], uint32_t ds, uint32_t sk, int k0, int x) {
 #pragma unroll
   for (int kk = 0; kk < NK; kk++)
-    fb_tt<T>::mma(d, sm90_desc(ds + (k0 + 16 * kk) * 128, 64 * 128),
-                  sm90_desc(sk + x * FB_BK * 128 + (k0 + 16 * kk) * 128, FB_BK * 128), kk > 0);
+    fa3_mma<T>::template ss64<1, 1>(d, sm90_desc(ds + (k0 + 16 * kk) * 128, 64 * 128),
+                                    sm90_desc(sk + x * FB_BK * 128 + (k0 + 16 * kk) * 128, FB_BK * 128), kk > 0);
 }
 
 /* The partial to the buffer at pb (16 KB): row-major (row r at 256 r
