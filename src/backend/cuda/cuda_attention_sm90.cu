@@ -266,22 +266,22 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
 /* S = Q K^T for one consumer: qa its 64 rows of Q's block 0, kb K's block 0. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_qk(float (&s)[FA3_BN / 2], uint32_t qa, uint32_t kb) {
+  const fa3_desc dq(qa, 16), dk(kb, 16);
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t x = kk / 4, off = (kk % 4) * 32;
-    fa3_mma<T>::ss128(s, sm90_desc(qa + x * FA3_BM * 128 + off, 16),
-                      sm90_desc(kb + x * FA3_BN * 128 + off, 16), kk > 0);
+    fa3_mma<T>::ss128(s, dq.at(x * FA3_BM * 128 + off), dk.at(x * FA3_BN * 128 + off), kk > 0);
   }
 }
 
 /* O += P V: pa P's A fragments per 16 keys, vb V's block 0. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_pv(float (&o)[D / 2], const uint32_t (&pa)[FA3_BN / 16][4], uint32_t vb) {
+  const fa3_desc dv(vb, FA3_BN * 128);
 #pragma unroll
   for (int kk = 0; kk < FA3_BN / 16; kk++) {
-    const uint64_t db = sm90_desc(vb + kk * 2048, FA3_BN * 128);
-    if (D == 128) fa3_mma<T>::rs128(o, pa[kk], db);
-    else fa3_mma<T>::rs64(o, pa[kk], db);
+    if (D == 128) fa3_mma<T>::rs128(o, pa[kk], dv.at(kk * 2048));
+    else fa3_mma<T>::rs64(o, pa[kk], dv.at(kk * 2048));
   }
 }
 

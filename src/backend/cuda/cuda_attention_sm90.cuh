@@ -81,6 +81,19 @@ template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int
   }
 }
 
+/* A wgmma descriptor (sm90_desc) as a tile's base and byte offsets in it:
+ * the low word (start address / 16, LBO) is computed once per tile and
+ * each k step adds its offset / 16, a constant, to it; the high word (SBO
+ * 1024 bytes, the 128-byte swizzle) is a constant. The sum never carries
+ * out of the 14-bit address field: shared addresses are below 256 KB. */
+struct fa3_desc {
+  uint32_t lo;
+  __device__ __forceinline__ fa3_desc(uint32_t addr, uint32_t lbo) : lo(((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16)) {}
+  __device__ __forceinline__ uint64_t at(uint32_t off) const {
+    return ((uint64_t)((1024u >> 4) | (1u << 30)) << 32) | (lo + (off >> 4));
+  }
+};
+
 /* ---- wgmma ------------------------------------------------------------- */
 /* ss128 / ss64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B^T, A and B by
  * descriptor, both K-major (ss64<1, 1>: both MN-major, the transpose bits). rs128 / rs64: d (64 x 128 / 64 x 64) += A B, A

@@ -224,10 +224,11 @@ __device__ __forceinline__ void fb_tile(uint32_t dst, const CUtensorMap *m, uint
  * 0 of a tile of RA rows, b block 0 of a 64-row tile of RB rows. */
 template <typename T, int D, int RA, int RB>
 __device__ __forceinline__ void fb_ss(float (&d)[32], uint32_t a, uint32_t b) {
+  const fa3_desc da(a, 16), db(b, 16);
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t x = kk / 4, off = (kk % 4) * 32;
-    fa3_mma<T>::ss64(d, sm90_desc(a + x * RA * 128 + off, 16), sm90_desc(b + x * RB * 128 + off, 16), kk > 0);
+    fa3_mma<T>::ss64(d, da.at(x * RA * 128 + off), db.at(x * RB * 128 + off), kk > 0);
   }
 }
 
@@ -235,11 +236,11 @@ __device__ __forceinline__ void fb_ss(float (&d)[32], uint32_t a, uint32_t b) {
  * block 0 of a tile of R rows (MN-major, rows [0, 64) of it). */
 template <typename T, int D, int R>
 __device__ __forceinline__ void fb_rs(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b) {
+  const fa3_desc db(b, R * 128);
 #pragma unroll
   for (int kk = 0; kk < 4; kk++) {
-    const uint64_t db = sm90_desc(b + kk * 2048, R * 128);
-    if (D == 128) fa3_mma<T>::rs128(acc, a[kk], db);
-    else fa3_mma<T>::rs64(acc, a[kk], db);
+    if (D == 128) fa3_mma<T>::rs128(acc, a[kk], db.at(kk * 2048));
+    else fa3_mma<T>::rs64(acc, a[kk], db.at(kk * 2048));
   }
 }
 
@@ -292,10 +293,10 @@ __device__ __forceinline__ void fb_put_ds(uint32_t ds, const uint32_t (&da)[4][4
  * [64 x, + 64) of K; both operands MN-major (A = dS stored as dS^T, B = K). */
 template <typename T, int NK>
 __device__ __forceinline__ void fb_dq(float (&d)[32], uint32_t ds, uint32_t sk, int k0, int x) {
+  const fa3_desc da(ds + k0 * 128, 64 * 128), db(sk + x * FB_BK * 128 + k0 * 128, FB_BK * 128);
 #pragma unroll
   for (int kk = 0; kk < NK; kk++)
-    fa3_mma<T>::template ss64<1, 1>(d, sm90_desc(ds + (k0 + 16 * kk) * 128, 64 * 128),
-                                    sm90_desc(sk + x * FB_BK * 128 + (k0 + 16 * kk) * 128, FB_BK * 128), kk > 0);
+    fa3_mma<T>::template ss64<1, 1>(d, da.at(16 * kk * 128), db.at(16 * kk * 128), kk > 0);
 }
 
 /* The partial to the buffer at pb (16 KB): row-major (row r at 256 r
