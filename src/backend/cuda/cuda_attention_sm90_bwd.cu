@@ -18,10 +18,13 @@
  *      heaviest key blocks (causal: the first) first. Warpgroup 0, the
  *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
  *      then for every 64-query tile that sees the block (causal: from the
- *      block's first key on) Q, dO (64 x D) and the tile's lse / delta rows
- *      into stage it % 2 of a ring (full mbarrier per stage, completed by
- *      the copy engine's bytes; empty mbarrier, one arrival per consumer
- *      warp once its wgmma reading the stage have completed). Warpgroups 1
+ *      block's first key on) Q, dO (64 x D) and, by a bulk copy, the tile's
+ *      64 lse2 and delta values into stage it % 2 of a ring (full mbarrier
+ *      per stage, completed by the copy engine's bytes; empty mbarrier, one
+ *      arrival per consumer thread once its wgmma reading the stage have
+ *      completed and it has read the statistics: read from
+ *      global memory instead, their L2 latency after each S^T product
+ *      was 12% of the fused kernel's stall samples). Warpgroups 1
  *      and 2, the consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the
  *      block each, computing the transposed products so that nothing goes
  *      through shared memory: S^T = K Q^T and dP^T = V dO^T (m64n64k16,
@@ -58,12 +61,14 @@
  * computes the 64 x 64 dQ over its own 64 keys (4 k-steps, its own barrier
  * 2 + c; no exchange, two reduces into one chunk instead of a 32-column
  * split whose MN-major B would start inside a swizzle atom). The partial
- * (f32, 32 registers, the S^T registers reused) goes to the warpgroup's
- * 16 KB buffer, row-major with the 8-byte column pairs of row r permuted
+ * (f32, 32 registers, the S^T registers reused) goes to one of the
+ * warpgroup's two 16 KB buffers (by the iteration's parity), row-major with the 8-byte column pairs of row r permuted
  * by u ^ 4 (r % 8) (2 stores to a bank pair, the least), then fence.proxy.async, barrier 2 + c and one thread's
  * cp.reduce.async.bulk .add.f32 of the 16 KB into the accumulator chunk;
- * cp.async.bulk.wait_group.read 0 before the next iteration's barrier keeps
- * the buffer until read. Both K halves are loaded (zero-filled past Lk: the
+ * cp.async.bulk.wait_group.read 1 before an iteration's barrier keeps a
+ * buffer until the reduce of two iterations ago has read it (with one
+ * buffer, read 0 there, the waiting thread held its warpgroup at the
+ * barrier: 5% of the stall samples). Both K halves are loaded (zero-filled past Lk: the
  * dQ product reads every key row). A last kernel writes dq = scale acc in
  * the input dtype. The reduce order varies between runs: dq is not the same
  * bits every run (dk, dv are).
@@ -129,14 +134,15 @@ struct fb_params {
 };
 
 template <int D> struct fb_cfg {
-  /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D) and the stats
-   * (lse2 [64], delta [64], padded to 1024 bytes: stages stay aligned) */
-  static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB + 1024;
-  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * STAGE + 8 * (1 + 2 * FB_ST);
-  /* fused: then two dS^T buffers (128 keys x 64 queries) and a dQ partial
-   * (64 x 64 f32) per consumer */
+  /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D), then per stage
+   * the query tile's statistics (lse2 [64], delta [64]) */
+  static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB, STATS = 2 * FB_BQ * 4;
+  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * (STAGE + STATS) + 8 * (1 + 2 * FB_ST);
+  /* fused: then two dS^T buffers (128 keys x 64 queries) and two dQ
+   * partials (64 x 64 f32) per consumer */
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
-  static constexpr size_t SMEM_FU = SMEM_KV + 2 * DS + 2 * PART;
+  static constexpr size_t SMEM_FU = SMEM_KV + 2 * DS + 4 * PART;
+  static_assert(SMEM_FU <= 232448, "the fused kernel's shared memory exceeds the H100's 227 KB");
   /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
   static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
   static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_ST * 2 * NB + 8 * (1 + 2 * FB_ST);
@@ -335,6 +341,19 @@ __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32],
 }
 
 /* ---- dK, dV -------------------------------------------------------------- */
+/* Bulk copy of n bytes (16-byte aligned both sides) from global src to
+ * shared dst, completing on bar. */
+__device__ __forceinline__ void fb_bulk(uint32_t dst, const float *src, int n, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(n), "r"(bar) : "memory");
+}
+/* Two f32 from shared memory. */
+__device__ __forceinline__ float2 fb_lds2(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+
 /* Producer (one thread): K, V once, then Q, dO and the stats of query tile
  * it into stage it % FB_ST once the consumers have freed it. */
 template <int D>
@@ -354,12 +373,13 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
     const int s = it % FB_ST, i0 = ibeg + it * FB_BQ;
     const uint32_t st = ss0 + s * C::STAGE;
     sm90_bar_wait(bar.empty(s), ((uint32_t)(it / FB_ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
-    sm90_bar_expect(bar.full(s), 2 * C::QB);
+    sm90_bar_expect(bar.full(s), 2 * C::QB + C::STATS);
     fb_tile<D, FB_BQ>(st, mq, bar.full(s), i0, 1, c, p.nbk);
     fb_tile<D, FB_BQ>(st + C::QB, mg, bar.full(s), i0, 1, c, p.nbk);
-    /* the tile's lse and delta rows are read by the consumers from global
-     * memory (L1/L2), as the dQ kernel reads its rows: a bulk copy of them
-     * into the stage drew racecheck hazard reports on the H100 */
+    /* the tile's 64 lse2 and delta values (i0 + 64 <= Lp, 256-byte aligned) */
+    const uint32_t sst = ss0 + FB_ST * C::STAGE + s * C::STATS;
+    fb_bulk(sst, p.sl + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
+    fb_bulk(sst + FB_BQ * 4, p.sd + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
   }
 }
 
@@ -369,7 +389,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
                                               uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar) {
   typedef fb_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4, x = threadIdx.x % 128;
-  const uint32_t pb = sds + 2 * C::DS + wg * C::PART; /* fused: this warpgroup's dQ partial */
+  const uint32_t pb0 = sds + 2 * C::DS + 2 * wg * C::PART; /* fused: this warpgroup's two dQ partials */
   const int kw = j0 + 64 * wg + 16 * w, kr = kw + lane / 4; /* the warp's first key; this thread's key g */
   const uint32_t ka = sk + wg * 64 * 128, va = ka + C::KB;  /* this warpgroup's rows of K, V */
   float dk[D / 2], dv[D / 2], s[32], dp[32];
@@ -382,8 +402,9 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
   for (int it = 0; it < ntiles; it++) {
     const int sg = it % FB_ST, i0 = ibeg + it * FB_BQ;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
-    /* rows i0 .. i0 + 63 of the pre-pass's statistics (i0 + 64 <= Lp) */
-    const float *sl = p.sl + (int64_t)b * p.Lp + i0, *sd = p.sd + (int64_t)b * p.Lp + i0;
+    /* the stage's rows i0 .. i0 + 63 of the pre-pass's statistics */
+    const uint32_t sl = ss0 + FB_ST * C::STAGE + sg * C::STATS, sd = sl + FB_BQ * 4;
+    const uint32_t pb = pb0 + (it & 1) * C::PART;
     sm90_bar_wait(bar.full(sg), (uint32_t)(it / FB_ST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
@@ -398,7 +419,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
 #pragma unroll
     for (int n = 0; n < 8; n++) {
-      const float2 l2 = *(const float2 *)(sl + 8 * n + 2 * t);
+      const float2 l2 = fb_lds2(sl + (8 * n + 2 * t) * 4);
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const float pv = nb_mma_exp2(fmaf(s[4 * n + e], p.sl2, -((e & 1) ? l2.y : l2.x)));
@@ -415,7 +436,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_fence(dp);
 #pragma unroll
     for (int n = 0; n < 8; n++) {
-      const float2 dl = *(const float2 *)(sd + 8 * n + 2 * t);
+      const float2 dl = fb_lds2(sd + (8 * n + 2 * t) * 4);
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * n + e] = s[4 * n + e] * (dp[4 * n + e] - ((e & 1) ? dl.y : dl.x));
     }
@@ -440,11 +461,12 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fa3_commit();
     }
     if (F) {
-      /* the last reduce has read the partial buffer (before the barrier:
-       * the warpgroup writes it below); D 128: both warpgroups' dS^T are
-       * in (and, one iteration ago, both had completed their dQ product
-       * reading the other buffer); D 64: this warpgroup's */
-      if (x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      /* the reduce of two iterations ago has read this iteration's partial
+       * buffer (before the barrier: the warpgroup writes it below; the
+       * last reduce may still read the other); D 128: both warpgroups'
+       * dS^T are in (and, one iteration ago, both had completed their dQ
+       * product reading the other buffer); D 64: this warpgroup's */
+      if (x == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
       if (D == 128) fb_bar_both();
       else fb_bar_wg(wg);
       fa3_fence(s);
@@ -475,11 +497,13 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_fence(dk);
     fa3_fence(pa);
     fa3_fence(da);
-    /* every lane's reads of the stage (the statistics above) come before
-     * lane 0 releases it: racecheck reported the producer's next bulk copy
-     * against them without this ordering */
-    __syncwarp();
-    if (lane == 0) sm90_bar_arrive(bar.empty(sg)); /* the stage (stats read above) is free */
+    /* the stage is free: every consumer thread arrives (256 arrivals) once
+     * its own reads of the statistics are done, so that each read is
+     * ordered before the producer's next bulk copy into the stage by the
+     * barrier itself (lane 0 arriving for its warp after __syncwarp, with
+     * or without a proxy fence, left 288 racecheck hazard reports; the
+     * same speed either way) */
+    sm90_bar_arrive(bar.empty(sg));
     if (F && !DQF) {
       fa3_wait<0>();
       fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
@@ -577,14 +601,15 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
 #endif /* NB_SM90A_DEVICE */
 
 /* Shared setup of both kernels: the tiles' base (1024-aligned: the 128-byte
- * swizzle repeats every 1024 bytes), barrier init by thread 0. */
-#define FB_PROLOGUE(SMEM_TILES)                                                          \
+ * swizzle repeats every 1024 bytes), barrier init by thread 0, NEMPTY the
+ * empty barriers' arrival count. */
+#define FB_PROLOGUE(SMEM_TILES, NEMPTY)                                                  \
   extern __shared__ uint8_t fb_raw[];                                                    \
   const uint32_t s0 = (sm90_smem(fb_raw) + 1023) & ~1023u;                               \
   const uint8_t *g0 = fb_raw + (s0 - sm90_smem(fb_raw));                                 \
   const fb_bars bar = {s0 + (SMEM_TILES)};                                               \
   if (threadIdx.x == 0) {                                                                \
-    for (int i = 0; i < 1 + 2 * FB_ST; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + FB_ST ? 1 : 8); \
+    for (int i = 0; i < 1 + 2 * FB_ST; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + FB_ST ? 1 : (NEMPTY)); \
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");                   \
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");                         \
   }                                                                                      \
@@ -598,7 +623,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                  const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
-  FB_PROLOGUE(2 * C::KB + FB_ST * C::STAGE + (F ? 2 * C::DS + 2 * C::PART : 0));
+  FB_PROLOGUE(2 * C::KB + FB_ST * (C::STAGE + C::STATS) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
   (void)g0;
   int b, blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
   fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
@@ -611,7 +636,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     fb_kv_consume<T, D, F>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB,
-                           s0 + 2 * C::KB + FB_ST * C::STAGE, bar);
+                           s0 + 2 * C::KB + FB_ST * (C::STAGE + C::STATS), bar);
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
@@ -626,7 +651,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                 const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
-  FB_PROLOGUE(2 * C::MB + FB_ST * 2 * C::NB);
+  FB_PROLOGUE(2 * C::MB + FB_ST * 2 * C::NB, 8);
   (void)g0;
   int b, blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
   fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
