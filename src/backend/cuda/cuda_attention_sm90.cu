@@ -274,14 +274,16 @@ __device__ __forceinline__ void fa3_qk(float (&s)[FA3_BN / 2], uint32_t qa, uint
   }
 }
 
-/* O += P V: pa P's A fragments per 16 keys, vb V's block 0. */
+/* O = (acc ? O : 0) + P V: pa P's A fragments per 16 keys, vb V's block 0
+ * (an item's first product overwrites O: no zeroing between items). */
 template <typename T, int D>
-__device__ __forceinline__ void fa3_pv(float (&o)[D / 2], const uint32_t (&pa)[FA3_BN / 16][4], uint32_t vb) {
+__device__ __forceinline__ void fa3_pv(float (&o)[D / 2], const uint32_t (&pa)[FA3_BN / 16][4], uint32_t vb,
+                                       uint32_t acc) {
   const fa3_desc dv(vb, FA3_BN * 128);
 #pragma unroll
   for (int kk = 0; kk < FA3_BN / 16; kk++) {
-    if (D == 128) fa3_mma<T>::rs128(o, pa[kk], dv.at(kk * 2048));
-    else fa3_mma<T>::rs64(o, pa[kk], dv.at(kk * 2048));
+    if (D == 128) fa3_mma<T>::rs128(o, pa[kk], dv.at(kk * 2048), kk > 0 || acc);
+    else fa3_mma<T>::rs64(o, pa[kk], dv.at(kk * 2048), kk > 0 || acc);
   }
 }
 
@@ -434,44 +436,100 @@ __device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
   if (on) asm volatile("bar.arrive %0, 256;" ::"r"(FA3_SCHED_BAR + (wg ^ 1)) : "memory");
 }
 
+/* What a consumer carries from one item to the next: the item's O and
+ * its last tile's P (the last P V product is issued with the next item's
+ * first S, so the tensor cores do not wait for the store and the next
+ * item's first softmax), its row max and sum, and where it goes. */
+template <int D> struct fa3_carry {
+  float o[D / 2], m[2], l[2];
+  uint32_t pa[FA3_BN / 16][4];
+  int pend;   /* an item's last P V product is still to be issued */
+  int acc;    /* it adds to O (the item had more than one tile) */
+  int b, i0;  /* that item's batch index and first row */
+  int it;     /* the ring tile of its last V */
+};
+
+/* The pending item's last O += P V: issued (V's stage awaited) ... */
+template <typename T, int D>
+__device__ __forceinline__ void fa3_last_pv(fa3_carry<D> &c, uint32_t sk, fa3_bars<D> bar) {
+  typedef fa3_cfg<D> C;
+  const int sl = c.it % C::ST;
+  sm90_bar_wait(bar.fv(sl), (uint32_t)(c.it / C::ST) & 1);
+  fa3_wg_fence();
+  fa3_pv<T, D>(c.o, c.pa, sk + sl * 2 * C::KB + C::KB, c.acc);
+  fa3_commit();
+}
+/* ... and, once complete (the caller waits), V's stage freed and o and lse
+ * stored. */
+template <typename T, int D>
+__device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMap *mo, fa3_carry<D> &c, int wg,
+                                           uint32_t so, fa3_bars<D> bar) {
+  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
+  fa3_fence(c.o);
+  fa3_fence(c.pa);
+  if (lane == 0) sm90_bar_arrive(bar.ev(c.it % fa3_cfg<D>::ST));
+  fa3_store<T, D>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l);
+  c.pend = 0;
+}
+
 /* Consumer warpgroup wg (0, 1) on item n of the CTA (*nx: the next one,
  * taken at this one's last tile): rows [i0 + 64 wg, + 64) over the ntiles
  * key tiles, which are the ring's tiles it0 .. it0 + ntiles - 1, with
  * the overlap described at the top; sq: the Q tiles, so: o's staging
- * tile. */
+ * tile. Tile 0's S goes with the previous item's last P V product (c),
+ * whose store follows tile 0's softmax; this item's last P V product is
+ * left in c for the next item (or the kernel's end). */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
                                             int it0, int n, int *nx, int wg, uint32_t sq, uint32_t sk,
-                                            uint32_t so, fa3_bars<D> bar) {
+                                            uint32_t so, fa3_bars<D> bar, fa3_carry<D> &c) {
   typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
   const int qs = n % 2;
   const uint32_t qa = sq + qs * C::QB + wg * 64 * 128;
-  float o[D / 2], s[FA3_BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
-  uint32_t pa[FA3_BN / 16][4];
-#pragma unroll
-  for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+  float s[FA3_BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+  float(&o)[D / 2] = c.o;
+  uint32_t(&pa)[FA3_BN / 16][4] = c.pa;
 #pragma unroll
   for (int i = 0; i < FA3_BN / 2; i++) s[i] = 0.0f;
   const int pp = p.pingpong;
-  /* tile 0: S_0, its softmax, P_0 */
+  /* tile 0: S_0 (with the previous item's last P V), its softmax, P_0;
+   * two copies, so that each has its wgmma waits in straight-line code
+   * (ptxas serialises wgmma it cannot follow through a branch) */
   sm90_bar_wait(bar.q(qs), (uint32_t)(n / 2) & 1);
   sm90_bar_wait(bar.fk(it0 % C::ST), (uint32_t)(it0 / C::ST) & 1);
   fa3_turn_wait(pp, wg);
   fa3_fence(s);
+  fa3_fence(o);
+  fa3_fence(pa);
   fa3_wg_fence();
   fa3_qk<T, D>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
   fa3_commit();
-  if (ntiles == 1) *nx = fa3_take(p, bar, n + 1); /* the next item (fa3_next) */
-  if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
-  fa3_wait<0>();
-  fa3_fence(s);
-  if (lane == 0) {
-    sm90_bar_arrive(bar.ek(it0 % C::ST));
-    if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
+  if (c.pend) {
+    fa3_last_pv<T, D>(c, sk, bar);
+    if (ntiles == 1) *nx = fa3_take(p, bar, n + 1); /* the next item (fa3_next) */
+    if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
+    fa3_wait<1>();
+    fa3_fence(s);
+    if (lane == 0) {
+      sm90_bar_arrive(bar.ek(it0 % C::ST));
+      if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
+    }
+    fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
+    fa3_wait<0>();
+    fa3_finish<T, D>(p, mo, c, wg, so, bar);
+  } else {
+    if (ntiles == 1) *nx = fa3_take(p, bar, n + 1);
+    if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
+    fa3_wait<0>();
+    fa3_fence(s);
+    if (lane == 0) {
+      sm90_bar_arrive(bar.ek(it0 % C::ST));
+      if (ntiles == 1) sm90_bar_arrive(bar.qe(qs));
+    }
+    fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
   }
-  fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
   fa3_pack<T>(pa, s);
   for (int j = 1; j < ntiles; j++) {
     const int sj = (it0 + j) % C::ST, sp = (it0 + j - 1) % C::ST;
@@ -485,7 +543,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_commit();
     sm90_bar_wait(bar.fv(sp), (uint32_t)((it0 + j - 1) / C::ST) & 1);
     fa3_wg_fence();
-    fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB); /* O += P_{j-1} V_{j-1} */
+    fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB, j > 1); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
     if (j == ntiles - 1) *nx = fa3_take(p, bar, n + 1);
     if (wg == 0 || j < ntiles - 1 || *nx < p.items) fa3_turn_pass(pp, wg);
@@ -503,18 +561,13 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) fa3_rescale<D>(o, corr);
     fa3_pack<T>(pa, s);
   }
-  const int sl = (it0 + ntiles - 1) % C::ST;
-  sm90_bar_wait(bar.fv(sl), (uint32_t)((it0 + ntiles - 1) / C::ST) & 1);
-  fa3_fence(o);
-  fa3_fence(pa);
-  fa3_wg_fence();
-  fa3_pv<T, D>(o, pa, sk + sl * 2 * C::KB + C::KB);
-  fa3_commit();
-  fa3_wait<0>();
-  fa3_fence(o);
-  fa3_fence(pa);
-  if (lane == 0) sm90_bar_arrive(bar.ev(sl));
-  fa3_store<T, D>(p, mo, b, i0, wg, so + wg * 64 * 128, r0, o, m, l);
+  c.pend = 1;
+  c.acc = ntiles > 1;
+  c.b = b;
+  c.i0 = i0;
+  c.it = it0 + ntiles - 1;
+#pragma unroll
+  for (int h = 0; h < 2; h++) c.m[h] = m[h], c.l[h] = l[h];
 }
 #endif /* NB_SM90A_DEVICE */
 
@@ -546,12 +599,23 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     const int wg = threadIdx.x / 128 - 1;
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
     int it = 0, x = fa3_take(p, bar, 0); /* it: the ring's tiles consumed so far */
+    fa3_carry<D> c;
+    c.pend = 0;
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) c.o[i] = 0.0f;
     for (int n = 0; x < p.items; n++) {
       int nx, b, i0, ntiles;
       fa3_item(p, x, &b, &i0, &ntiles);
-      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, &nx, wg, sq, sk, so, bar);
+      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, &nx, wg, sq, sk, so, bar, c);
       it += ntiles;
       x = nx;
+    }
+    if (c.pend) { /* the last item's last P V product and store */
+      fa3_fence(c.o);
+      fa3_fence(c.pa);
+      fa3_last_pv<T, D>(c, sk, bar);
+      fa3_wait<0>();
+      fa3_finish<T, D>(p, &mo, c, wg, so, bar);
     }
     /* the staging tile must stay until the last store has read it */
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");

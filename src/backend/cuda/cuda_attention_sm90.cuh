@@ -96,7 +96,7 @@ struct fa3_desc {
 
 /* ---- wgmma ------------------------------------------------------------- */
 /* ss128 / ss64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B^T, A and B by
- * descriptor, both K-major (ss64<1, 1>: both MN-major, the transpose bits). rs128 / rs64: d (64 x 128 / 64 x 64) += A B, A
+ * descriptor, both K-major (ss64<1, 1>: both MN-major, the transpose bits). rs128 / rs64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B, A
  * from registers (4 per thread, mma.sync's A fragment), B by descriptor,
  * MN-major (transpose bit 1). */
 #define FA3_MMA_BODY(TY)                                                                    \
@@ -113,19 +113,19 @@ struct fa3_desc {
                  ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                      \
                  : NB_SM90_OUT32 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));               \
   }                                                                                         \
-  static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db) {  \
+  static __device__ __forceinline__ void rs128(float *d, const uint32_t *a, uint64_t db, uint32_t acc = 1) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " NB_SM90_ACC64        \
                  ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                             \
                  : NB_SM90_OUT64                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));          \
   }                                                                                         \
-  static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db) {   \
+  static __device__ __forceinline__ void rs64(float *d, const uint32_t *a, uint64_t db, uint32_t acc = 1) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " NB_SM90_ACC32         \
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                             \
                  : NB_SM90_OUT32                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));          \
   }
 template <typename T> struct fa3_mma;
 template <> struct fa3_mma<__nv_bfloat16> { FA3_MMA_BODY("bf16") };
