@@ -38,11 +38,15 @@
  *      while dV's product is.
  *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
  *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
- *      tiles into a 2-stage ring (key tiles after the block's last row
+ *      tiles into a 3-stage ring (key tiles after the block's last row
  *      never loaded); consumer c owns query rows [64 c, 64 c + 64): S = Q
  *      K^T, dP = dO V^T (m64n64k16 from shared memory), P = exp2(S sl2 -
  *      lse2[row]) (zero past Lk and, causal, after the row), dS = P (dP -
- *      delta[row]), dQ += dS K (dS as register A, K MN-major).
+ *      delta[row]), dQ += dS K (dS as register A, K MN-major), whose
+ *      product runs on into the next tile's S and dP (the tile's stage is
+ *      freed once the next S has completed, and with it this product; 3
+ *      stages: with 2 the next tile's load waited for that and the split
+ *      path's fwd+bwd took 8% longer).
  * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
  * tile wholly past them is not loaded at all (its rows' results are never
  * stored, and every product here is row-wise in them).
@@ -106,7 +110,9 @@
 #define FB_BQ 64  /* queries per streamed tile (dK/dV) */
 #define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
 #define FB_BN 64  /* keys per streamed tile (dQ) */
-#define FB_ST 2   /* ring stages */
+#define FB_ST 2   /* ring stages (dK/dV) */
+#define FB_QST 3  /* ring stages (dQ: its K/V tiles are small and each tile's product runs into the next) */
+#define FB_NBAR (1 + 2 * FB_QST) /* mbarriers: once, then full and empty per stage (the larger ring's count) */
 #define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FB_THREADS 384
 #define FB_LOG2E 1.4426950408889634f
@@ -137,7 +143,7 @@ template <int D> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D), then per stage
    * the query tile's statistics (lse2 [64], delta [64]) */
   static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB, STATS = 2 * FB_BQ * 4;
-  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * (STAGE + STATS) + 8 * (1 + 2 * FB_ST);
+  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * (STAGE + STATS) + 8 * FB_NBAR;
   /* fused: then two dS^T buffers (128 keys x 64 queries) and two dQ
    * partials (64 x 64 f32) per consumer */
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
@@ -145,7 +151,7 @@ template <int D> struct fb_cfg {
   static_assert(SMEM_FU <= 232448, "the fused kernel's shared memory exceeds the H100's 227 KB");
   /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
   static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
-  static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_ST * 2 * NB + 8 * (1 + 2 * FB_ST);
+  static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_QST * 2 * NB + 8 * FB_NBAR;
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
@@ -212,7 +218,7 @@ struct fb_bars {
   uint32_t base;
   __device__ __forceinline__ uint32_t once() const { return base; }
   __device__ __forceinline__ uint32_t full(int s) const { return base + 8 * (1 + s); }
-  __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_ST + s); }
+  __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_QST + s); }
 };
 
 /* Rows [row, row + 64 nh) of a view into an R-row tile at dst (nh 64-row
@@ -515,7 +521,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
 }
 
 /* ---- dQ ------------------------------------------------------------------ */
-/* Producer (one thread): Q, dO once, then K_j, V_j into stage j % FB_ST. */
+/* Producer (one thread): Q, dO once, then K_j, V_j into stage j % FB_QST. */
 template <int D>
 __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                              const CUtensorMap *mg, const fb_params &p, int b, int i0, int ntiles,
@@ -528,9 +534,9 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
   fb_tile<D, FB_BM>(sq, mq, bar.once(), i0, nh, c, p.nbk);
   fb_tile<D, FB_BM>(sq + C::MB, mg, bar.once(), i0, nh, c, p.nbk);
   for (int j = 0; j < ntiles; j++) {
-    const int s = j % FB_ST;
+    const int s = j % FB_QST;
     const uint32_t kt = ss0 + s * 2 * C::NB;
-    sm90_bar_wait(bar.empty(s), ((uint32_t)(j / FB_ST) & 1) ^ 1);
+    sm90_bar_wait(bar.empty(s), ((uint32_t)(j / FB_QST) & 1) ^ 1);
     sm90_bar_expect(bar.full(s), 2 * C::NB);
     fb_tile<D, FB_BN>(kt, mk, bar.full(s), j * FB_BN, 1, c, p.nbk);
     fb_tile<D, FB_BN>(kt + C::NB, mv, bar.full(s), j * FB_BN, 1, c, p.nbk);
@@ -558,9 +564,9 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
   sm90_bar_wait(bar.once(), 0);
   for (int j = 0; j < ntiles; j++) {
-    const int sg = j % FB_ST, j0 = j * FB_BN;
+    const int sg = j % FB_QST, j0 = j * FB_BN;
     const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
-    sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_ST) & 1);
+    sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_QST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
     fa3_wg_fence();
@@ -568,8 +574,14 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
     fa3_commit();
     fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
     fa3_commit();
-    fa3_wait<1>();
+    fa3_wait<1>(); /* S complete, and the last tile's dQ product: its stage is free */
     fa3_fence(s);
+    if (j > 0) {
+      fa3_fence(dq);
+      fa3_fence(da);
+      __syncwarp(); /* as below: all lanes' reads before the release */
+      if (lane == 0) sm90_bar_arrive(bar.empty((j - 1) % FB_QST));
+    }
     /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = nb_mma_exp2(fmaf(s[i], p.sl2, -l2[(i >> 1) & 1]));
@@ -588,13 +600,14 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
     fa3_fence(da);
     fa3_fence(dq);
     fa3_wg_fence();
-    fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K */
+    fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K, on into the next tile's S, dP */
     fa3_commit();
-    fa3_wait<0>();
-    fa3_fence(dq);
-    fa3_fence(da);
-    __syncwarp(); /* as above: all lanes' reads before the release */
-    if (lane == 0) sm90_bar_arrive(bar.empty(sg));
+  }
+  fa3_wait<0>();
+  fa3_fence(dq);
+  if (ntiles) {
+    __syncwarp();
+    if (lane == 0) sm90_bar_arrive(bar.empty((ntiles - 1) % FB_QST));
   }
   fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
 }
@@ -609,7 +622,7 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   const uint8_t *g0 = fb_raw + (s0 - sm90_smem(fb_raw));                                 \
   const fb_bars bar = {s0 + (SMEM_TILES)};                                               \
   if (threadIdx.x == 0) {                                                                \
-    for (int i = 0; i < 1 + 2 * FB_ST; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + FB_ST ? 1 : (NEMPTY)); \
+    for (int i = 0; i < FB_NBAR; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + FB_QST ? 1 : (NEMPTY)); \
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");                   \
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");                         \
   }                                                                                      \
@@ -651,7 +664,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                 const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
-  FB_PROLOGUE(2 * C::MB + FB_ST * 2 * C::NB, 8);
+  FB_PROLOGUE(2 * C::MB + FB_QST * 2 * C::NB, 8);
   (void)g0;
   int b, blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
   fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
