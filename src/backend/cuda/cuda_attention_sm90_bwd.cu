@@ -143,11 +143,11 @@ template <int D> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D), then per stage
    * the query tile's statistics (lse2 [64], delta [64]) */
   static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB, STATS = 2 * FB_BQ * 4;
-  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_ST * (STAGE + STATS) + 8 * FB_NBAR;
+  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_QST * (STAGE + STATS) + 8 * FB_NBAR;
   /* fused: then two dS^T buffers (128 keys x 64 queries) and two dQ
    * partials (64 x 64 f32) per consumer */
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
-  static constexpr size_t SMEM_FU = SMEM_KV + 2 * DS + 4 * PART;
+  static constexpr size_t SMEM_FU = 1024 + 2 * KB + FB_ST * (STAGE + STATS) + 8 * FB_NBAR + 2 * DS + 4 * PART;
   static_assert(SMEM_FU <= 232448, "the fused kernel's shared memory exceeds the H100's 227 KB");
   /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
   static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
@@ -347,6 +347,14 @@ __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32],
 }
 
 /* ---- dK, dV -------------------------------------------------------------- */
+/* The dK/dV ring's stages: 3 for the split kernel at D 64, whose dK product
+ * runs on into the next tile's S^T and dP^T (the stage is freed once the
+ * next S^T has completed); 2 otherwise (at D 128 keeping dS^T and the
+ * accumulators live across tiles leaves ptxas too few registers: it
+ * serialises every wgmma, C7512; the fused kernel's buffers leave no room
+ * for a third stage). */
+__host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fused && D == 64 ? FB_QST : FB_ST; }
+
 /* Bulk copy of n bytes (16-byte aligned both sides) from global src to
  * shared dst, completing on bar. */
 __device__ __forceinline__ void fb_bulk(uint32_t dst, const float *src, int n, uint32_t bar) {
@@ -375,15 +383,16 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
   sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
   fb_tile<D, FB_BK>(sk, mk, bar.once(), j0, nh, c, p.nbk);
   fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(), j0, nh, c, p.nbk);
+  const int ST = fb_kv_stages(fused, D); /* ring stages */
   for (int it = 0; it < ntiles; it++) {
-    const int s = it % FB_ST, i0 = ibeg + it * FB_BQ;
+    const int s = it % ST, i0 = ibeg + it * FB_BQ;
     const uint32_t st = ss0 + s * C::STAGE;
-    sm90_bar_wait(bar.empty(s), ((uint32_t)(it / FB_ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
+    sm90_bar_wait(bar.empty(s), ((uint32_t)(it / ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
     sm90_bar_expect(bar.full(s), 2 * C::QB + C::STATS);
     fb_tile<D, FB_BQ>(st, mq, bar.full(s), i0, 1, c, p.nbk);
     fb_tile<D, FB_BQ>(st + C::QB, mg, bar.full(s), i0, 1, c, p.nbk);
     /* the tile's 64 lse2 and delta values (i0 + 64 <= Lp, 256-byte aligned) */
-    const uint32_t sst = ss0 + FB_ST * C::STAGE + s * C::STATS;
+    const uint32_t sst = ss0 + ST * C::STAGE + s * C::STATS;
     fb_bulk(sst, p.sl + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
     fb_bulk(sst + FB_BQ * 4, p.sd + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
   }
@@ -405,13 +414,15 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
 #pragma unroll
   for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
   if (ntiles) sm90_bar_wait(bar.once(), 0);
+  constexpr int ST = fb_kv_stages(F, D); /* ring stages */
+  constexpr bool PIPE = ST == FB_QST;    /* dK's product runs into the next tile */
   for (int it = 0; it < ntiles; it++) {
-    const int sg = it % FB_ST, i0 = ibeg + it * FB_BQ;
+    const int sg = it % ST, i0 = ibeg + it * FB_BQ;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
     /* the stage's rows i0 .. i0 + 63 of the pre-pass's statistics */
-    const uint32_t sl = ss0 + FB_ST * C::STAGE + sg * C::STATS, sd = sl + FB_BQ * 4;
+    const uint32_t sl = ss0 + ST * C::STAGE + sg * C::STATS, sd = sl + FB_BQ * 4;
     const uint32_t pb = pb0 + (it & 1) * C::PART;
-    sm90_bar_wait(bar.full(sg), (uint32_t)(it / FB_ST) & 1);
+    sm90_bar_wait(bar.full(sg), (uint32_t)(it / ST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
     fa3_wg_fence();
@@ -421,6 +432,11 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_commit();
     fa3_wait<1>(); /* S^T complete; dP^T may still run */
     fa3_fence(s);
+    if (PIPE && it > 0) { /* and the last tile's dK product: its stage is free */
+      fa3_fence(dk);
+      fa3_fence(da);
+      sm90_bar_arrive(bar.empty((it - 1) % ST));
+    }
     /* P^T: column (query) i0 + 8n + 2t + (e & 1), row (key) kr + 8 (e >> 1) */
     const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
 #pragma unroll
@@ -497,6 +513,12 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fa3_wait<1>();
       fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
     }
+    if (PIPE) { /* dV complete; dK's product runs on into the next tile's S^T, dP^T */
+      fa3_wait<1>();
+      fa3_fence(dv);
+      fa3_fence(pa);
+      continue;
+    }
     if (F && !DQF) fa3_wait<1>();
     else fa3_wait<0>();
     fa3_fence(dv);
@@ -516,6 +538,12 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     }
   }
   if (F && x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  if (PIPE) {
+    fa3_wait<0>();
+    fa3_fence(dk);
+    fa3_fence(da);
+    if (ntiles) sm90_bar_arrive(bar.empty((ntiles - 1) % ST));
+  }
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
   fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
 }
@@ -636,7 +664,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                  const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
-  FB_PROLOGUE(2 * C::KB + FB_ST * (C::STAGE + C::STATS) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
+  constexpr int ST = fb_kv_stages(F, D); /* ring stages */
+  FB_PROLOGUE(2 * C::KB + ST * (C::STAGE + C::STATS) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
   (void)g0;
   int b, blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
   fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
@@ -649,7 +678,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     fb_kv_consume<T, D, F>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB,
-                           s0 + 2 * C::KB + FB_ST * (C::STAGE + C::STATS), bar);
+                           s0 + 2 * C::KB + ST * (C::STAGE + C::STATS), bar);
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
