@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_philox.cuh"
 
 #define NB_ATTX_MAXB (NB_MAX_DIMS - 2)
 
@@ -33,22 +34,11 @@ struct nb_attx {
   uint64_t seed, offset;
 };
 
-/* Word 0 of Philox-4x32-10 block (seed, counter): cuda_random.cu's rounds. */
+/* Word 0 of Philox-4x32-10 block (seed, counter) (cuda_philox.cuh). */
 __device__ __forceinline__ uint32_t nb_attx_philox0(uint64_t seed, uint64_t counter) {
-  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-#pragma unroll
-  for (int r = 0; r < 10; r++) {
-    uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return c0;
+  uint32_t w[4];
+  nb_philox_dev(seed, counter, w);
+  return w[0];
 }
 
 /* Whether probability (b, i, j) of a (.., Lq, Lk) matrix is kept. */
