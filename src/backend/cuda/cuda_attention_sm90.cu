@@ -41,9 +41,13 @@
  *     issuing their GEMMs of a tile through two named barriers, so that one
  *     warpgroup's softmax runs while the other's products are on the tensor
  *     cores instead of both softmaxes at once with the tensor cores idle.
+ *   - Items run into each other (fa3_carry): an item's last O += P V is
+ *     issued with the next item's first S, and its epilogue follows that
+ *     tile's softmax; an item's first P V product overwrites O (wgmma's
+ *     scale-d off), so O is never zeroed.
  *   - The epilogue: o is rounded into the warpgroup's own 64 rows of a
  *     staging tile laid out as Q's and stored by TMA through a map of o's
- *     view (rows past Lq clipped) while the warpgroup starts its next item,
+ *     view (rows past Lq clipped) while the warpgroup goes on,
  *     or, when o's view does not suit TMA or NABLA_ATTENTION_SM90_TMA_STORE
  *     =0, by each thread's pair stores.
  *   - Shared tiles (Q, K, V) are 64-column blocks of 128-byte rows in the
