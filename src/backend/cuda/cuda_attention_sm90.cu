@@ -44,7 +44,7 @@
  *   - Items run into each other (fa3_carry): an item's last O += P V is
  *     issued with the next item's first S, and its epilogue follows that
  *     tile's softmax; an item's first P V product overwrites O (wgmma's
- *     scale-d off), so O is never zeroed.
+ *     scale-d off), so O is not zeroed between items.
  *   - The epilogue: o is rounded into the warpgroup's own 64 rows of a
  *     staging tile laid out as Q's and stored by TMA through a map of o's
  *     view (rows past Lq clipped) while the warpgroup goes on,
@@ -364,8 +364,9 @@ __device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_param
  * of o's staging tile (laid out as Q's: 128-byte swizzle, row r's 16-byte
  * unit u at u ^ (r % 8), so a warp's 8 rows hit distinct banks) once the
  * warpgroup's previous store has read them, and one thread stores them by
- * TMA (rows past Lq are not written) while the warpgroup goes on to its
- * next item; else each thread stores its pairs. The same values either
+ * TMA (rows past Lq are not written) while the warpgroup goes on (this
+ * runs in the next item's first tile, after its softmax: fa3_finish);
+ * else each thread stores its pairs. The same values either
  * way. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int wg,
@@ -432,13 +433,19 @@ __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap
  * the CTA's items. Warpgroup 1 hands warpgroup 0 the first turn and skips
  * its arrival after its last turn of the last item: both take as many
  * turns as the items have tiles, every barrier sees as many arrivals as
- * waits. */
+ * waits. The last item's last P V product, issued after the loop over
+ * the items, takes no turn. */
 __device__ __forceinline__ void fa3_turn_wait(int on, int wg) {
   if (on) asm volatile("bar.sync %0, 256;" ::"r"(FA3_SCHED_BAR + wg) : "memory");
 }
 __device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
   if (on) asm volatile("bar.arrive %0, 256;" ::"r"(FA3_SCHED_BAR + (wg ^ 1)) : "memory");
 }
+
+/* A compile-time flag for a generic lambda's two copies. */
+template <bool B> struct fa3_flag {
+  static constexpr bool value = B;
+};
 
 /* What a consumer carries from one item to the next: the item's O and
  * its last tile's P (the last P V product is issued with the next item's
@@ -499,8 +506,9 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   for (int i = 0; i < FA3_BN / 2; i++) s[i] = 0.0f;
   const int pp = p.pingpong;
   /* tile 0: S_0 (with the previous item's last P V), its softmax, P_0;
-   * two copies, so that each has its wgmma waits in straight-line code
-   * (ptxas serialises wgmma it cannot follow through a branch) */
+   * two copies of its rest (first), so that each has its wgmma waits in
+   * straight-line code (ptxas serialises wgmma it cannot follow through a
+   * branch) */
   sm90_bar_wait(bar.q(qs), (uint32_t)(n / 2) & 1);
   sm90_bar_wait(bar.fk(it0 % C::ST), (uint32_t)(it0 / C::ST) & 1);
   fa3_turn_wait(pp, wg);
@@ -510,30 +518,25 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_wg_fence();
   fa3_qk<T, D>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
   fa3_commit();
-  if (c.pend) {
-    fa3_last_pv<T, D>(c, sk, bar);
+  auto first = [&](auto pend) { /* pend: fa3_flag<c.pend> */
+    if (pend.value) fa3_last_pv<T, D>(c, sk, bar);
     if (ntiles == 1) *nx = fa3_take(p, bar, n + 1); /* the next item (fa3_next) */
     if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
-    fa3_wait<1>();
+    if (pend.value) fa3_wait<1>();
+    else fa3_wait<0>();
     fa3_fence(s);
     if (lane == 0) {
       sm90_bar_arrive(bar.ek(it0 % C::ST));
       if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
     }
     fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
-    fa3_wait<0>();
-    fa3_finish<T, D>(p, mo, c, wg, so, bar);
-  } else {
-    if (ntiles == 1) *nx = fa3_take(p, bar, n + 1);
-    if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
-    fa3_wait<0>();
-    fa3_fence(s);
-    if (lane == 0) {
-      sm90_bar_arrive(bar.ek(it0 % C::ST));
-      if (ntiles == 1) sm90_bar_arrive(bar.qe(qs));
+    if (pend.value) {
+      fa3_wait<0>();
+      fa3_finish<T, D>(p, mo, c, wg, so, bar);
     }
-    fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
-  }
+  };
+  if (c.pend) first(fa3_flag<true>());
+  else first(fa3_flag<false>());
   fa3_pack<T>(pa, s);
   for (int j = 1; j < ntiles; j++) {
     const int sj = (it0 + j) % C::ST, sp = (it0 + j - 1) % C::ST;
@@ -605,6 +608,8 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     int it = 0, x = fa3_take(p, bar, 0); /* it: the ring's tiles consumed so far */
     fa3_carry<D> c;
     c.pend = 0;
+    /* defined values for the first tile's register fences (every item's
+     * first P V product overwrites O) */
 #pragma unroll
     for (int i = 0; i < D / 2; i++) c.o[i] = 0.0f;
     for (int n = 0; x < p.items; n++) {

@@ -19,12 +19,13 @@
  *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
  *      then for every 64-query tile that sees the block (causal: from the
  *      block's first key on) Q, dO (64 x D) and, by a bulk copy, the tile's
- *      64 lse2 and delta values into stage it % 2 of a ring (full mbarrier
- *      per stage, completed by the copy engine's bytes; empty mbarrier, one
+ *      64 lse2 and delta values into stage it % ST of a ring (ST = 2, or 3
+ *      for the split kernel at D 64: fb_kv_stages; full mbarrier per
+ *      stage, completed by the copy engine's bytes; empty mbarrier, one
  *      arrival per consumer thread once its wgmma reading the stage have
- *      completed and it has read the statistics: read from
- *      global memory instead, their L2 latency after each S^T product
- *      was 12% of the fused kernel's stall samples). Warpgroups 1
+ *      completed and it has read the statistics. They used to be read
+ *      from global memory after each S^T product; that L2 latency was 12%
+ *      of the fused kernel's stall samples). Warpgroups 1
  *      and 2, the consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the
  *      block each, computing the transposed products so that nothing goes
  *      through shared memory: S^T = K Q^T and dP^T = V dO^T (m64n64k16,
@@ -66,14 +67,15 @@
  * 2 + c; no exchange, two reduces into one chunk instead of a 32-column
  * split whose MN-major B would start inside a swizzle atom). The partial
  * (f32, 32 registers, the S^T registers reused) goes to one of the
- * warpgroup's two 16 KB buffers (by the iteration's parity), row-major with the 8-byte column pairs of row r permuted
- * by u ^ 4 (r % 8) (2 stores to a bank pair, the least), then fence.proxy.async, barrier 2 + c and one thread's
- * cp.reduce.async.bulk .add.f32 of the 16 KB into the accumulator chunk;
- * cp.async.bulk.wait_group.read 1 before an iteration's barrier keeps a
- * buffer until the reduce of two iterations ago has read it (with one
- * buffer, read 0 there, the waiting thread held its warpgroup at the
- * barrier: 5% of the stall samples). Both K halves are loaded (zero-filled past Lk: the
- * dQ product reads every key row). A last kernel writes dq = scale acc in
+ * warpgroup's two 16 KB buffers (by the iteration's parity), row-major
+ * with the 8-byte column pairs of row r permuted by u ^ 4 (r % 8) (2
+ * stores to a bank pair, the least), then fence.proxy.async, barrier
+ * 2 + c and one thread's cp.reduce.async.bulk .add.f32 of the 16 KB into
+ * the accumulator chunk; cp.async.bulk.wait_group.read 1 before an
+ * iteration's barrier keeps a buffer until the reduce of two iterations
+ * ago has read it (with one buffer, read 0 there, the waiting thread held
+ * its warpgroup at the barrier: 5% of the stall samples). Both K halves
+ * are loaded (zero-filled past Lk: the dQ product reads every key row). A last kernel writes dq = scale acc in
  * the input dtype. The reduce order varies between runs: dq is not the same
  * bits every run (dk, dv are).
  *
@@ -110,8 +112,8 @@
 #define FB_BQ 64  /* queries per streamed tile (dK/dV) */
 #define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
 #define FB_BN 64  /* keys per streamed tile (dQ) */
-#define FB_ST 2   /* ring stages (dK/dV) */
-#define FB_QST 3  /* ring stages (dQ: its K/V tiles are small and each tile's product runs into the next) */
+#define FB_ST 2   /* ring stages: the dK/dV kernels (fused; split at D 128) */
+#define FB_QST 3  /* ring stages: the dQ kernel, and the split dK/dV kernel at D 64 (fb_kv_stages) */
 #define FB_NBAR (1 + 2 * FB_QST) /* mbarriers: once, then full and empty per stage (the larger ring's count) */
 #define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FB_THREADS 384
@@ -139,19 +141,33 @@ struct fb_params {
   int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
 };
 
+/* The dK/dV ring's stages: 3 for the split kernel at D 64, whose dK product
+ * runs on into the next tile's S^T and dP^T (the stage is freed once the
+ * next S^T has completed); 2 otherwise: at D 128 keeping dS^T and the
+ * accumulators live across tiles leaves ptxas too few registers (it
+ * serialises every wgmma, C7512), and the fused kernel sends its dQ
+ * partial and frees the stage in the tile itself. */
+__host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fused && D == 64 ? FB_QST : FB_ST; }
+
 template <int D> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D), then per stage
    * the query tile's statistics (lse2 [64], delta [64]) */
   static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB, STATS = 2 * FB_BQ * 4;
-  static constexpr size_t SMEM_KV = 1024 + 2 * KB + FB_QST * (STAGE + STATS) + 8 * FB_NBAR;
-  /* fused: then two dS^T buffers (128 keys x 64 queries) and two dQ
-   * partials (64 x 64 f32) per consumer */
+  /* the tiles of the dK/dV kernels before the fused kernel's buffers */
+  __host__ __device__ static constexpr int kv_tiles(bool fused) {
+    return 2 * KB + fb_kv_stages(fused, D) * (STAGE + STATS);
+  }
+  static constexpr size_t SMEM_KV = 1024 + kv_tiles(false) + 8 * FB_NBAR;
+  /* fused: then two dS^T buffers (128 keys x 64 queries; 128-byte swizzle,
+   * so 1024-byte aligned) and two dQ partials (64 x 64 f32) per consumer */
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
-  static constexpr size_t SMEM_FU = 1024 + 2 * KB + FB_ST * (STAGE + STATS) + 8 * FB_NBAR + 2 * DS + 4 * PART;
-  static_assert(SMEM_FU <= 232448, "the fused kernel's shared memory exceeds the H100's 227 KB");
+  static constexpr size_t SMEM_FU = 1024 + kv_tiles(true) + 2 * DS + 4 * PART + 8 * FB_NBAR;
+  static_assert(kv_tiles(true) % 1024 == 0, "the fused kernel's dS^T buffers must be 1024-byte aligned");
   /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
   static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
   static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_QST * 2 * NB + 8 * FB_NBAR;
+  static_assert(SMEM_KV <= 232448 && SMEM_FU <= 232448 && SMEM_Q <= 232448,
+                "a backward kernel's shared memory exceeds the H100's 227 KB");
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
@@ -347,13 +363,6 @@ __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32],
 }
 
 /* ---- dK, dV -------------------------------------------------------------- */
-/* The dK/dV ring's stages: 3 for the split kernel at D 64, whose dK product
- * runs on into the next tile's S^T and dP^T (the stage is freed once the
- * next S^T has completed); 2 otherwise (at D 128 keeping dS^T and the
- * accumulators live across tiles leaves ptxas too few registers: it
- * serialises every wgmma, C7512; the fused kernel's buffers leave no room
- * for a third stage). */
-__host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fused && D == 64 ? FB_QST : FB_ST; }
 
 /* Bulk copy of n bytes (16-byte aligned both sides) from global src to
  * shared dst, completing on bar. */
@@ -369,7 +378,7 @@ __device__ __forceinline__ float2 fb_lds2(uint32_t a) {
 }
 
 /* Producer (one thread): K, V once, then Q, dO and the stats of query tile
- * it into stage it % FB_ST once the consumers have freed it. */
+ * it into stage it % ST (fb_kv_stages) once the consumers have freed it. */
 template <int D>
 __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                               const CUtensorMap *mg, const fb_params &p, int b, int j0, int ibeg,
@@ -391,7 +400,8 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
     sm90_bar_expect(bar.full(s), 2 * C::QB + C::STATS);
     fb_tile<D, FB_BQ>(st, mq, bar.full(s), i0, 1, c, p.nbk);
     fb_tile<D, FB_BQ>(st + C::QB, mg, bar.full(s), i0, 1, c, p.nbk);
-    /* the tile's 64 lse2 and delta values (i0 + 64 <= Lp, 256-byte aligned) */
+    /* the tile's 64 lse2 and delta values (i0 + 64 <= Lp; 16-byte aligned:
+     * the scratch is, and the offsets are multiples of 256 bytes) */
     const uint32_t sst = ss0 + ST * C::STAGE + s * C::STATS;
     fb_bulk(sst, p.sl + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
     fb_bulk(sst + FB_BQ * 4, p.sd + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
@@ -416,6 +426,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
   if (ntiles) sm90_bar_wait(bar.once(), 0);
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
   constexpr bool PIPE = ST == FB_QST;    /* dK's product runs into the next tile */
+  static_assert(!(PIPE && F), "the fused kernel sends its partial and frees the stage in the tile");
   for (int it = 0; it < ntiles; it++) {
     const int sg = it % ST, i0 = ibeg + it * FB_BQ;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
@@ -432,7 +443,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_commit();
     fa3_wait<1>(); /* S^T complete; dP^T may still run */
     fa3_fence(s);
-    if (PIPE && it > 0) { /* and the last tile's dK product: its stage is free */
+    if (PIPE && it > 0) { /* and the previous tile's dK product: its stage is free */
       fa3_fence(dk);
       fa3_fence(da);
       sm90_bar_arrive(bar.empty((it - 1) % ST));
@@ -506,9 +517,10 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
       fa3_commit();
     }
-    /* DQF: dV and dQ complete, dK's product may still run, the partial
-     * goes out, then the stage is freed; else dV and dK complete, the stage
-     * is freed, and the partial waits for dQ's product */
+    /* PIPE: dV complete, dK's product runs on (the stage is freed in the
+     * next tile); DQF: dV and dQ complete, dK's product may still run, the
+     * partial goes out, then the stage is freed; else dV and dK complete,
+     * the stage is freed, and (fused) the partial waits for dQ's product */
     if (DQF) {
       fa3_wait<1>();
       fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
@@ -602,12 +614,12 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
     fa3_commit();
     fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
     fa3_commit();
-    fa3_wait<1>(); /* S complete, and the last tile's dQ product: its stage is free */
+    fa3_wait<1>(); /* S complete, and the previous tile's dQ product: its stage is free */
     fa3_fence(s);
     if (j > 0) {
       fa3_fence(dq);
       fa3_fence(da);
-      __syncwarp(); /* as below: all lanes' reads before the release */
+      __syncwarp(); /* every lane has passed the wait before lane 0 frees the stage */
       if (lane == 0) sm90_bar_arrive(bar.empty((j - 1) % FB_QST));
     }
     /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
@@ -665,7 +677,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
-  FB_PROLOGUE(2 * C::KB + ST * (C::STAGE + C::STATS) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
+  FB_PROLOGUE(C::kv_tiles(F) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
   (void)g0;
   int b, blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
   fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
