@@ -635,18 +635,6 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
 }
 
 /* ---- host -------------------------------------------------------------- */
-/* 1 when the image of kern loaded on this (9.0) device is the 9.0 one: a
- * binary built without that target would run the sm_80 image's empty
- * kernel. */
-template <typename K> int fa3_binary_ok(K kern, int *cache) {
-  if (!*cache) {
-    cudaFuncAttributes a;
-    *cache = cudaFuncGetAttributes(&a, kern) == cudaSuccess && a.binaryVersion >= 90 ? 1 : -1;
-    cudaGetLastError();
-  }
-  return *cache == 1;
-}
-
 /* o as the kernel writes it: the dtype, D columns of unit stride, even
  * strides (4-byte pair stores), 4-byte aligned data. */
 int fa3_out_ok(const nb_kview *o, nb_dtype dt, int64_t D) {

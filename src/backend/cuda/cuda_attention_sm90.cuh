@@ -36,6 +36,18 @@ int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const in
  * DRAM in the forward against 517 MB with 12 (half the L2). */
 int nb_fa3_section(const nb_cuda_ctx *ctx, int64_t B, int64_t per_b);
 
+/* 1 when the image of kern loaded on this (9.0) device is the 9.0 one (a
+ * binary built without that target would run the sm_80 image's empty
+ * kernel); the answer is kept in *cache (0: not asked yet). */
+template <typename K> static int fa3_binary_ok(K kern, int *cache) {
+  if (!*cache) {
+    cudaFuncAttributes a;
+    *cache = cudaFuncGetAttributes(&a, kern) == cudaSuccess && a.binaryVersion >= 90 ? 1 : -1;
+    cudaGetLastError();
+  }
+  return *cache == 1;
+}
+
 #ifdef NB_SM90A_DEVICE
 namespace {
 

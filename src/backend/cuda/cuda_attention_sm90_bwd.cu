@@ -764,19 +764,12 @@ static int fb_vec_ok(const void *data, int64_t rs, const int64_t *bs, int nbk) {
 }
 
 /* ---- host -------------------------------------------------------------- */
-/* 1 when the loaded images of both kernels are the 9.0 ones (a binary built
+/* 1 when the loaded images of the three kernels are the 9.0 ones (a binary built
  * without that target would run the sm_80 image's empty kernels). */
 template <typename T, int D> int fb_ready(void) {
-  static int cache = 0;
-  if (!cache) {
-    cudaFuncAttributes a, b, f;
-    cache = cudaFuncGetAttributes(&a, fb_kv_kernel<T, D, false>) == cudaSuccess && a.binaryVersion >= 90 &&
-                    cudaFuncGetAttributes(&b, fb_q_kernel<T, D>) == cudaSuccess && b.binaryVersion >= 90 &&
-                    cudaFuncGetAttributes(&f, fb_kv_kernel<T, D, true>) == cudaSuccess && f.binaryVersion >= 90
-                ? 1 : -1;
-    cudaGetLastError();
-  }
-  return cache == 1;
+  static int kv = 0, q = 0, fused = 0;
+  return fa3_binary_ok(fb_kv_kernel<T, D, false>, &kv) && fa3_binary_ok(fb_q_kernel<T, D>, &q) &&
+         fa3_binary_ok(fb_kv_kernel<T, D, true>, &fused);
 }
 
 /* A (.., L, D) view of dtype dt whose rows the kernels address directly: D

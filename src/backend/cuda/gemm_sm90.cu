@@ -74,9 +74,7 @@ struct sm90_take_rec {
 
 int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, nb_gemm_own_segment *seg,
                  int cap) {
-  if (i < 0 || i >= nb_sm90_cand_count() || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
-      N > INT32_MAX || K > INT32_MAX || cta < 0)
-    return -1;
+  if (!nb_sm90_args_ok(i, rows, N, K, kBK, n_sm) || cta < 0) return -1;
   nb_sm90_params p;
   sm90_shape(&p, rows, N, K, kBK);
   nb_sm90_sched s = nb_sm90_resolve(i, p.tiles_m, N, p.ktiles, n_sm);

@@ -353,11 +353,14 @@ int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
          a.pingpong == b.pingpong && a.tiles_n == b.tiles_n && a.sk_heads == b.sk_heads && a.head_k == b.head_k;
 }
 
+int nb_sm90_args_ok(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm) {
+  return i >= 0 && i < kCands && rows >= 1 && N >= 1 && K >= 1 && n_sm >= 1 && rows <= INT32_MAX &&
+         N <= INT32_MAX && K <= INT32_MAX && bk >= 1;
+}
+
 int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
                         nb_gemm_own_schedule *out) {
-  if (i < 0 || i >= kCands || rows < 1 || N < 1 || K < 1 || n_sm < 1 || rows > INT32_MAX ||
-      N > INT32_MAX || K > INT32_MAX || bk < 1)
-    return 0;
+  if (!nb_sm90_args_ok(i, rows, N, K, bk, n_sm)) return 0;
   int tiles_m = (int)((rows + kBM - 1) / kBM);
   nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, N, (int)((K + bk - 1) / bk), n_sm);
   out->tiles = (int64_t)tiles_m * s.tiles_n;

@@ -41,6 +41,9 @@ const char *const *nb_sm90_cand_names(void);
 nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm);
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b);
 
+/* Whether candidate i, a rows x N x K product, k-tiles of bk elements and
+ * n_sm SMs are arguments the schedule functions take (sizes up to INT32_MAX). */
+int nb_sm90_args_ok(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm);
 /* nb_sm90_schedule for k-tiles of bk elements (NB_SM90_BK: bf16/f16,
  * 2 NB_SM90_BK: FP8). */
 int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
