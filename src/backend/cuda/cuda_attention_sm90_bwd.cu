@@ -17,9 +17,11 @@
  *   2. dK, dV: a CTA of 384 threads per (128 keys, batch index), the
  *      heaviest key blocks (causal: the first) first. Warpgroup 0, the
  *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
- *      then for every 64-query tile that sees the block (causal: from the
- *      block's first key on) Q, dO (64 x D) and, by a bulk copy, the tile's
- *      64 lse2 and delta values into stage it % ST of a ring (ST = 2, or 3
+ *      then for every QT-query tile that sees the block (causal: from the
+ *      block's first key on; QT = 64, or 128 for the split kernel at D 64:
+ *      fb_qt) Q, dO (QT x D; both 64-row halves, zero-filled past Lq) and,
+ *      by a bulk copy, the tile's QT lse2 and delta values into stage it %
+ *      ST of a ring (ST = 2, or 3
  *      for the split kernel at D 64: fb_kv_stages; full mbarrier per
  *      stage, completed by the copy engine's bytes; empty mbarrier, one
  *      arrival per consumer thread once its wgmma reading the stage have
@@ -28,15 +30,23 @@
  *      of the fused kernel's stall samples). Warpgroups 1
  *      and 2, the consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the
  *      block each, computing the transposed products so that nothing goes
- *      through shared memory: S^T = K Q^T and dP^T = V dO^T (m64n64k16,
+ *      through shared memory: S^T = K Q^T and dP^T = V dO^T (m64nQTk16,
  *      both operands from shared memory, K-major), P^T = exp2(S^T sl2 -
  *      lse2[query]) (zero for a query before the key when causal, only on
- *      tiles that reach the diagonal; queries past Lq have lse2 = +inf),
+ *      tiles that reach the diagonal: at D 64 the other tiles take a path
+ *      without the compares; queries past Lq have lse2 = +inf),
  *      dV += P^T dO with P^T rounded to the input dtype as wgmma's register
  *      A operand (dO as B, MN-major, transpose bit), dS^T = P^T (dP^T -
  *      delta[query]), dK += dS^T Q the same way. S^T and dP^T are two commit
  *      groups: P^T is computed while dP^T is on the tensor cores, dS^T
- *      while dV's product is.
+ *      while dV's product is (QT 64). QT 128 (twice the work per wgmma of
+ *      S^T and dP^T and per barrier round trip, ncu having shown the D 64
+ *      kernel's tensor pipe busy 35% of the time with 64): S^T, dP^T, P^T
+ *      and dK, dV hold 224 registers at once if P^T's fragments coexist
+ *      with dP^T's accumulators, so both P^T and dS^T are packed once dP^T
+ *      has completed, the dV and dK products are issued together and run
+ *      on into the next tile's S^T, and its dP^T is issued once they have
+ *      completed (their fragments' registers are then free).
  *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
  *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
  *      tiles into a 3-stage ring (key tiles after the block's last row
@@ -50,7 +60,8 @@
  *      path's fwd+bwd took 8% longer).
  * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
  * tile wholly past them is not loaded at all (its rows' results are never
- * stored, and every product here is row-wise in them).
+ * stored, and every product here is row-wise in them), but for the dK/dV
+ * kernel's query tiles, whose rows are the k of the dV and dK products.
  * The fused path (nb_set_deterministic(0), or NABLA_ATTN_BWD=fused; never
  * with NABLA_ATTN_BWD=split; the three kernels above stay the
  * deterministic default): the pre-pass, the f32 dQ accumulator (B, Lp / 64
@@ -106,18 +117,8 @@
 
 #include "backend/cuda/cuda_attention_sm90_bwd.h"
 #include "backend/cuda/cuda_attention_sm90.cuh"
+#include "backend/cuda/cuda_attention_sm90_bwd.cuh"
 #include "backend/cuda/gemm_sm90_plan.h"
-
-#define FB_BK 128 /* keys per dK/dV CTA: two consumer warpgroups of 64 */
-#define FB_BQ 64  /* queries per streamed tile (dK/dV) */
-#define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
-#define FB_BN 64  /* keys per streamed tile (dQ) */
-#define FB_ST 2   /* ring stages: the dK/dV kernels (fused; split at D 128) */
-#define FB_QST 3  /* ring stages: the dQ kernel, and the split dK/dV kernel at D 64 (fb_kv_stages) */
-#define FB_NBAR (1 + 2 * FB_QST) /* mbarriers: once, then full and empty per stage (the larger ring's count) */
-#define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
-#define FB_THREADS 384
-#define FB_LOG2E 1.4426950408889634f
 
 namespace {
 
@@ -149,10 +150,11 @@ struct fb_params {
  * partial and frees the stage in the tile itself. */
 __host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fused && D == 64 ? FB_QST : FB_ST; }
 
-template <int D> struct fb_cfg {
-  /* dK/dV: K, V (128 x D), then per stage Q, dO (64 x D), then per stage
-   * the query tile's statistics (lse2 [64], delta [64]) */
-  static constexpr int KB = FB_BK * D * 2, QB = FB_BQ * D * 2, STAGE = 2 * QB, STATS = 2 * FB_BQ * 4;
+template <int D, int QT = FB_BQ> struct fb_cfg {
+  /* dK/dV: K, V (128 x D), then per stage Q, dO (QT x D: the query tile,
+   * 64 rows, or 128 for the split kernel at D 64: fb_qt), then per stage
+   * the query tile's statistics (lse2 [QT], delta [QT]) */
+  static constexpr int KB = FB_BK * D * 2, QB = QT * D * 2, STAGE = 2 * QB, STATS = 2 * QT * 4;
   /* the tiles of the dK/dV kernels before the fused kernel's buffers */
   __host__ __device__ static constexpr int kv_tiles(bool fused) {
     return 2 * KB + fb_kv_stages(fused, D) * (STAGE + STATS);
@@ -237,113 +239,7 @@ struct fb_bars {
   __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_QST + s); }
 };
 
-/* Rows [row, row + 64 nh) of a view into an R-row tile at dst (nh 64-row
- * halves, D / 64 column blocks). */
-template <int D, int R>
-__device__ __forceinline__ void fb_tile(uint32_t dst, const CUtensorMap *m, uint32_t bar, int row, int nh,
-                                        const int *c, int nbk) {
-#pragma unroll
-  for (int x = 0; x < D / 64; x++)
-    for (int h = 0; h < nh; h++) fa3_tma(dst + x * R * 128 + h * 64 * 128, m, bar, 64 * x, row + 64 * h, c, nbk);
-}
-
-/* ---- wgmma ------------------------------------------------------------- */
-/* d (64 x 64) = A B^T over k = d (D / 16 steps): a the 64 A rows in block
- * 0 of a tile of RA rows, b block 0 of a 64-row tile of RB rows. */
-template <typename T, int D, int RA, int RB>
-__device__ __forceinline__ void fb_ss(float (&d)[32], uint32_t a, uint32_t b) {
-  const fa3_desc da(a, 16), db(b, 16);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) {
-    const uint32_t x = kk / 4, off = (kk % 4) * 32;
-    fa3_mma<T>::ss64(d, da.at(x * RA * 128 + off), db.at(x * RB * 128 + off), kk > 0);
-  }
-}
-
-/* acc (64 x D) += A B over k = 64 rows: A the register fragments a, b
- * block 0 of a tile of R rows (MN-major, rows [0, 64) of it). */
-template <typename T, int D, int R>
-__device__ __forceinline__ void fb_rs(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b) {
-  const fa3_desc db(b, R * 128);
-#pragma unroll
-  for (int kk = 0; kk < 4; kk++) {
-    if (D == 128) fa3_mma<T>::rs128(acc, a[kk], db.at(kk * 2048));
-    else fa3_mma<T>::rs64(acc, a[kk], db.at(kk * 2048));
-  }
-}
-
-/* Rows r0, r0 + 8 (when before L) of a 64 x D accumulator, times mul, to
- * dst (its batch's base) with row stride rs: 4-byte pair stores. */
-template <typename T, int D>
-__device__ __forceinline__ void fb_store(uint16_t *dst, int64_t rs, int r0, int L, int t, const float (&acc)[D / 2],
-                                         float mul) {
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int r = r0 + 8 * h;
-    if (r >= L) continue;
-    T *row = (T *)(dst + (int64_t)r * rs) + 2 * t;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-      *(uint32_t *)(row + 8 * n) = nb_mma<T>::pack(acc[4 * n + 2 * h] * mul, acc[4 * n + 2 * h + 1] * mul);
-  }
-}
-
-/* ---- the fused kernel's dQ ---------------------------------------------- */
-/* Named barriers: 1 the two consumer warpgroups (256 threads), 2 + wg one
- * consumer warpgroup (0 is __syncthreads'). */
-__device__ __forceinline__ void fb_bar_both() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
-__device__ __forceinline__ void fb_bar_wg(int wg) {
-  if (wg) asm volatile("bar.sync 3, 128;" ::: "memory");
-  else asm volatile("bar.sync 2, 128;" ::: "memory");
-}
-__device__ __forceinline__ void fb_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-/* dS^T (this warpgroup's 64 keys, the register A fragments da) into rows
- * [64 wg, + 64) of the 128 x 64 tile at ds, 128 bytes a row, the 128-byte
- * swizzle: da[kk][r] is key row 16 w + g + 8 (r % 2), queries
- * 8 (2 kk + r / 2) + 2 t + {0, 1}, 4 bytes at unit 2 kk + r / 2. For a
- * given (kk, r) a warp's 8 rows g land in 8 different units: no bank
- * conflicts. */
-__device__ __forceinline__ void fb_put_ds(uint32_t ds, const uint32_t (&da)[4][4], int wg, int w, int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int row = 64 * wg + 16 * w + g + 8 * (r & 1), u = 2 * kk + (r >> 1);
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(ds + row * 128 + ((u ^ (row & 7)) << 4) + 4 * t), "r"(da[kk][r])
-                   : "memory");
-    }
-}
-
-/* dQ partial (64 queries x 64 columns) = dS K over the keys [k0, k0 + 16 nk)
- * of the dS^T tile at ds and of the K tile (128 rows) at sk, columns
- * [64 x, + 64) of K; both operands MN-major (A = dS stored as dS^T, B = K). */
-template <typename T, int NK>
-__device__ __forceinline__ void fb_dq(float (&d)[32], uint32_t ds, uint32_t sk, int k0, int x) {
-  const fa3_desc da(ds + k0 * 128, 64 * 128), db(sk + x * FB_BK * 128 + k0 * 128, FB_BK * 128);
-#pragma unroll
-  for (int kk = 0; kk < NK; kk++)
-    fa3_mma<T>::template ss64<1, 1>(d, da.at(16 * kk * 128), db.at(16 * kk * 128), kk > 0);
-}
-
-/* The partial to the buffer at pb (16 KB): row-major (row r at 256 r
- * bytes), the 8-byte column pair u of row r at pair u ^ 4 (r % 8) (a warp's
- * 8-byte stores of rows g, pairs 4 j + t, land 2 to a bank pair: the least
- * for 256 bytes). fb_dq_kernel reads a row's pairs back in order. */
-__device__ __forceinline__ void fb_put_part(uint32_t pb, const float (&d)[32], int w, int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int r = 16 * w + 8 * h + g, u = (4 * j + t) ^ (4 * g);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(pb + r * 256 + u * 8), "f"(d[4 * j + 2 * h]),
-                   "f"(d[4 * j + 2 * h + 1])
-                   : "memory");
-    }
-}
-
+/* ---- the fused kernel's dQ partial ------------------------------------ */
 /* A consumer's dQ partial s (its fragments) into its buffer pb, then one
  * thread adds the buffer into the accumulator's chunk of query tile i0 (D
  * 128: columns [64 wg, + 64); D 64: all, both warpgroups into one chunk) by
@@ -364,26 +260,16 @@ __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32],
 
 /* ---- dK, dV -------------------------------------------------------------- */
 
-/* Bulk copy of n bytes (16-byte aligned both sides) from global src to
- * shared dst, completing on bar. */
-__device__ __forceinline__ void fb_bulk(uint32_t dst, const float *src, int n, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(n), "r"(bar) : "memory");
-}
-/* Two f32 from shared memory. */
-__device__ __forceinline__ float2 fb_lds2(uint32_t a) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a));
-  return v;
-}
-
 /* Producer (one thread): K, V once, then Q, dO and the stats of query tile
- * it into stage it % ST (fb_kv_stages) once the consumers have freed it. */
-template <int D>
+ * it (QT rows) into stage it % ST (fb_kv_stages) once the consumers have
+ * freed it. Both 64-row halves of a 128-row tile are loaded, the second
+ * zero-filled when it lies wholly past Lq: its rows are the k of the dV and
+ * dK products, where stale data (or a NaN) would count. */
+template <int D, int QT>
 __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                               const CUtensorMap *mg, const fb_params &p, int b, int j0, int ibeg,
                                               int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar, bool fused) {
-  typedef fb_cfg<D> C;
+  typedef fb_cfg<D, QT> C;
   int c[FB_MAXK];
   fa3_coords(p, b, c);
   /* a half wholly past Lk is not loaded, but for the fused kernel, whose dQ
@@ -394,52 +280,72 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
   fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(), j0, nh, c, p.nbk);
   const int ST = fb_kv_stages(fused, D); /* ring stages */
   for (int it = 0; it < ntiles; it++) {
-    const int s = it % ST, i0 = ibeg + it * FB_BQ;
+    const int s = it % ST, i0 = ibeg + it * QT;
     const uint32_t st = ss0 + s * C::STAGE;
     sm90_bar_wait(bar.empty(s), ((uint32_t)(it / ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
     sm90_bar_expect(bar.full(s), 2 * C::QB + C::STATS);
-    fb_tile<D, FB_BQ>(st, mq, bar.full(s), i0, 1, c, p.nbk);
-    fb_tile<D, FB_BQ>(st + C::QB, mg, bar.full(s), i0, 1, c, p.nbk);
-    /* the tile's 64 lse2 and delta values (i0 + 64 <= Lp; 16-byte aligned:
-     * the scratch is, and the offsets are multiples of 256 bytes) */
+    fb_tile<D, QT>(st, mq, bar.full(s), i0, QT / 64, c, p.nbk);
+    fb_tile<D, QT>(st + C::QB, mg, bar.full(s), i0, QT / 64, c, p.nbk);
+    /* the tile's QT lse2 and delta values (i0 + QT <= Lp: i0 is a multiple
+     * of QT; 16-byte aligned: the scratch is, and the offsets are multiples
+     * of 256 bytes) */
     const uint32_t sst = ss0 + ST * C::STAGE + s * C::STATS;
-    fb_bulk(sst, p.sl + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
-    fb_bulk(sst + FB_BQ * 4, p.sd + (int64_t)b * p.Lp + i0, FB_BQ * 4, bar.full(s));
+    fb_bulk(sst, p.sl + (int64_t)b * p.Lp + i0, QT * 4, bar.full(s));
+    fb_bulk(sst + QT * 4, p.sd + (int64_t)b * p.Lp + i0, QT * 4, bar.full(s));
   }
 }
 
-/* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile. */
-template <typename T, int D, bool F>
+/* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile
+ * (QT queries: the S^T and dP^T products m64nQT, dV's and dK's QT / 16
+ * k-steps). */
+template <typename T, int D, bool F, int QT>
 __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
                                               uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar) {
-  typedef fb_cfg<D> C;
+  typedef fb_cfg<D, QT> C;
+  constexpr int NQ = QT / 16; /* k-steps of the register-A products */
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4, x = threadIdx.x % 128;
   const uint32_t pb0 = sds + 2 * C::DS + 2 * wg * C::PART; /* fused: this warpgroup's two dQ partials */
   const int kw = j0 + 64 * wg + 16 * w, kr = kw + lane / 4; /* the warp's first key; this thread's key g */
   const uint32_t ka = sk + wg * 64 * 128, va = ka + C::KB;  /* this warpgroup's rows of K, V */
-  float dk[D / 2], dv[D / 2], s[32], dp[32];
-  uint32_t pa[4][4], da[4][4];
+  float dk[D / 2], dv[D / 2], s[QT / 2], dp[QT / 2];
+  uint32_t pa[NQ][4], da[NQ][4];
 #pragma unroll
   for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
+  for (int i = 0; i < QT / 2; i++) s[i] = dp[i] = 0.0f;
   if (ntiles) sm90_bar_wait(bar.once(), 0);
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
-  constexpr bool PIPE = ST == FB_QST;    /* dK's product runs into the next tile */
+  constexpr bool PIPE = ST == FB_QST && QT == 64; /* dK's product runs into the next tile */
+  /* Q2 (128-query tiles): P^T and dS^T are packed once dP^T has completed
+   * (P^T's fragments and dP^T's accumulators are never live at once: 224 of
+   * them with dK, dV, S^T made ptxas serialise every wgmma, C7512); dV's
+   * and dK's products run on into the next tile's S^T, dP^T is issued once
+   * they have completed (their fragments' registers are free) */
+  constexpr bool Q2 = QT == 128;
   static_assert(!(PIPE && F), "the fused kernel sends its partial and frees the stage in the tile");
   for (int it = 0; it < ntiles; it++) {
-    const int sg = it % ST, i0 = ibeg + it * FB_BQ;
+    const int sg = it % ST, i0 = ibeg + it * QT;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
-    /* the stage's rows i0 .. i0 + 63 of the pre-pass's statistics */
-    const uint32_t sl = ss0 + ST * C::STAGE + sg * C::STATS, sd = sl + FB_BQ * 4;
+    /* the stage's rows i0 .. i0 + QT - 1 of the pre-pass's statistics */
+    const uint32_t sl = ss0 + ST * C::STAGE + sg * C::STATS, sd = sl + QT * 4;
     const uint32_t pb = pb0 + (it & 1) * C::PART;
     sm90_bar_wait(bar.full(sg), (uint32_t)(it / ST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
     fa3_wg_fence();
-    fb_ss<T, D, FB_BK, FB_BQ>(s, ka, qt); /* S^T = K Q^T (keys x queries) */
+    fb_ss<T, D, FB_BK, QT, QT>(s, ka, qt); /* S^T = K Q^T (keys x queries) */
     fa3_commit();
-    fb_ss<T, D, FB_BK, FB_BQ>(dp, va, gt); /* dP^T = V dO^T */
+    if constexpr (Q2) { /* the previous tile's dV and dK products complete: its stage is free */
+      fa3_wait<1>();
+      fa3_fence(dv);
+      fa3_fence(dk);
+      fa3_fence(pa);
+      fa3_fence(da);
+      if (it > 0) sm90_bar_arrive(bar.empty((it - 1) % ST));
+      fa3_fence(dp);
+      fa3_wg_fence();
+    }
+    fb_ss<T, D, FB_BK, QT, QT>(dp, va, gt); /* dP^T = V dO^T */
     fa3_commit();
     fa3_wait<1>(); /* S^T complete; dP^T may still run */
     fa3_fence(s);
@@ -448,34 +354,56 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fa3_fence(da);
       sm90_bar_arrive(bar.empty((it - 1) % ST));
     }
-    /* P^T: column (query) i0 + 8n + 2t + (e & 1), row (key) kr + 8 (e >> 1) */
+    /* P^T; D 64: the mask's compares and selects (a quarter of the
+     * tile's instructions) only on the tiles that reach the diagonal */
     const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
+    if (D == 64 && !diag) {
+      fb_pt<QT>(s, sl, p.sl2, t);
+    } else {
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
-      const float2 l2 = fb_lds2(sl + (8 * n + 2 * t) * 4);
+      for (int n = 0; n < QT / 8; n++) {
+        const float2 l2 = fb_lds2(sl + (8 * n + 2 * t) * 4);
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float pv = nb_mma_exp2(fmaf(s[4 * n + e], p.sl2, -((e & 1) ? l2.y : l2.x)));
-        s[4 * n + e] = diag && i0 + 8 * n + 2 * t + (e & 1) < kr + 8 * (e >> 1) ? 0.0f : pv;
+        for (int e = 0; e < 4; e++) {
+          const float pv = nb_mma_exp2(fmaf(s[4 * n + e], p.sl2, -((e & 1) ? l2.y : l2.x)));
+          s[4 * n + e] = diag && i0 + 8 * n + 2 * t + (e & 1) < kr + 8 * (e >> 1) ? 0.0f : pv;
+        }
       }
     }
-    fa3_pack<T>(pa, s);
-    fa3_fence(pa);
-    fa3_fence(dv);
-    fa3_wg_fence();
-    fb_rs<T, D, FB_BQ>(dv, pa, gt); /* dV += P^T dO */
-    fa3_commit();
-    fa3_wait<1>(); /* dP^T complete; dV's product may still run */
+    if constexpr (!Q2) {
+      fa3_pack<T>(pa, s);
+      fa3_fence(pa);
+      fa3_fence(dv);
+      fa3_wg_fence();
+      fb_rs<T, D, QT, NQ>(dv, pa, gt); /* dV += P^T dO */
+      fa3_commit();
+      fa3_wait<1>(); /* dP^T complete; dV's product may still run */
+    } else {
+      fa3_wait<0>(); /* dP^T complete */
+    }
     fa3_fence(dp);
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
+    for (int n = 0; n < QT / 8; n++) {
       const float2 dl = fb_lds2(sd + (8 * n + 2 * t) * 4);
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * n + e] = s[4 * n + e] * (dp[4 * n + e] - ((e & 1) ? dl.y : dl.x));
     }
+    if constexpr (Q2) {
+      fa3_pack<T>(pa, s);
+      fa3_pack<T>(da, dp);
+      fa3_fence(pa);
+      fa3_fence(da);
+      fa3_fence(dv);
+      fa3_fence(dk);
+      fa3_wg_fence();
+      fb_rs<T, D, QT, NQ>(dv, pa, gt); /* dV += P^T dO */
+      fb_rs<T, D, QT, NQ>(dk, da, qt); /* dK += dS^T Q */
+      fa3_commit();
+      continue; /* both run on into the next tile's S^T */
+    }
     fa3_pack<T>(da, dp);
     const uint32_t ds = sds + (it & 1) * C::DS;
-    if (F) { /* dS^T to shared memory, before the dK product reads da */
+    if constexpr (F) { /* dS^T to shared memory, before the dK product reads da */
       fb_put_ds(ds, da, wg, w, lane);
       fb_fence_async(); /* the stores, then the other warpgroup's wgmma reading them */
     }
@@ -490,10 +418,10 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fa3_fence(da);
       fa3_fence(dk);
       fa3_wg_fence();
-      fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
+      fb_rs<T, D, QT, NQ>(dk, da, qt); /* dK += dS^T Q */
       fa3_commit();
     }
-    if (F) {
+    if constexpr (F) {
       /* the reduce of two iterations ago has read this iteration's partial
        * buffer (before the barrier: the warpgroup writes it below; the
        * last reduce may still read the other); D 128: both warpgroups'
@@ -514,14 +442,14 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fa3_commit();
     }
     if (DQF) {
-      fb_rs<T, D, FB_BQ>(dk, da, qt); /* dK += dS^T Q */
+      fb_rs<T, D, QT, NQ>(dk, da, qt); /* dK += dS^T Q */
       fa3_commit();
     }
     /* PIPE: dV complete, dK's product runs on (the stage is freed in the
      * next tile); DQF: dV and dQ complete, dK's product may still run, the
      * partial goes out, then the stage is freed; else dV and dK complete,
      * the stage is freed, and (fused) the partial waits for dQ's product */
-    if (DQF) {
+    if constexpr (DQF) {
       fa3_wait<1>();
       fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
     }
@@ -544,16 +472,20 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
      * or without a proxy fence, left 288 racecheck hazard reports; the
      * same speed either way) */
     sm90_bar_arrive(bar.empty(sg));
-    if (F && !DQF) {
+    if constexpr (F && !DQF) {
       fa3_wait<0>();
       fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
     }
   }
   if (F && x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  if (PIPE) {
+  if (PIPE || Q2) {
     fa3_wait<0>();
     fa3_fence(dk);
     fa3_fence(da);
+    if constexpr (Q2) {
+      fa3_fence(dv);
+      fa3_fence(pa);
+    }
     if (ntiles) sm90_bar_arrive(bar.empty((ntiles - 1) % ST));
   }
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
@@ -668,14 +600,15 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   }                                                                                      \
   __syncthreads()
 
-// dk, dv (B, Lk, D), and for F the dQ accumulator: a CTA per (128 keys, batch index)
-template <typename T, int D, bool F>
+// dk, dv (B, Lk, D), and for F the dQ accumulator: a CTA per (128 keys, batch index), query tiles of QT
+template <typename T, int D, bool F, int QT = FB_BQ>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                  const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
                  const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
-  typedef fb_cfg<D> C;
+  typedef fb_cfg<D, QT> C;
+  static_assert(QT == FB_BQ || (QT == 128 && D == 64 && !F), "128-query tiles: the split kernel at D 64 only");
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
   FB_PROLOGUE(C::kv_tiles(F) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
   (void)g0;
@@ -683,13 +616,13 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
   const int j0 = blk * FB_BK;
   const int ibeg = p.causal ? j0 : 0; /* queries before the block's first key see none of it */
-  const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + FB_BQ - 1) / FB_BQ : 0;
+  const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + QT - 1) / QT : 0;
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
-    if (threadIdx.x == 0 && ntiles) fb_kv_produce<D>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0, s0 + 2 * C::KB, bar, F);
+    if (threadIdx.x == 0 && ntiles) fb_kv_produce<D, QT>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0, s0 + 2 * C::KB, bar, F);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fb_kv_consume<T, D, F>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB,
+    fb_kv_consume<T, D, F, QT>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB,
                            s0 + 2 * C::KB + ST * (C::STAGE + C::STATS), bar);
   }
 #else
@@ -767,9 +700,19 @@ static int fb_vec_ok(const void *data, int64_t rs, const int64_t *bs, int nbk) {
 /* 1 when the loaded images of the three kernels are the 9.0 ones (a binary built
  * without that target would run the sm_80 image's empty kernels). */
 template <typename T, int D> int fb_ready(void) {
-  static int kv = 0, q = 0, fused = 0;
+  static int kv = 0, q = 0, fused = 0, kv2 = 0;
   return fa3_binary_ok(fb_kv_kernel<T, D, false>, &kv) && fa3_binary_ok(fb_q_kernel<T, D>, &q) &&
-         fa3_binary_ok(fb_kv_kernel<T, D, true>, &fused);
+         fa3_binary_ok(fb_kv_kernel<T, D, true>, &fused) &&
+         (D != 64 || fa3_binary_ok(fb_kv_kernel<T, D, false, D == 64 ? 128 : FB_BQ>, &kv2));
+}
+
+/* The split dK/dV kernel's query tile at D 64: 128 rows (m64n128 S^T and
+ * dP^T products, half the per-tile fixed costs per query), or 64 with
+ * NABLA_ATTENTION_SM90_BWD_QT=64 (read at every call; to compare the two
+ * on the device). D 128 and the fused kernel take 64. */
+static int fb_qt(void) {
+  const char *e = getenv("NABLA_ATTENTION_SM90_BWD_QT");
+  return e && !strcmp(e, "64") ? 64 : 128;
 }
 
 /* A (.., L, D) view of dtype dt whose rows the kernels address directly: D
@@ -841,9 +784,11 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   const int64_t rows = (int64_t)p.B * p.Lp;
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
-  auto kv = fb_kv_kernel<T, D, false>;
+  constexpr int Q2 = D == 64 ? 128 : FB_BQ; /* the larger query tile (fb_qt) */
+  const int q2 = D == 64 && fb_qt() == 128;
+  auto kv = q2 ? fb_kv_kernel<T, D, false, Q2> : fb_kv_kernel<T, D, false>;
   auto qk = fb_q_kernel<T, D>;
-  const size_t skv = fb_cfg<D>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
+  const size_t skv = q2 ? fb_cfg<D, Q2>::SMEM_KV : fb_cfg<D>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
   NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv),
               "attention_bwd (sm90): shared memory attribute");
   NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),

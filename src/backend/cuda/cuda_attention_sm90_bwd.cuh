@@ -1,0 +1,164 @@
+/* The device helpers of the Hopper (sm_90a) flash attention backward
+ * (cuda_attention_sm90_bwd.cu, whose opening comment describes the kernels
+ * and the fragment and shared-memory layouts): its tile sizes, the TMA loads
+ * of a tile, the wgmma products of its tiles, the fused kernel's dS^T and
+ * dQ partial in shared memory, the statistics' bulk copy and loads, and
+ * P^T on a tile without masked elements. Included by that file only. */
+#ifndef NB_CUDA_ATTENTION_SM90_BWD_CUH
+#define NB_CUDA_ATTENTION_SM90_BWD_CUH
+
+#include "backend/cuda/cuda_attention_sm90.cuh"
+
+#define FB_BK 128 /* keys per dK/dV CTA: two consumer warpgroups of 64 */
+#define FB_BQ 64  /* queries per streamed tile (dK/dV) */
+#define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
+#define FB_BN 64  /* keys per streamed tile (dQ) */
+#define FB_ST 2   /* ring stages: the dK/dV kernels (fused; split at D 128) */
+#define FB_QST 3  /* ring stages: the dQ kernel, and the split dK/dV kernel at D 64 (fb_kv_stages) */
+#define FB_NBAR (1 + 2 * FB_QST) /* mbarriers: once, then full and empty per stage (the larger ring's count) */
+#define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
+#define FB_THREADS 384
+#define FB_LOG2E 1.4426950408889634f
+
+#ifdef NB_SM90A_DEVICE
+namespace {
+
+/* Rows [row, row + 64 nh) of a view into an R-row tile at dst (nh 64-row
+ * halves, D / 64 column blocks). */
+template <int D, int R>
+__device__ __forceinline__ void fb_tile(uint32_t dst, const CUtensorMap *m, uint32_t bar, int row, int nh,
+                                        const int *c, int nbk) {
+#pragma unroll
+  for (int x = 0; x < D / 64; x++)
+    for (int h = 0; h < nh; h++) fa3_tma(dst + x * R * 128 + h * 64 * 128, m, bar, 64 * x, row + 64 * h, c, nbk);
+}
+
+/* ---- wgmma ------------------------------------------------------------- */
+/* d (64 x N, N = 64 or 128) = A B^T over k = d (D / 16 steps): a the 64 A
+ * rows in block 0 of a tile of RA rows, b block 0 of an N-row tile of RB
+ * rows. */
+template <typename T, int D, int RA, int RB, int N = 64>
+__device__ __forceinline__ void fb_ss(float (&d)[N / 2], uint32_t a, uint32_t b) {
+  const fa3_desc da(a, 16), db(b, 16);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t x = kk / 4, off = (kk % 4) * 32;
+    if (N == 128) fa3_mma<T>::ss128(d, da.at(x * RA * 128 + off), db.at(x * RB * 128 + off), kk > 0);
+    else fa3_mma<T>::ss64(d, da.at(x * RA * 128 + off), db.at(x * RB * 128 + off), kk > 0);
+  }
+}
+
+/* acc (64 x D) += A B over k = 16 NK rows: A the register fragments a, b
+ * block 0 of a tile of R rows (MN-major, rows [0, 16 NK) of it). */
+template <typename T, int D, int R, int NK = 4>
+__device__ __forceinline__ void fb_rs(float (&acc)[D / 2], const uint32_t (&a)[NK][4], uint32_t b) {
+  const fa3_desc db(b, R * 128);
+#pragma unroll
+  for (int kk = 0; kk < NK; kk++) {
+    if (D == 128) fa3_mma<T>::rs128(acc, a[kk], db.at(kk * 2048));
+    else fa3_mma<T>::rs64(acc, a[kk], db.at(kk * 2048));
+  }
+}
+
+/* Rows r0, r0 + 8 (when before L) of a 64 x D accumulator, times mul, to
+ * dst (its batch's base) with row stride rs: 4-byte pair stores. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_store(uint16_t *dst, int64_t rs, int r0, int L, int t, const float (&acc)[D / 2],
+                                         float mul) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = r0 + 8 * h;
+    if (r >= L) continue;
+    T *row = (T *)(dst + (int64_t)r * rs) + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+      *(uint32_t *)(row + 8 * n) = nb_mma<T>::pack(acc[4 * n + 2 * h] * mul, acc[4 * n + 2 * h + 1] * mul);
+  }
+}
+
+/* ---- the fused kernel's dQ ---------------------------------------------- */
+/* Named barriers: 1 the two consumer warpgroups (256 threads), 2 + wg one
+ * consumer warpgroup (0 is __syncthreads'). */
+__device__ __forceinline__ void fb_bar_both() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+__device__ __forceinline__ void fb_bar_wg(int wg) {
+  if (wg) asm volatile("bar.sync 3, 128;" ::: "memory");
+  else asm volatile("bar.sync 2, 128;" ::: "memory");
+}
+__device__ __forceinline__ void fb_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+/* dS^T (this warpgroup's 64 keys, the register A fragments da) into rows
+ * [64 wg, + 64) of the 128 x 64 tile at ds, 128 bytes a row, the 128-byte
+ * swizzle: da[kk][r] is key row 16 w + g + 8 (r % 2), queries
+ * 8 (2 kk + r / 2) + 2 t + {0, 1}, 4 bytes at unit 2 kk + r / 2. For a
+ * given (kk, r) a warp's 8 rows g land in 8 different units: no bank
+ * conflicts. */
+__device__ __forceinline__ void fb_put_ds(uint32_t ds, const uint32_t (&da)[4][4], int wg, int w, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int row = 64 * wg + 16 * w + g + 8 * (r & 1), u = 2 * kk + (r >> 1);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(ds + row * 128 + ((u ^ (row & 7)) << 4) + 4 * t), "r"(da[kk][r])
+                   : "memory");
+    }
+}
+
+/* dQ partial (64 queries x 64 columns) = dS K over the keys [k0, k0 + 16 nk)
+ * of the dS^T tile at ds and of the K tile (128 rows) at sk, columns
+ * [64 x, + 64) of K; both operands MN-major (A = dS stored as dS^T, B = K). */
+template <typename T, int NK>
+__device__ __forceinline__ void fb_dq(float (&d)[32], uint32_t ds, uint32_t sk, int k0, int x) {
+  const fa3_desc da(ds + k0 * 128, 64 * 128), db(sk + x * FB_BK * 128 + k0 * 128, FB_BK * 128);
+#pragma unroll
+  for (int kk = 0; kk < NK; kk++)
+    fa3_mma<T>::template ss64<1, 1>(d, da.at(16 * kk * 128), db.at(16 * kk * 128), kk > 0);
+}
+
+/* The partial to the buffer at pb (16 KB): row-major (row r at 256 r
+ * bytes), the 8-byte column pair u of row r at pair u ^ 4 (r % 8) (a warp's
+ * 8-byte stores of rows g, pairs 4 j + t, land 2 to a bank pair: the least
+ * for 256 bytes). fb_dq_kernel reads a row's pairs back in order. */
+__device__ __forceinline__ void fb_put_part(uint32_t pb, const float (&d)[32], int w, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = 16 * w + 8 * h + g, u = (4 * j + t) ^ (4 * g);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(pb + r * 256 + u * 8), "f"(d[4 * j + 2 * h]),
+                   "f"(d[4 * j + 2 * h + 1])
+                   : "memory");
+    }
+}
+
+/* Bulk copy of n bytes (16-byte aligned both sides) from global src to
+ * shared dst, completing on bar. */
+__device__ __forceinline__ void fb_bulk(uint32_t dst, const float *src, int n, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(n), "r"(bar) : "memory");
+}
+/* Two f32 from shared memory. */
+__device__ __forceinline__ float2 fb_lds2(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+
+/* P^T = exp2(S^T sl2 - lse2[query]) in place (sl: the tile's lse2) on a
+ * tile without masked elements: column (query) 8n + 2t + (e & 1). */
+template <int QT>
+__device__ __forceinline__ void fb_pt(float (&s)[QT / 2], uint32_t sl, float sl2, int t) {
+  uint32_t a; /* opaque to the compiler, which otherwise ORs each offset in (its bits are free) */
+  asm("mov.b32 %0, %1;" : "=r"(a) : "r"(sl + 8 * t)); /* instead of adding it in the load */
+#pragma unroll
+  for (int n = 0; n < QT / 8; n++) {
+    const float2 l2 = fb_lds2(a + 32 * n);
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[4 * n + e] = nb_mma_exp2(fmaf(s[4 * n + e], sl2, -((e & 1) ? l2.y : l2.x)));
+  }
+}
+} /* namespace */
+#endif /* NB_SM90A_DEVICE */
+
+#endif /* NB_CUDA_ATTENTION_SM90_BWD_CUH */
