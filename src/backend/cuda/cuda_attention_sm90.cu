@@ -6,19 +6,15 @@
  * log-sum-exp lse = m scale + log(l) as the mma.sync forward
  * (cuda_attention_mma.cu) does; that file's backward reads them.
  *
- * Block rows BM (fa3_cfg): 128 at D 128, two consumer warpgroups; 192 at
- * D 64, three (FlashAttention-3's shapes; NABLA_ATTENTION_SM90_BM=128, read
- * at every call, takes 128 at D 64 too). Persistent: a CTA of 128 (1 + NC)
- * threads (NC = BM / 64 consumers; 384 or 512) per SM
- * (NABLA_ATTENTION_SM90_PERSISTENT=0: one per item) takes work items,
- * (block of BM query rows, batch index) pairs, from a ticket counter
- * whenever it starts one (fa3_next): a CTA that finishes early takes
- * more, which evens out causal blocks' unequal work; the items come in
- * sections of as many batch indices as have K and V in an eighth of the
- * L2 (NABLA_ATTENTION_SM90_SECTION=n: n, for the tests), the heaviest
- * query blocks of a section first:
+ * Persistent: a CTA of 384 threads per SM (NABLA_ATTENTION_SM90_PERSISTENT=0:
+ * one per item) takes work items, (block of 128 query rows, batch index)
+ * pairs, from a ticket counter whenever it starts one (fa3_next): a CTA
+ * that finishes early takes more, which evens out causal blocks' unequal
+ * work; the items come in sections of as many batch indices as have K and
+ * V in an eighth of the L2 (NABLA_ATTENTION_SM90_SECTION=n: n, for the
+ * tests), the heaviest query blocks of a section first:
  *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
- *     issues the TMA copies, for each item Q's BM x D tile once into one
+ *     issues the TMA copies, for each item Q's 128 x D tile once into one
  *     of two Q tiles (item n's in tile n % 2, once the consumers' last S
  *     of item n - 2 has completed: an empty Q mbarrier each), then K_j
  *     and V_j (tiles of 128 keys) into the next stage of a ring (ST = 2
@@ -28,10 +24,9 @@
  *     its bytes there) and an empty one (each consumer warp arrives once
  *     its wgmma reading the stage has completed): K is freed as soon as S
  *     is computed, V after O += P V.
- *   - warpgroups 1 .. NC, the consumers (240 registers each for two, 160
- *     for three: the register file's 64K): rows [64c, 64c + 64) of the
- *     block each. S = Q K^T is D / 16 wgmma m64n128k16 with both operands
- *     in shared memory (K-major); the online
+ *   - warpgroups 1 and 2, the consumers (240 registers): rows
+ *     [64c, 64c + 64) of the block each. S = Q K^T is D / 16 wgmma
+ *     m64n128k16 with both operands in shared memory (K-major); the online
  *     softmax runs in registers (row max and sum over the quad's lanes,
  *     exp2 with the scale folded into log2(e), the max subtracted first);
  *     P, rounded to the input dtype, is the register A operand of
@@ -42,11 +37,10 @@
  *     cores, and O is rescaled (when the reference max moved: fa3_softmax)
  *     and P_j packed once it has completed.
  *     Ping-pong (FA3's warp scheduler barriers; NABLA_ATTENTION_SM90_PINGPONG
- *     =0 turns it off, read at every call): the consumers take turns in a
- *     ring issuing their GEMMs of a tile, through a named barrier each, so
- *     that one warpgroup's softmax runs while the others' products are on
- *     the tensor cores instead of all softmaxes at once with the tensor
- *     cores idle.
+ *     =0 turns it off, read at every call): the two consumers take turns
+ *     issuing their GEMMs of a tile through two named barriers, so that one
+ *     warpgroup's softmax runs while the other's products are on the tensor
+ *     cores instead of both softmaxes at once with the tensor cores idle.
  *   - Items run into each other (fa3_carry): an item's last O += P V is
  *     issued with the next item's first S, and its epilogue follows that
  *     tile's softmax; an item's first P V product overwrites O (wgmma's
@@ -60,9 +54,7 @@
  *     128-byte swizzle, written by TMA and read by the wgmma descriptors;
  *     rows past Lq or Lk are zero-filled by TMA, key columns past Lk (and,
  *     causal, after the row) get -inf, only on tiles that need it; key
- *     tiles wholly after the block's last row are never loaded (a
- *     warpgroup of a 192-row block computes the block's last tile even
- *     where it is wholly after its own rows: all -inf, p = 0).
+ *     tiles wholly after the block's last row are never loaded.
  * Each element of o is summed by one thread in a fixed order: the same bits
  * every run.
  *
@@ -97,8 +89,11 @@
 #include "backend/cuda/cuda_attention_sm90.cuh"
 #include "backend/cuda/gemm_sm90_plan.h"
 
+#define FA3_BM 128     /* query rows per CTA: two consumer warpgroups of 64 */
 #define FA3_BN 128     /* keys per K/V tile */
-#define FA3_SCHED_BAR 3 /* named barriers 3 .. 2 + NC: the consumers' GEMM turns (ping-pong) */
+#define FA3_THREADS 384
+#define FA3_SCHED_BAR 3 /* named barriers 3, 4: the consumers' GEMM turns (ping-pong) */
+#define FA3_EPI_BAR 5   /* named barriers 5, 6: a consumer's staged o before its TMA store */
 
 namespace {
 
@@ -121,28 +116,14 @@ struct fa3_params {
   unsigned *work; /* the work counters {ticket, CTAs done} (nb_cuda_work_counters) */
 };
 
-/* A kernel's sizes: head dimension D, BM query rows per block (128 at D
- * 128; 192 or 128 at D 64, NABLA_ATTENTION_SM90_BM), which only Q's and
- * o's staging tiles, the consumers and the threads depend on. */
-template <int D, int BM = 128> struct fa3_cfg {
-  static constexpr int NC = BM / 64;              /* consumer warpgroups, 64 rows each */
-  static constexpr int THREADS = 128 * (1 + NC);  /* and the producer warpgroup */
-  /* setmaxnreg: the producer's registers and each consumer's (FlashAttention-3's
-   * 240 for two consumers, 160 for three), in the register file's 64K */
-  static constexpr int REG_P = 24, REG_C = NC == 2 ? 240 : 160;
-  static constexpr int EPI_BAR = FA3_SCHED_BAR + NC; /* named barriers EPI_BAR + wg: a consumer's staged o */
+template <int D> struct fa3_cfg {
   static constexpr int ST = D == 64 ? 3 : 2;                      /* K/V stages */
-  static constexpr int QB = BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q (and o's staging); one K or V tile */
+  static constexpr int QB = FA3_BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q (and o's staging); one K or V tile */
   /* full Q 0; full K, full V, empty K, empty V per stage; empty Q 0; full
    * and empty item slot per slot (2); full Q 1, empty Q 1 */
   static constexpr int NBAR = 8 + 4 * ST;
   /* two Q tiles (items n and n + 1), o's staging tile, the K/V ring */
   static constexpr size_t SMEM = 1024 + 3 * QB + 2 * ST * KB + 8 * NBAR;
-  static_assert(BM % 64 == 0 && (NC == 2 || NC == 3), "two or three consumer warpgroups");
-  static_assert(QB % 1024 == 0, "tiles 1024-byte aligned (the 128-byte swizzle's period)");
-  static_assert(SMEM <= 227 * 1024, "the H100's shared memory per block");
-  static_assert(128 * (REG_P + NC * REG_C) <= 65536, "the register file");
-  static_assert(EPI_BAR + NC <= 16, "16 named barriers");
 };
 
 #ifdef NB_SM90A_DEVICE
@@ -168,12 +149,12 @@ template <int D> struct fa3_bars {
  * eighth of the L2 together, so the CTAs at work at any time read K/V
  * tiles that L2 holds; inside a section the heaviest query blocks first,
  * each for all the section's batch indices. */
-template <int BM> __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
+__device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk;
   fa3_section(x, p.B, p.nblk, p.hg, b, &blk);
-  *i0 = (p.nblk - 1 - blk) * BM;
+  *i0 = (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
-  const int kend = p.causal ? min(p.Lk, min(*i0 + BM, p.Lq)) : p.Lk;
+  const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
   *ntiles = (kend + FA3_BN - 1) / FA3_BN;
 }
 
@@ -262,22 +243,22 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
  * is taken as item n starts and handed over (fa3_put) once its loads are
  * issued, so the atomic's round trip is off the loads' path and long done
  * when the consumers read it at item n's last tile. */
-template <int D, int BM>
+template <int D>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
-  typedef fa3_cfg<D, BM> C;
+  typedef fa3_cfg<D> C;
   int it = 0, b, i0, ntiles, x = (int)blockIdx.x;
   fa3_put(p, bar, 0, x);
   for (int n = 0; x < p.items; n++) {
     const int nx = fa3_next(p), qs = n % 2;
-    fa3_item<BM>(p, x, &b, &i0, &ntiles);
+    fa3_item(p, x, &b, &i0, &ntiles);
     int c[FA3_MAXK];
     fa3_coords(p, b, c);
     sm90_bar_wait(bar.qe(qs), ((uint32_t)(n / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
     sm90_bar_expect(bar.q(qs), C::QB);                       /* the whole box counts, zero-filled rows too */
 #pragma unroll
     for (int xb = 0; xb < D / 64; xb++)
-      fa3_tma(sq + qs * C::QB + xb * BM * 128, mq, bar.q(qs), 64 * xb, i0, c, p.nbk);
+      fa3_tma(sq + qs * C::QB + xb * FA3_BM * 128, mq, bar.q(qs), 64 * xb, i0, c, p.nbk);
     for (int j = 0; j < ntiles; j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
     fa3_put(p, bar, n + 1, nx);
     x = nx;
@@ -286,14 +267,14 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
 }
 
 /* ---- wgmma ------------------------------------------------------------- */
-/* S = Q K^T for one consumer: qa its 64 rows of Q's block 0 (of BM rows), kb K's block 0. */
-template <typename T, int D, int BM>
+/* S = Q K^T for one consumer: qa its 64 rows of Q's block 0, kb K's block 0. */
+template <typename T, int D>
 __device__ __forceinline__ void fa3_qk(float (&s)[FA3_BN / 2], uint32_t qa, uint32_t kb) {
   const fa3_desc dq(qa, 16), dk(kb, 16);
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t x = kk / 4, off = (kk % 4) * 32;
-    fa3_mma<T>::ss128(s, dq.at(x * BM * 128 + off), dk.at(x * FA3_BN * 128 + off), kk > 0);
+    fa3_mma<T>::ss128(s, dq.at(x * FA3_BM * 128 + off), dk.at(x * FA3_BN * 128 + off), kk > 0);
   }
 }
 
@@ -387,7 +368,7 @@ __device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_param
  * runs in the next item's first tile, after its softmax: fa3_finish);
  * else each thread stores its pairs. The same values either
  * way. */
-template <typename T, int D, int BM>
+template <typename T, int D>
 __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int wg,
                                           uint32_t oa, int r0, const float (&o)[D / 2], const float *m,
                                           float *l) {
@@ -409,22 +390,22 @@ __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap
   }
   if (p.tma_o) {
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-    asm volatile("bar.sync %0, 128;" ::"r"(fa3_cfg<D, BM>::EPI_BAR + wg) : "memory"); /* the staging tile is free */
+    asm volatile("bar.sync %0, 128;" ::"r"(FA3_EPI_BAR + wg) : "memory"); /* the staging tile is free */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const uint32_t row = oa + (uint32_t)(16 * w + lane / 4 + 8 * h) * 128 + 4 * t; /* row % 8 == lane / 4 */
 #pragma unroll
       for (int n = 0; n < D / 8; n++) {
-        const uint32_t a = row + (n / 8) * BM * 128 + (((n % 8) ^ (lane / 4)) << 4);
+        const uint32_t a = row + (n / 8) * FA3_BM * 128 + (((n % 8) ^ (lane / 4)) << 4);
         const uint32_t v = nb_mma<T>::pack(o[4 * n + 2 * h] * inv[h], o[4 * n + 2 * h + 1] * inv[h]);
         asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
       }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the copy engine reads them next */
-    asm volatile("bar.sync %0, 128;" ::"r"(fa3_cfg<D, BM>::EPI_BAR + wg) : "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(FA3_EPI_BAR + wg) : "memory");
     if (threadIdx.x % 128 == 0 && i0 + 64 * wg < p.Lq) {
 #pragma unroll
-      for (int x = 0; x < D / 64; x++) fa3_tma_store(mo, oa + x * BM * 128, 64 * x, i0 + 64 * wg, c, p.nbk);
+      for (int x = 0; x < D / 64; x++) fa3_tma_store(mo, oa + x * FA3_BM * 128, 64 * x, i0 + 64 * wg, c, p.nbk);
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
     return;
@@ -446,23 +427,20 @@ __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap
 
 /* The consumers' turns (p.pingpong, FA3's warp scheduler barriers): a
  * warpgroup waits at its own named barrier (256 threads: its 128 and the
- * previous warpgroup's arrival) before issuing a tile's GEMMs and arrives
- * at the next one's (wg + 1 mod NC: a ring over the NC consumers) after
- * issuing them, so one warpgroup's softmax runs while the others'
- * products are on the tensor cores. The turns run on across the CTA's
- * items. The last warpgroup NC - 1 hands warpgroup 0 the first turn and
- * skips its arrival after its last turn of the last item: all take as
- * many turns as the items have tiles, every barrier sees as many arrivals
- * as waits. The last item's last P V product, issued after the loop over
+ * other warpgroup's arrival) before issuing a tile's GEMMs and arrives at
+ * the other's after issuing them, so one warpgroup's softmax runs while
+ * the other's products are on the tensor cores. The turns run on across
+ * the CTA's items. Warpgroup 1 hands warpgroup 0 the first turn and skips
+ * its arrival after its last turn of the last item: both take as many
+ * turns as the items have tiles, every barrier sees as many arrivals as
+ * waits. The last item's last P V product, issued after the loop over
  * the items, takes no turn. */
 __device__ __forceinline__ void fa3_turn_wait(int on, int wg) {
   if (on) asm volatile("bar.sync %0, 256;" ::"r"(FA3_SCHED_BAR + wg) : "memory");
 }
-template <int NC> __device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
-  if (on) asm volatile("bar.arrive %0, 256;" ::"r"(FA3_SCHED_BAR + (NC == 2 ? wg ^ 1 : (wg + 1) % NC)) : "memory");
+__device__ __forceinline__ void fa3_turn_pass(int on, int wg) {
+  if (on) asm volatile("bar.arrive %0, 256;" ::"r"(FA3_SCHED_BAR + (wg ^ 1)) : "memory");
 }
-/* Whether consumer wg is not the last one, NC - 1 (it passes every turn on). */
-template <int NC> __device__ __forceinline__ bool fa3_not_last(int wg) { return NC == 2 ? wg == 0 : wg < NC - 1; }
 
 /* A compile-time flag for a generic lambda's two copies. */
 template <bool B> struct fa3_flag {
@@ -494,29 +472,29 @@ __device__ __forceinline__ void fa3_last_pv(fa3_carry<D> &c, uint32_t sk, fa3_ba
 }
 /* ... and, once complete (the caller waits), V's stage freed and o and lse
  * stored. */
-template <typename T, int D, int BM>
+template <typename T, int D>
 __device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMap *mo, fa3_carry<D> &c, int wg,
                                            uint32_t so, fa3_bars<D> bar) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
   fa3_fence(c.o);
   fa3_fence(c.pa);
   if (lane == 0) sm90_bar_arrive(bar.ev(c.it % fa3_cfg<D>::ST));
-  fa3_store<T, D, BM>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l);
+  fa3_store<T, D>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l);
   c.pend = 0;
 }
 
-/* Consumer warpgroup wg (0 .. NC - 1) on item n of the CTA (*nx: the next one,
+/* Consumer warpgroup wg (0, 1) on item n of the CTA (*nx: the next one,
  * taken at this one's last tile): rows [i0 + 64 wg, + 64) over the ntiles
  * key tiles, which are the ring's tiles it0 .. it0 + ntiles - 1, with
  * the overlap described at the top; sq: the Q tiles, so: o's staging
  * tile. Tile 0's S goes with the previous item's last P V product (c),
  * whose store follows tile 0's softmax; this item's last P V product is
  * left in c for the next item (or the kernel's end). */
-template <typename T, int D, int BM>
+template <typename T, int D>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
                                             int it0, int n, int *nx, int wg, uint32_t sq, uint32_t sk,
                                             uint32_t so, fa3_bars<D> bar, fa3_carry<D> &c) {
-  typedef fa3_cfg<D, BM> C;
+  typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
   const int qs = n % 2;
@@ -538,12 +516,12 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_fence(o);
   fa3_fence(pa);
   fa3_wg_fence();
-  fa3_qk<T, D, BM>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
+  fa3_qk<T, D>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
   fa3_commit();
   auto first = [&](auto pend) { /* pend: fa3_flag<c.pend> */
     if (pend.value) fa3_last_pv<T, D>(c, sk, bar);
     if (ntiles == 1) *nx = fa3_take(p, bar, n + 1); /* the next item (fa3_next) */
-    if (fa3_not_last<C::NC>(wg) || ntiles > 1 || *nx < p.items) fa3_turn_pass<C::NC>(pp, wg);
+    if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
     if (pend.value) fa3_wait<1>();
     else fa3_wait<0>();
     fa3_fence(s);
@@ -554,7 +532,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
     if (pend.value) {
       fa3_wait<0>();
-      fa3_finish<T, D, BM>(p, mo, c, wg, so, bar);
+      fa3_finish<T, D>(p, mo, c, wg, so, bar);
     }
   };
   if (c.pend) first(fa3_flag<true>());
@@ -568,14 +546,14 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_fence(o);
     fa3_fence(pa);
     fa3_wg_fence();
-    fa3_qk<T, D, BM>(s, qa, sk + sj * 2 * C::KB); /* S_j = Q K_j^T */
+    fa3_qk<T, D>(s, qa, sk + sj * 2 * C::KB); /* S_j = Q K_j^T */
     fa3_commit();
     sm90_bar_wait(bar.fv(sp), (uint32_t)((it0 + j - 1) / C::ST) & 1);
     fa3_wg_fence();
     fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB, j > 1); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
     if (j == ntiles - 1) *nx = fa3_take(p, bar, n + 1);
-    if (fa3_not_last<C::NC>(wg) || j < ntiles - 1 || *nx < p.items) fa3_turn_pass<C::NC>(pp, wg);
+    if (wg == 0 || j < ntiles - 1 || *nx < p.items) fa3_turn_pass(pp, wg);
     fa3_wait<1>(); /* S_j complete; the P V product may still run */
     fa3_fence(s);
     if (lane == 0) {
@@ -601,37 +579,32 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
 #endif /* NB_SM90A_DEVICE */
 
 // q (B, Lq, D), k, v (B, Lk, D) -> o (B, Lq, D), lse (B, Lq) f32
-template <typename T, int D, int BM>
-__global__ void __launch_bounds__(fa3_cfg<D, BM>::THREADS, 1)
+template <typename T, int D>
+__global__ void __launch_bounds__(FA3_THREADS, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                    const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mo,
                    const __grid_constant__ fa3_params p) {
 #ifdef NB_SM90A_DEVICE
-  typedef fa3_cfg<D, BM> C;
+  typedef fa3_cfg<D> C;
   extern __shared__ uint8_t fa3_raw[];
   /* the 128-byte swizzle repeats every 1024 bytes: align the tiles to it */
   const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + 2 * C::QB, so = sk + 2 * C::ST * C::KB;
   const fa3_bars<D> bar = {so + C::QB};
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::NBAR; i++)
-      sm90_bar_init(bar.base + 8 * i, /* full: 1 arrival; empty: each consumer warp's */
-                    i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST
-                        ? 1
-                        : 4 * C::NC);
+      sm90_bar_init(bar.base + 8 * i,
+                    i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST ? 1 : 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
   if (threadIdx.x < 128) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(C::REG_P));
-    if (threadIdx.x == 0) fa3_produce<D, BM>(&mq, &mk, &mv, p, sq, sk, bar);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, sq, sk, bar);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(C::REG_C));
-    /* three consumers: wg by a shuffle from lane 0, which ptxas knows is
-     * the same in the whole warp, so that what depends on it (Q's wgmma
-     * descriptors) lives in uniform registers, not in 160 per thread */
-    const int wg = C::NC == 2 ? threadIdx.x / 128 - 1 : __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
-    if (wg == C::NC - 1) fa3_turn_pass<C::NC>(p.pingpong, wg); /* warpgroup 0 goes first */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int wg = threadIdx.x / 128 - 1;
+    if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
     int it = 0, x = fa3_take(p, bar, 0); /* it: the ring's tiles consumed so far */
     fa3_carry<D> c;
     c.pend = 0;
@@ -641,8 +614,8 @@ __global__ void __launch_bounds__(fa3_cfg<D, BM>::THREADS, 1)
     for (int i = 0; i < D / 2; i++) c.o[i] = 0.0f;
     for (int n = 0; x < p.items; n++) {
       int nx, b, i0, ntiles;
-      fa3_item<BM>(p, x, &b, &i0, &ntiles);
-      fa3_consume<T, D, BM>(p, &mo, b, i0, ntiles, it, n, &nx, wg, sq, sk, so, bar, c);
+      fa3_item(p, x, &b, &i0, &ntiles);
+      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, &nx, wg, sq, sk, so, bar, c);
       it += ntiles;
       x = nx;
     }
@@ -651,7 +624,7 @@ __global__ void __launch_bounds__(fa3_cfg<D, BM>::THREADS, 1)
       fa3_fence(c.pa);
       fa3_last_pv<T, D>(c, sk, bar);
       fa3_wait<0>();
-      fa3_finish<T, D, BM>(p, &mo, c, wg, so, bar);
+      fa3_finish<T, D>(p, &mo, c, wg, so, bar);
     }
     /* the staging tile must stay until the last store has read it */
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -680,10 +653,10 @@ int fa3_switch(const char *name) {
   return !(e && !strcmp(e, "0"));
 }
 
-template <typename T, int D, int BM>
+template <typename T, int D>
 nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_params &p) {
-  auto kern = fa3_fwd_kernel<T, D, BM>;
-  const size_t smem = fa3_cfg<D, BM>::SMEM;
+  auto kern = fa3_fwd_kernel<T, D>;
+  const size_t smem = fa3_cfg<D>::SMEM;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (sm90): shared memory attribute");
   /* persistent: one CTA per SM takes items from the ticket counter
@@ -691,38 +664,14 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_par
   const int grid = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT") && ctx->n_sm < p.items && ctx->n_sm <= NB_CUDA_WORK_CTAS
                        ? ctx->n_sm
                        : p.items;
-  kern<<<(unsigned)grid, fa3_cfg<D, BM>::THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  kern<<<(unsigned)grid, FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
 }
 
-template <typename T, int D, int BM> int fa3_ready(void) {
+template <typename T, int D> int fa3_ready(void) {
   static int cache = 0;
-  return fa3_binary_ok(fa3_fwd_kernel<T, D, BM>, &cache);
-}
-
-/* One kernel (dtype, D, BM): whether its sm_90a image is the one loaded,
- * and its launch. */
-struct fa3_kernel {
-  int (*ready)(void);
-  nb_status (*launch)(const nb_cuda_ctx *, const CUtensorMap *, const fa3_params &);
-};
-template <typename T, int D, int BM> fa3_kernel fa3_kern(void) {
-  fa3_kernel k = {fa3_ready<T, D, BM>, fa3_launch<T, D, BM>};
-  return k;
-}
-
-/* The kernel of dtype dt (bf16 or f16) and head dimension D (64 or 128),
- * and its query rows per block *bm: 128 at D 128; 192 (three consumer
- * warpgroups, as FlashAttention-3 at D 64) at D 64, or 128 with
- * NABLA_ATTENTION_SM90_BM=128 (read at every call, to compare the two). */
-fa3_kernel fa3_pick(nb_dtype dt, int64_t D, int *bm) {
-  const char *e = getenv("NABLA_ATTENTION_SM90_BM");
-  const int bf = dt == NB_BF16;
-  *bm = D == 64 && !(e && !strcmp(e, "128")) ? 192 : 128;
-  if (D == 128) return bf ? fa3_kern<__nv_bfloat16, 128, 128>() : fa3_kern<__half, 128, 128>();
-  if (*bm == 192) return bf ? fa3_kern<__nv_bfloat16, 64, 192>() : fa3_kern<__half, 64, 192>();
-  return bf ? fa3_kern<__nv_bfloat16, 64, 128>() : fa3_kern<__half, 64, 128>();
+  return fa3_binary_ok(fa3_fwd_kernel<T, D>, &cache);
 }
 
 } /* namespace */
@@ -775,9 +724,9 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   for (int d = 0; d < nb; d++) /* one batch shape (no grouped heads, no broadcasting) */
     if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d] || o->shape[d] != q->shape[d]) return 0;
   if (Lq < 1 || Lk < 1 || Lq > INT32_MAX / 2 || Lk > INT32_MAX / 2) return 0;
-  int bm;
-  const fa3_kernel kern = fa3_pick(dt, D, &bm);
-  if (!kern.ready()) return 0;
+  if (!(D == 64 ? (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 64>() : fa3_ready<__half, 64>())
+                : (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 128>() : fa3_ready<__half, 128>())))
+    return 0;
   /* the batch axes of size > 1, innermost first (q, k, v, o share them) */
   fa3_params p;
   memset(&p, 0, sizeof p);
@@ -797,10 +746,10 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
     p.bdim[0] = 1;
     nbk = 1;
   }
-  const int64_t nblk = (Lq + bm - 1) / bm;
+  const int64_t nblk = (Lq + FA3_BM - 1) / FA3_BM;
   if (B < 1 || B > INT32_MAX || B * nblk > INT32_MAX) return 0;
   CUtensorMap maps[4];
-  if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, bm) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, FA3_BN) ||
+  if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, FA3_BN) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, FA3_BN))
     return 0;
   /* o by TMA (boxes of a warpgroup's 64 rows) when its view allows; else
@@ -822,6 +771,9 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;
-  *st = kern.launch(ctx, maps, p);
+  if (D == 64)
+    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 64>(ctx, maps, p) : fa3_launch<__half, 64>(ctx, maps, p);
+  else
+    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 128>(ctx, maps, p) : fa3_launch<__half, 128>(ctx, maps, p);
   return 1;
 }

@@ -19,8 +19,7 @@
  * writes them, which the backward reads. NABLA_ATTENTION_SM90_PINGPONG=0
  * and NABLA_ATTENTION_SM90_TMA_STORE=0 (read at every call) turn off the
  * consumers' turns and o's store through shared memory by TMA: the same
- * bits, other timings. NABLA_ATTENTION_SM90_BM=128 (read at every call)
- * runs head dimension 64 in blocks of 128 query rows instead of 192. */
+ * bits, other timings. */
 int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse,
                           const nb_kview *q, const nb_kview *k, const nb_kview *v, double scale,
                           int causal, nb_status *st);
