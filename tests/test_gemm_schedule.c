@@ -10,8 +10,7 @@
  * over 1 <= S <= min(16, ktiles / 8) with (S - 1) tiles within the 2 slots
  * per SM, taking the fewest parts within 5% of the best; the documented
  * cases (768 x 3072 x 16384: 3 parts, 216 CTAs; 2304 x 768 x 16384: 2
- * parts, both now n160's by default); each candidate's grid; clusters of 2
- * only with two tile rows;
+ * parts); each candidate's grid; clusters of 2 only with two tile rows;
  * dpsk: W = tiles / SMs full waves data-parallel, the r = tiles % SMs tail
  * tiles' k-iterations split over min(SMs, r ktiles / 4) CTAs, when that is
  * more than r (else data-parallel); sk-heads: with fewer tiles T than SMs P, T
@@ -25,10 +24,7 @@
  * candidate 128 x 256 (tile_n 256), except that the heuristic (candidate 0)
  * launches what pingpong does when a tile has at most 12 k-tiles (bf16 K <=
  * 768, FP8 K <= 1536) and the 128 x 128 tiles are at least as many as the
- * SMs, any layout; n160: 128 x 160 tiles (bf16/f16 with B MN-major, as the
- * schedule hooks assume; FP8 128 x 256), split-K as the heuristic, and the
- * heuristic's launch (bf16/f16) when its tiles are one wave filling at least
- * 7/8 of the SMs and the 128 x 256 tiles are fewer than the SMs. */
+ * SMs, any layout. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -37,7 +33,7 @@
 #include "backend/cuda/cuda_gemm.h"
 
 enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, SK_HEADS, PINGPONG,
-       N160, LAST = N160 };
+       LAST = PINGPONG };
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -81,11 +77,8 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
            (long long)K, n_sm);
   int64_t pt_tiles = tm * cdiv(N, 128);
   int heur_pp = kt <= 12 && pt_tiles >= n_sm; /* the heuristic takes the ping-pong kernel */
-  int64_t w_tiles = tm * cdiv(N, 160);
-  /* ... or n160's 128 x 160 tiles (bf16/f16) */
-  int heur_w = !f8 && !heur_pp && tiles < n_sm && w_tiles <= n_sm && 8 * w_tiles >= 7 * (int64_t)n_sm;
   for (int c = DEFAULT; c <= GROUP16; c++) { /* split-K as the heuristic */
-    if (c == DEFAULT && (heur_pp || heur_w)) continue; /* below, with pingpong and n160 */
+    if (c == DEFAULT && heur_pp) continue; /* below, with pingpong */
     nb_gemm_own_schedule s = sched_of(f8, c, M, N, K, n_sm);
     int S = splits(tiles, kt, n_sm);
     NBT_CHECK(s.tiles == tiles && s.splits == S && !s.stream_k && s.cluster == 1,
@@ -102,25 +95,8 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   nb_gemm_own_schedule sk = sched_of(f8, STREAM_K, M, N, K, n_sm);
   NBT_CHECK(sk.stream_k && sk.splits == 1 && sk.grid == n_sm && sk.dp_tiles == 0 && sk.sk_ctas == n_sm,
             "%s stream-k", what);
-  for (int c = heur_pp || heur_w ? GROUP4 : DEFAULT; c < PINGPONG; c++)
+  for (int c = heur_pp ? GROUP4 : DEFAULT; c < PINGPONG; c++)
     NBT_CHECK(sched_of(f8, c, M, N, K, n_sm).tile_n == 256, "%s cand %d: 256-wide tiles", what, c);
-  {
-    int w = f8 ? 256 : 160;
-    int64_t wt = tm * cdiv(N, w);
-    int S = splits(wt, kt, n_sm);
-    nb_gemm_own_schedule n = sched_of(f8, N160, M, N, K, n_sm);
-    NBT_CHECK(n.tile_n == w && n.tiles == wt && n.splits == S && !n.stream_k && n.cluster == 1 &&
-                  n.grid == (S > 1 ? wt * S : wt < n_sm ? wt : n_sm) && n.group == (8 < tm ? 8 : tm),
-              "%s n160: %lld tiles of 128 x %d (want %lld of %d), %d parts (want %d), grid %lld", what,
-              (long long)n.tiles, n.tile_n, (long long)wt, w, n.splits, S, (long long)n.grid);
-    if (heur_w) {
-      nb_gemm_own_schedule h0 = sched_of(f8, DEFAULT, M, N, K, n_sm);
-      NBT_CHECK(h0.tile_n == 160 && h0.tiles == n.tiles && h0.splits == n.splits && h0.grid == n.grid &&
-                    h0.group == n.group && h0.cluster == 1 && !h0.stream_k,
-                "%s heuristic, %lld tiles of 128 x 256 and %lld of 128 x 160: n160's launch (tile_n %d)", what,
-                (long long)tiles, (long long)w_tiles, h0.tile_n);
-    }
-  }
   nb_gemm_own_schedule pp = sched_of(f8, PINGPONG, M, N, K, n_sm);
   NBT_CHECK(pp.tile_n == 128 && pp.tiles == pt_tiles && pp.splits == 1 && !pp.stream_k && pp.cluster == 1 &&
                 pp.grid == (pt_tiles < n_sm ? pt_tiles : n_sm) && pp.group == (8 < tm ? 8 : tm),
@@ -174,7 +150,7 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
 static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
   nb_gemm_own_schedule s = sched(cand, M, N, K, n_sm);
   int64_t kt = cdiv(K, 64), tiles = s.tiles;
-  if ((s.tile_n != 256 && s.tile_n != 160) || s.cluster != 1 || tiles * kt > ((int64_t)1 << 24)) return;
+  if (s.tile_n != 256 || s.cluster != 1 || tiles * kt > ((int64_t)1 << 24)) return;
   char what[96];
   snprintf(what, sizeof what, "walk %s %lldx%lldx%lld on %d SMs", nb_cuda_gemm_own_candidate(cand), (long long)M,
            (long long)N, (long long)K, n_sm);
@@ -249,23 +225,13 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
 static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
   check_rules_of(0, M, N, K, n_sm);
   check_rules_of(1, M, N, K, n_sm);
-  const int walked[] = {DEFAULT, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, DPSK, SK_HEADS, N160};
+  const int walked[] = {DEFAULT, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, DPSK, SK_HEADS};
   for (size_t i = 0; i < sizeof walked / sizeof *walked; i++) check_walk(walked[i], M, N, K, n_sm);
 }
 
 static void test_documented(void) {
-  nb_gemm_own_schedule s = sched(GROUP4, 768, 3072, 16384, 132);
-  NBT_CHECK(s.tiles == 72 && s.splits == 3 && s.grid == 216, "768x3072x16384 in 128 x 256 tiles: 72 tiles, 3 parts, 216 CTAs");
-  /* the MLP's weight gradients: 120 tiles of 128 x 160, one wave on 132 SMs, by default */
-  s = sched(DEFAULT, 768, 3072, 16384, 132);
-  NBT_CHECK(s.tile_n == 160 && s.tiles == 120 && s.splits == 1 && s.grid == 120 && s.cluster == 1,
-            "768x3072x16384: 120 tiles of 128 x 160 (tile_n %d, %lld tiles, %d parts)", s.tile_n, (long long)s.tiles,
-            s.splits);
-  s = sched(DEFAULT, 3072, 768, 16384, 132);
-  NBT_CHECK(s.tile_n == 160 && s.tiles == 120 && s.splits == 1 && s.grid == 120,
-            "3072x768x16384: 120 tiles of 128 x 160 (tile_n %d)", s.tile_n);
-  s = sched(DEFAULT, 2304, 768, 16384, 132); /* 90 tiles of 128 x 160: too few */
-  NBT_CHECK(s.tile_n == 256, "2304x768x16384: 128 x 256 tiles (tile_n %d)", s.tile_n);
+  nb_gemm_own_schedule s = sched(DEFAULT, 768, 3072, 16384, 132);
+  NBT_CHECK(s.tiles == 72 && s.splits == 3 && s.grid == 216, "768x3072x16384: 72 tiles, 3 parts, 216 CTAs");
   s = sched(DEFAULT, 2304, 768, 16384, 132);
   NBT_CHECK(s.tiles == 54 && s.splits == 2 && s.grid == 108, "2304x768x16384: 54 tiles, 2 parts");
   s = sched(DEFAULT, 1000, 520, 4136, 132);
@@ -331,8 +297,8 @@ static void test_documented(void) {
   NBT_CHECK(s.tile_n == 128 && s.tiles == 128 * 393, "16384x50304x768 heuristic: pingpong (tile_n %d)", s.tile_n);
   s = sched(DEFAULT, 16384, 3072, 769, 132);
   NBT_CHECK(s.tile_n == 256 && s.tiles == 1536 && s.grid == 132, "16384x3072x769 (13 k-tiles) heuristic: cooperative");
-  const int64_t coop[][3] = {{16384, 768, 3072}, {16384, 768, 2304}, {2304, 768, 16384}, {8192, 8192, 8192},
-                             {4096, 4096, 4096},  {2048, 2048, 2048}, {16384, 768, 50304}};
+  const int64_t coop[][3] = {{16384, 768, 3072}, {16384, 768, 2304}, {2304, 768, 16384}, {768, 3072, 16384},
+                             {8192, 8192, 8192}, {4096, 4096, 4096},  {2048, 2048, 2048}, {16384, 768, 50304}};
   for (size_t i = 0; i < sizeof coop / sizeof *coop; i++)
     NBT_CHECK(sched(DEFAULT, coop[i][0], coop[i][1], coop[i][2], 132).tile_n == 256 &&
                   sched8(DEFAULT, coop[i][0], coop[i][1], coop[i][2], 132).tile_n == 256,
@@ -353,12 +319,12 @@ static void test_documented(void) {
   NBT_CHECK(s.tiles == 9 && s.splits == 2 && s8.tiles == 9 && s8.splits == 1 && s8.grid == 9,
             "300x700x1024: bf16 2 parts (%d), fp8 unsplit (%d, grid %lld)", s.splits, s8.splits,
             (long long)s8.grid);
-  s8 = sched8(DEFAULT, 768, 3072, 16384, 132); /* 72 tiles of 128 k-tiles: 3 parts (no 160-wide FP8 tiles) */
+  s8 = sched8(DEFAULT, 768, 3072, 16384, 132); /* 72 tiles of 128 k-tiles: 3 parts as bf16's 256 */
   NBT_CHECK(s8.tiles == 72 && s8.splits == 3 && s8.grid == 216, "fp8 768x3072x16384: 3 parts (%d)", s8.splits);
   /* an FP8 product of K has the schedule of a 16-bit one of K/2 rounded up (same k-tiles) */
   const int64_t ks[] = {1, 16, 130, 1040, 4136, 16384, 40001};
   for (int c = DEFAULT; c <= LAST; c++)
-    for (size_t k = 0; k < sizeof ks / sizeof *ks && c != N160; k++) { /* FP8 has no 160-wide tiles */
+    for (size_t k = 0; k < sizeof ks / sizeof *ks; k++) {
       nb_gemm_own_schedule a = sched8(c, 1000, 520, ks[k], 132), b = sched(c, 1000, 520, cdiv(ks[k], 2), 132);
       NBT_CHECK(a.tiles == b.tiles && a.grid == b.grid && a.splits == b.splits && a.stream_k == b.stream_k &&
                     a.cluster == b.cluster && a.group == b.group && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&

@@ -18,12 +18,9 @@
  * candidate but "stream-k" and "dpsk" (whose tail tiles are split over k)
  * keeps each tile's k sum in one CTA, so it must give the bits of the first
  * such candidate that runs the same kernel: the cooperative one (128 x 256
- * tiles), the ping-pong one (128 x 128 tiles by m64n128 wgmma, another
+ * tiles) or the ping-pong one (128 x 128 tiles by m64n128 wgmma, another
  * instruction shape; the heuristic's at few k-tiles and a full wave, as on
- * that shape) or the cooperative one on 128 x 160 tiles (n160, m64n160
- * wgmma; B MN-major only, else n160 runs 128 x 256 tiles; the heuristic's
- * on one wave of 120 such tiles where 128 x 256 ones are less than a wave,
- * checked on 768 x 3072); elsewhere the results may differ by rounding only
+ * that shape); elsewhere the results may differ by rounding only
  * (relative Frobenius difference below the output dtype's unit roundoff).
  * Fused epilogues run under every candidate too (bias, GELU, residual,
  * pre-activation output; 16-bit and f32 outputs). Then the cache: tuning off
@@ -65,28 +62,18 @@ static int gt_whole_tiles(int i) {
   return n && strcmp(n, "stream-k") != 0 && strcmp(n, "dpsk") != 0;
 }
 
-/* The tile width candidate i runs for an M x N x K bf16/f16 product with B
- * MN-major on the test device (0 without one): 256, 160 (n160) or 128 (the
- * ping-pong kernel). */
-static int gt_tile_n(int i, int64_t M, int64_t N, int64_t K) {
+/* Whether candidate i runs the ping-pong kernel (128-wide tiles) for an M x
+ * N x K bf16/f16 product on the test device. */
+static int gt_pingpong(int i, int64_t M, int64_t N, int64_t K) {
 #ifdef NABLA_HAVE_CUDA
   nb_cuda_info info;
   nb_gemm_own_schedule s;
   if (G.type != NB_CPU && nb_cuda_device_info(G.index, &info) == NB_OK &&
       nb_cuda_gemm_own_schedule(i, M, N, K, info.n_sm, &s))
-    return s.tile_n;
+    return s.tile_n == 128;
 #endif
   (void)i, (void)M, (void)N, (void)K;
   return 0;
-}
-static int gt_pingpong(int i, int64_t M, int64_t N, int64_t K) { return gt_tile_n(i, M, N, K) == 128; }
-
-/* The kernel candidate i runs (0: cooperative 128 x 256, 1: ping-pong, 2:
- * cooperative 128 x 160); tb: the test's flag, 1 for a transposed b view,
- * whose B is K-major, where n160 takes 256-wide tiles. */
-static int gt_kernel(int i, int64_t M, int64_t N, int64_t K, int tb) {
-  int w = gt_tile_n(i, M, N, K);
-  return w == 128 ? 1 : w == 160 && !tb ? 2 : 0;
 }
 
 /* Unit roundoff of the output dtype (f32: its accumulation differences). */
@@ -101,8 +88,8 @@ static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
   int64_t *rows, nrow;
   double *ref = gs_ref(A, B, M, N, K, &rows, &nrow);
   size_t bytes = (size_t)(M * N) * nb_dtype_size(dt);
-  char *bits0 = malloc(bytes), *bitsi = malloc(bytes), *kbits[3] = {malloc(bytes), malloc(bytes), malloc(bytes)};
-  int kseen[3] = {0, 0, 0}; /* the first whole-tile candidate's bits per kernel (gt_kernel) */
+  char *bits0 = malloc(bytes), *bitsi = malloc(bytes), *kbits[2] = {malloc(bytes), malloc(bytes)};
+  int kseen[2] = {0, 0}; /* the first whole-tile candidate's bits per kernel (cooperative, ping-pong) */
   gt_backend(1);
   for (int i = 0; i < gt_ncand(); i++) {
     char name[128];
@@ -121,11 +108,11 @@ static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
     }
     double e_ref = gs_err(O, ref, rows, nrow, N), e_0 = i ? gs_rel(O, O0, M * N) : 0;
     NBT_CHECK(e_ref <= 1e-2, "%s: relative error vs float64 %g", name, e_ref);
-    int kern = gt_kernel(i, M, N, K, tb);
+    int kern = gt_pingpong(i, M, N, K);
     if (bits && gt_whole_tiles(i) && kseen[kern])
       NBT_CHECK(kbits[kern] && memcmp(kbits[kern], i ? bitsi : bits0, bytes) == 0,
                 "%s: the bits of the first whole-tile candidate of its kernel (%s)", name,
-                kern == 1 ? "ping-pong" : kern == 2 ? "cooperative, 160 wide" : "cooperative");
+                kern ? "ping-pong" : "cooperative");
     else if (i)
       NBT_CHECK(e_0 <= gt_unit(dt), "%s: differs from candidate 0 by %g (more than rounding)", name, e_0);
     if (bits && gt_whole_tiles(i) && !kseen[kern] && kbits[kern]) {
@@ -139,7 +126,6 @@ static void gt_case(int64_t M, int64_t N, int64_t K, nb_dtype dt, int ta, int tb
   nb_tune_force(-1);
   gt_backend(0);
   free(A); free(B); free(O0); free(ref); free(rows); free(bits0); free(bitsi); free(kbits[0]); free(kbits[1]);
-  free(kbits[2]);
   nb_scope_end();
 }
 
@@ -308,17 +294,6 @@ void test_gemm_tune(void) {
    * splits the 12 tail tiles (the first two tile columns, the partial last tile row among
    * them) over 48 CTAs */
   gt_case(1000, 4400, 1000, NB_BF16, 1, 0, 0, seed += 2);
-  /* TN 768 x 3072 (a GPT-2 MLP weight gradient's shape, shorter K): 6 x 12 = 72 tiles of
-   * 128 x 256, 6 x 20 = 120 of 128 x 160 (the last tile column 32 wide: only the directly
-   * stored part): n160's launch by default on 132 SMs */
-#ifdef NABLA_HAVE_CUDA
-  if (G.type != NB_CPU && gs_launches() >= 0) {
-    nb_cuda_info info;
-    if (nb_cuda_device_info(G.index, &info) == NB_OK && info.n_sm == 132)
-      NBT_CHECK(gt_tile_n(0, 768, 3072, 1000) == 160, "gemm tune: 768x3072x1000 takes 128 x 160 tiles by default");
-  }
-#endif
-  gt_case(768, 3072, 1000, NB_BF16, 1, 0, 1, seed += 2);
   if (!quick) {
     gt_case(1000, 1000, 64, NB_F16, 0, 0, 0, seed += 2); /* one k-tile: forced stream-K has empty ranges */
     gt_case(2304, 768, 4096, NB_F16, 1, 1, 0, seed += 2); /* TT, 18 tile rows: every raster group differs */
@@ -331,8 +306,6 @@ void test_gemm_tune(void) {
     ge_case(2176, 2304, 520, NB_BF16, NB_F32, 0, 1, GE_BIAS | GE_AUX, seed++);
     /* every epilogue at once, f16, NN, M and N tails (3 x 8 tiles of 128 x 128) */
     ge_case(264, 1000, 136, NB_F16, NB_F16, 0, 0, GE_BIAS | GE_GELU | GE_RESID | GE_AUX, seed++);
-    /* f32 out with B MN-major: n160's tiles in five 32-column chunks */
-    ge_case(1000, 520, 4136, NB_BF16, NB_F32, 1, 0, GE_BIAS | GE_RESID, seed++);
   }
   nb_tune_force(-1);
   /* the heuristic (nothing forced) on a product it gives the ping-pong kernel: 12 x 12 = 144

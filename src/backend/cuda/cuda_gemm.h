@@ -36,9 +36,7 @@ const char *nb_cuda_gemm_own_candidate(int i);
 
 /* The launch that the own sm_90a GEMM's candidate i makes for a product of
  * rows x N x K on a device with n_sm SMs (host arithmetic only, no device
- * needed), as for bf16/f16 operands with B MN-major (NN, TN; where the n160
- * candidate's 128 x 160 tiles can run): for tests of the schedule model.
- * tiles: output tiles (128 x tile_n);
+ * needed): for tests of the schedule model. tiles: 128 x 256 output tiles;
  * splits: split-K parts per tile (1: none); group: unit rows per raster
  * group; grid: CTAs (a clustered grid is further capped at launch by the
  * clusters that fit). 0 when i is out of range or a size is below 1. */
@@ -47,7 +45,7 @@ typedef struct {
   int splits, stream_k, cluster, group;
   int64_t dp_tiles; /* stream-K after this many data-parallel tiles (dpsk) */
   int sk_ctas;      /* stream-K: CTAs sharing the split k-iterations */
-  int tile_n;       /* tile width: 256, 160 (n160), or 128 for the ping-pong kernel (128 x 128 tiles) */
+  int tile_n;       /* tile width: 256, or 128 for the ping-pong kernel (128 x 128 tiles) */
   int sk_heads;     /* stream-K with heads: CTAs 0 .. sk_heads - 1 run one tile's first head_k k-tiles */
   int head_k;
 } nb_gemm_own_schedule;

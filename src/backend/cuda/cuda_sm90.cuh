@@ -96,9 +96,9 @@ static __device__ __forceinline__ uint64_t sm90_desc(uint32_t addr, uint32_t lbo
          ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 /* The f32 accumulator registers a thread holds for an m64nN wgmma (N = 64,
- * 128, 160, 256: 32, 64, 80, 128 of them, d[0..]): the register list of the
- * asm text, operands %0 on, and the matching read-write outputs. The own GEMMs
- * (gemm_sm90_kernel.cuh: m64n256, m64n160; gemm_sm90_pingpong.cuh: m64n128) and the
+ * 128, 256: 32, 64, 128 of them, d[0..]): the register list of the asm
+ * text, operands %0 on, and the matching read-write outputs. The own GEMMs
+ * (gemm_sm90_kernel.cuh: m64n256; gemm_sm90_pingpong.cuh: m64n128) and the
  * attention kernels (cuda_attention_sm90.cuh: m64n64, m64n128) use them. */
 #define NB_SM90_REGS32                                                              \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
@@ -107,12 +107,8 @@ static __device__ __forceinline__ uint64_t sm90_desc(uint32_t addr, uint32_t lbo
   NB_SM90_REGS32 ", "                                                                 \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define NB_SM90_REGS80                                                                \
-  NB_SM90_REGS64 ", "                                                                 \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define NB_SM90_ACC32 "{" NB_SM90_REGS32 "}"
 #define NB_SM90_ACC64 "{" NB_SM90_REGS64 "}"
-#define NB_SM90_ACC80 "{" NB_SM90_REGS80 "}"
 #define NB_SM90_ACC128                                                                              \
   "{" NB_SM90_REGS64 ", "                                                                           \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                \
@@ -131,10 +127,6 @@ static __device__ __forceinline__ uint64_t sm90_desc(uint32_t addr, uint32_t lbo
   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define NB_SM90_OUT80                                                                                      \
-  NB_SM90_OUT64,                                                                                           \
-  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),  \
-  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
 #define NB_SM90_OUT128                                                                                             \
   NB_SM90_OUT64,                                                                                                   \
   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),          \
@@ -150,11 +142,6 @@ static __device__ __forceinline__ uint64_t sm90_desc(uint32_t addr, uint32_t lbo
 static __device__ __forceinline__ void sm90_fence_acc(float *d) {
 #pragma unroll
   for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-/* The same for the first n accumulators (an m64n(2n) wgmma's). */
-template <int n> static __device__ __forceinline__ void sm90_fence_accn(float *d) {
-#pragma unroll
-  for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 #endif /* NB_SM90A_DEVICE */
 

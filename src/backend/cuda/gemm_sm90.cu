@@ -17,9 +17,6 @@
 #include "backend/cuda/gemm_sm90_plan.h"
 
 /* ---- host: parameters and launch ------------------------------------------ */
-/* Whether the 160-wide tiles can run pr: 16-bit operands with B MN-major. */
-static int sm90_wide(const nb_sm90_problem *pr) { return !nb_dtype_is_fp8(pr->in) && pr->tb; }
-
 /* Zeroed parameters for a rows x N x K product with bk-element k-tiles:
  * sizes and tile counts (each at most INT32_MAX: the planners check). */
 static void sm90_shape(nb_sm90_params *p, int64_t rows, int64_t N, int64_t K, int bk) {
@@ -47,8 +44,7 @@ static void sm90_split_params(nb_sm90_params *p, const nb_sm90_sched &s, int64_t
  * adds the split). */
 static void sm90_unsplit_params(nb_sm90_params *p, const nb_sm90_sched &s) {
   p->pingpong = s.pingpong;
-  p->bn = s.bn;
-  p->tiles_n = s.tiles_n; /* of s.bn columns, 128 with pingpong */
+  p->tiles_n = s.tiles_n; /* 128-wide tile columns with pingpong */
   p->group = s.group;
   p->cluster = s.cluster;
   p->sk = 0;
@@ -81,7 +77,7 @@ int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, n
   if (!nb_sm90_args_ok(i, rows, N, K, kBK, n_sm) || cta < 0) return -1;
   nb_sm90_params p;
   sm90_shape(&p, rows, N, K, kBK);
-  nb_sm90_sched s = nb_sm90_resolve(i, p.tiles_m, N, p.ktiles, n_sm, 1);
+  nb_sm90_sched s = nb_sm90_resolve(i, p.tiles_m, N, p.ktiles, n_sm);
   sm90_unsplit_params(&p, s);
   sm90_split_params(&p, s, (int64_t)p.tiles_m * p.tiles_n);
   if (s.pingpong || cta >= s.grid) return s.pingpong ? -1 : 0; /* the ping-pong kernel has its own walk */
@@ -196,10 +192,9 @@ static int sm90_time_reps(const nb_sm90_problem *pr) {
 static double sm90_time(void *arg, int i) {
   sm90_tune *t = (sm90_tune *)arg;
   const nb_sm90_params &q = t->p;
-  int wide = sm90_wide(t->pr);
-  nb_sm90_sched s = nb_sm90_resolve(i, q.tiles_m, q.N, q.ktiles, t->ctx->n_sm, wide);
+  nb_sm90_sched s = nb_sm90_resolve(i, q.tiles_m, q.N, q.ktiles, t->ctx->n_sm);
   for (int j = 0; j < i; j++)
-    if (nb_sm90_same(nb_sm90_resolve(j, q.tiles_m, q.N, q.ktiles, t->ctx->n_sm, wide), s)) return -1;
+    if (nb_sm90_same(nb_sm90_resolve(j, q.tiles_m, q.N, q.ktiles, t->ctx->n_sm), s)) return -1;
   int had = nb_error_pending();
   float ms = -1;
   int reps = sm90_time_reps(t->pr);
@@ -290,7 +285,7 @@ nb_status nb_sm90_run(const nb_cuda_ctx *ctx, nb_sm90_problem *pr, const nb_kvie
   }
   if (ep && ep->bias) p.bias = ep->bias->data;
   int cand = sm90_pick(ctx, pr, p, out->dtype, ep != NULL);
-  int64_t grid = sm90_apply(ctx, &p, nb_sm90_resolve(cand, p.tiles_m, p.N, p.ktiles, ctx->n_sm, sm90_wide(pr)));
+  int64_t grid = sm90_apply(ctx, &p, nb_sm90_resolve(cand, p.tiles_m, p.N, p.ktiles, ctx->n_sm));
   return sm90_go(ctx, pr, out->dtype, pr->m, p, grid);
 }
 

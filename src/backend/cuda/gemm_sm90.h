@@ -26,8 +26,7 @@ int nb_sm90_gemm_ex(const nb_cuda_ctx *ctx, const nb_kview *out, const nb_kview 
 const char *nb_sm90_candidate(int i);
 
 /* nb_cuda_gemm_own_schedule (cuda_gemm.h): candidate i's launch for a
- * rows x N x K product on n_sm SMs, without a device, as for bf16/f16
- * operands with B MN-major (NN, TN: where the 160-wide tiles can run). */
+ * rows x N x K product on n_sm SMs, without a device. */
 int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out);
 /* The segments CTA cta runs under candidate i (nb_cuda_gemm_own_walk). */
 int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, nb_gemm_own_segment *seg,

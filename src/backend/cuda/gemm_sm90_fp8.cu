@@ -184,5 +184,5 @@ extern "C" int64_t nb_cuda_scaled_mm_own_launches(int dev) {
 /* FP8 k-tiles are 128 elements deep. */
 extern "C" int nb_cuda_scaled_mm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
                                               nb_gemm_own_schedule *out) {
-  return nb_sm90_schedule_bk(i, rows, N, K, 2 * NB_SM90_BK, n_sm, 0, out);
+  return nb_sm90_schedule_bk(i, rows, N, K, 2 * NB_SM90_BK, n_sm, out);
 }

@@ -115,7 +115,6 @@ struct nb_sm90_params {
   unsigned epoch;
   const float *scale_a, *scale_b; /* FP8: the per-tensor scales (one f32 each, on the device) */
   int pingpong;    /* the ping-pong kernel (gemm_sm90_pingpong.cuh; tiles_n of 128 columns) */
-  int bn;          /* the cooperative kernel's tile width: kBN, or kBNw (tiles_n of 160 columns) */
 };
 
 /* Launches the FP8 instantiation for operand formats fa, fb (NB_F8E4M3 or
@@ -132,26 +131,6 @@ constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kOutBuf = NB_SM90_OUT_BUF; /* one staging chunk (gemm_sm90_store.cuh) */
 constexpr int kOutBytes = kConsumers * 2 * kOutBuf;
 constexpr size_t kSmem = (size_t)kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * sizeof(uint64_t);
-constexpr int kBlock64 = 64 * 64 * 2; /* one 64 x 64 swizzled block (64 rows of 128 bytes) */
-
-/* The cooperative kernel's geometry for tiles BN wide (kBN, or kBNw for the
- * grids that 256-wide tiles fill badly; gemm_sm90_plan.cu) and B's layout
- * (TB: MN-major, loaded as 64-column blocks, BN / 64 rounded up): the B
- * bytes of a stage, the stage, the stages that fit in shared memory with
- * the output staging, and the dynamic shared memory. kBNw only with TB
- * (the K-major B map's boxes are kBN / 2 rows). */
-constexpr int kBNw = NB_SM90_BNW;
-template <int BN, int TB> struct sm90_geo {
-  static constexpr int bbytes = TB ? (BN + 63) / 64 * kBlock64 : BN * kBK * 2;
-  static constexpr int stage = kABytes + bbytes;
-  static constexpr int stages = (int)((232448 - kOutBytes - 1024) / (stage + 2 * sizeof(uint64_t)));
-  static constexpr size_t smem = (size_t)stages * stage + kOutBytes + 1024 + 2 * stages * sizeof(uint64_t);
-  static_assert(BN == kBN || (BN == kBNw && TB), "the 160-wide tile takes MN-major B only");
-  static_assert(stage % 1024 == 0 && smem <= 232448, "stages 1024-byte aligned, in 227 KB");
-};
-static_assert(sm90_geo<kBN, 0>::stages == kStages && sm90_geo<kBN, 1>::smem == kSmem &&
-                  sm90_geo<kBN, 0>::smem == kSmem,
-              "256-wide tiles: 4 stages of 48 KB either way");
 
 /* The FP8 operand format pair: EA, EB 1 for e4m3, 0 for e5m2. */
 template <int EA, int EB> struct sm90_f8 {};
@@ -291,6 +270,7 @@ __host__ __device__ __forceinline__ void sm90_takes(const nb_sm90_params &p, int
 }
 
 #ifdef NB_SM90A_DEVICE
+constexpr int kBlock64 = 64 * 64 * 2; /* one 64 x 64 swizzled block */
 __device__ __forceinline__ uint32_t sm90_rank(const nb_sm90_params &p) {
   uint32_t r = 0;
   if (p.cluster > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -302,12 +282,6 @@ __device__ __forceinline__ uint32_t sm90_rank(const nb_sm90_params &p) {
                NB_SM90_ACC128 ", %128, %129, p, 1, 1, %131, %132;\n}\n"      \
                : NB_SM90_OUT128 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB))
 
-#define NB_SM90_WGMMA_160(TY)                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"                  \
-               "wgmma.mma_async.sync.aligned.m64n160k16.f32." TY "." TY " "   \
-               NB_SM90_ACC80 ", %80, %81, p, 1, 1, %83, %84;\n}\n"           \
-               : NB_SM90_OUT80 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB))
-
 /* FP8: d (+)= A * B over k32, formats FA, FB; no transpose immediates (both
  * operands K-major); imm-scale-a/b 1 (no negation). */
 #define NB_SM90_WGMMA_F8(FA, FB)                                                 \
@@ -316,31 +290,21 @@ __device__ __forceinline__ uint32_t sm90_rank(const nb_sm90_params &p) {
                NB_SM90_ACC128 ", %128, %129, p, 1, 1;\n}\n"                     \
                : NB_SM90_OUT128 : "l"(da), "l"(db), "r"(scale_d))
 
-/* One wgmma over 32 bytes of k (m64nBNk16 for 16-bit operands, m64n256k32
- * for FP8): d += A(desc da) * B(desc db), scale_d 0 overwrites d; TA/TB:
+/* One wgmma over 32 bytes of k (m64n256k16 for 16-bit operands, k32 for
+ * FP8): d += A(desc da) * B(desc db), scale_d 0 overwrites d; TA/TB:
  * transpose bits (1 = the operand is MN-major in shared memory). */
-template <typename T, int TA, int TB, int BN> struct sm90_mma;
-template <int TA, int TB> struct sm90_mma<__nv_bfloat16, TA, TB, kBN> {
+template <typename T, int TA, int TB> struct sm90_mma;
+template <int TA, int TB> struct sm90_mma<__nv_bfloat16, TA, TB> {
   static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t scale_d) {
     NB_SM90_WGMMA_256("bf16");
   }
 };
-template <int TA, int TB> struct sm90_mma<__half, TA, TB, kBN> {
+template <int TA, int TB> struct sm90_mma<__half, TA, TB> {
   static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t scale_d) {
     NB_SM90_WGMMA_256("f16");
   }
 };
-template <int TA, int TB> struct sm90_mma<__nv_bfloat16, TA, TB, kBNw> {
-  static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t scale_d) {
-    NB_SM90_WGMMA_160("bf16");
-  }
-};
-template <int TA, int TB> struct sm90_mma<__half, TA, TB, kBNw> {
-  static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t scale_d) {
-    NB_SM90_WGMMA_160("f16");
-  }
-};
-template <int EA, int EB> struct sm90_mma<sm90_f8<EA, EB>, 0, 0, kBN> {
+template <int EA, int EB> struct sm90_mma<sm90_f8<EA, EB>, 0, 0> {
   static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, uint32_t scale_d) {
     if (EA && EB) NB_SM90_WGMMA_F8("e4m3", "e4m3");
     else if (EA) NB_SM90_WGMMA_F8("e4m3", "e5m2");
@@ -376,18 +340,15 @@ __device__ __forceinline__ void sm90_load_a(uint32_t sa, const CUtensorMap *ma, 
 }
 
 /* Producer: one thread streams the k-tiles of this CTA's segments into the
- * ring; it runs ahead into the next tile while the consumers store. The
- * 256-wide B tile goes in two halves of 128 rows; in a cluster of 2, rank r
- * loads half r and multicasts it to both CTAs, so each CTA's full barrier
- * counts the whole stage, half of B from each producer. The 160-wide one
- * (MN-major, never clustered) goes as three 64-column blocks, the last
- * read only in part. The k coordinate of a k-tile is in T's elements (64
- * or 128: 128 bytes either way). */
-template <typename T, int TA, int TB, int BN>
+ * ring; it runs ahead into the next tile while the consumers store. The B
+ * tile goes in two halves of 128 rows; in a cluster of 2, rank r loads
+ * half r and multicasts it to both CTAs, so each CTA's full barrier counts
+ * the whole stage, half of B from each producer. The k coordinate of a
+ * k-tile is in T's elements (64 or 128: 128 bytes either way). */
+template <typename T, int TA, int TB>
 __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtensorMap *mb,
                                              const nb_sm90_params &p, uint32_t ring, uint32_t full,
                                              uint32_t empty) {
-  using G = sm90_geo<BN, TB>;
   int it = 0; /* k-tiles issued so far: selects stage and phase */
   uint32_t rank = sm90_rank(p);
   int h0 = p.cluster > 1 ? (int)rank : 0, h1 = p.cluster > 1 ? h0 + 1 : 2; /* B halves to load */
@@ -395,18 +356,16 @@ __device__ __forceinline__ void sm90_produce(const CUtensorMap *ma, const CUtens
   int tile, kb, ke, role;
   while (w.next(p, blockIdx.x, gridDim.x, &tile, &kb, &ke, &role)) {
     int m0, n0;
-    sm90_tile<BN>(tile, p, rank, &m0, &n0);
+    sm90_tile(tile, p, rank, &m0, &n0);
     for (int kt = kb; kt < ke; kt++, it++) {
-      int s = it % G::stages;
-      uint32_t parity = (uint32_t)((it / G::stages) & 1);
+      int s = it % kStages;
+      uint32_t parity = (uint32_t)((it / kStages) & 1);
       sm90_bar_wait(empty + 8 * s, parity ^ 1); /* fresh barriers pass parity 1 */
-      uint32_t fb = full + 8 * s, sa = ring + s * G::stage, sb = sa + kABytes;
-      sm90_bar_expect(fb, G::stage);
+      uint32_t fb = full + 8 * s, sa = ring + s * kStageBytes, sb = sa + kABytes;
+      sm90_bar_expect(fb, kStageBytes);
       int k0 = kt * sm90_in<T>::bk;
       sm90_load_a<TA>(sa, ma, fb, m0, k0);
-      if (BN != kBN) {
-        for (int j = 0; j < G::bbytes / kBlock64; j++) sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
-      } else if (TB) { /* half h: 64-column blocks 2h, 2h + 1 */
+      if (TB) { /* half h: 64-column blocks 2h, 2h + 1 */
         for (int j = 2 * h0; j < 2 * h1; j++) {
           if (p.cluster > 1) sm90_tma_load_mc(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0, 3);
           else sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
@@ -430,50 +389,47 @@ __device__ __forceinline__ void sm90_release(const nb_sm90_params &p, uint32_t e
   if (p.cluster > 1) sm90_bar_arrive_remote(sm90_mapa(empty + 8 * s, sm90_rank(p) ^ 1));
 }
 
-/* Consumer c: rows [64c, 64c + 64) of one tile, all BN columns, over
+/* Consumer c: rows [64c, 64c + 64) of one tile, all 256 columns, over
  * k-tiles it0 .. it0 + ktiles - 1 of the ring. */
-template <typename T, int TA, int TB, int BN>
+template <typename T, int TA, int TB>
 __device__ __forceinline__ void sm90_consume(float *d, int c, uint32_t ring, uint32_t full,
                                              uint32_t empty, const nb_sm90_params &p, int it0,
                                              int ktiles, int lead) {
-  using G = sm90_geo<BN, TB>;
   const uint32_t a_lbo = TA ? kBlock64 : 16, b_lbo = TB ? kBlock64 : 16;
   for (int kt = 0; kt < ktiles; kt++) {
-    int it = it0 + kt, s = it % G::stages;
-    sm90_bar_wait(full + 8 * s, (uint32_t)((it / G::stages) & 1));
-    uint32_t sa = ring + s * G::stage + c * (64 * kBK * 2), sb = ring + s * G::stage + kABytes;
-    sm90_fence_accn<BN / 2>(d);
+    int it = it0 + kt, s = it % kStages;
+    sm90_bar_wait(full + 8 * s, (uint32_t)((it / kStages) & 1));
+    uint32_t sa = ring + s * kStageBytes + c * (64 * kBK * 2), sb = ring + s * kStageBytes + kABytes;
+    sm90_fence_acc(d);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int k = 0; k < kBK / 16; k++) {
       /* next 32 bytes along a K-major row (16 k of bf16/f16, 32 of FP8), 16
        * rows (2048 B) down an MN-major block (16-bit only) */
       uint32_t oa = TA ? k * 2048 : k * 32, ob = TB ? k * 2048 : k * 32;
-      sm90_mma<T, TA, TB, BN>::run(d, sm90_desc(sa + oa, a_lbo), sm90_desc(sb + ob, b_lbo), kt > 0 || k > 0);
+      sm90_mma<T, TA, TB>::run(d, sm90_desc(sa + oa, a_lbo), sm90_desc(sb + ob, b_lbo), kt > 0 || k > 0);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    sm90_fence_accn<BN / 2>(d);
+    sm90_fence_acc(d);
     /* the group of k-tile kt-1 has finished reading its stage */
-    if (kt > 0 && lead) sm90_release(p, empty, (it - 1) % G::stages);
+    if (kt > 0 && lead) sm90_release(p, empty, (it - 1) % kStages);
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  sm90_fence_accn<BN / 2>(d);
-  if (lead) sm90_release(p, empty, (it0 + ktiles - 1) % G::stages);
+  sm90_fence_acc(d);
+  if (lead) sm90_release(p, empty, (it0 + ktiles - 1) % kStages);
 }
 
 /* ---- split partial tiles (split-K, stream-K) ------------------------------
- * A slot holds one partial 128 x BN f32 tile (room for 128 x 256) in
- * fragment order: float4 q of consumer c's thread t at (c BN / 8 + q) 128
- * + t, so both the write and the read are 16-byte accesses contiguous
- * across the warpgroup. Split-K and stream-K: slot = the CTA; stream-K with
- * heads: sm90_slot. */
-template <int BN>
+ * A slot holds one partial 128 x 256 f32 tile in fragment order: float4 q
+ * of consumer c's thread t at (c * 32 + q) * 128 + t, so both the write and
+ * the read are 16-byte accesses contiguous across the warpgroup. Split-K and
+ * stream-K: slot = the CTA; stream-K with heads: sm90_slot. */
 __device__ __forceinline__ void sm90_partial_put(const float *d, const nb_sm90_params &p, int c, int slot) {
   int t = threadIdx.x % 128;
-  float4 *dst = (float4 *)(p.ws + (size_t)slot * kBM * kBN) + c * (BN / 8) * 128;
+  float4 *dst = (float4 *)(p.ws + (size_t)slot * kBM * kBN) + c * 32 * 128;
 #pragma unroll
-  for (int q = 0; q < BN / 8; q++)
+  for (int q = 0; q < 32; q++)
     __stcg(dst + q * 128 + t, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
   __threadfence();
   sm90_wg_sync(c);
@@ -483,7 +439,6 @@ __device__ __forceinline__ void sm90_partial_put(const float *d, const nb_sm90_p
 }
 
 /* Adds slot's partial (consumer c's half) once its flag shows this launch. */
-template <int BN>
 __device__ __forceinline__ void sm90_partial_take(float *d, const nb_sm90_params &p, int c, int slot) {
   int t = threadIdx.x % 128;
   if (t == 0) {
@@ -494,18 +449,17 @@ __device__ __forceinline__ void sm90_partial_take(float *d, const nb_sm90_params
     } while (v != p.epoch);
   }
   sm90_wg_sync(c);
-  const float4 *src = (const float4 *)(p.ws + (size_t)slot * kBM * kBN) + c * (BN / 8) * 128;
+  const float4 *src = (const float4 *)(p.ws + (size_t)slot * kBM * kBN) + c * 32 * 128;
 #pragma unroll
-  for (int q = 0; q < BN / 8; q++) {
+  for (int q = 0; q < 32; q++) {
     float4 v = __ldcg(src + q * 128 + t);
     d[4 * q] += v.x; d[4 * q + 1] += v.y; d[4 * q + 2] += v.z; d[4 * q + 3] += v.w;
   }
 }
 
 /* The head of a split tile adds the other parts' partials (sm90_takes). */
-template <int BN>
 __device__ __forceinline__ void sm90_partial_add(float *d, const nb_sm90_params &p, int c, int tile) {
-  sm90_takes(p, blockIdx.x, tile, [&](int slot) { sm90_partial_take<BN>(d, p, c, slot); });
+  sm90_takes(p, blockIdx.x, tile, [&](int slot) { sm90_partial_take(d, p, c, slot); });
 }
 
 /* ---- epilogue -------------------------------------------------------------
@@ -562,15 +516,8 @@ template <typename TO, int BN = kBN>
 __device__ __forceinline__ void sm90_store(const float *d, const nb_sm90_params &p, const CUtensorMap *map,
                                            int use_tma, TO *C, int64_t ld, int pairs, uint32_t stage,
                                            int c, int *nbuf, int row0, int col0) {
-  if (use_tma) {
-    sm90_store_tma<TO, BN>(d, map, stage, c, nbuf, p, row0, col0);
-    /* columns past the last whole staging chunk (a 160-wide 16-bit tile's
-     * last 32) go directly: their register block starts at d + full / 2 */
-    constexpr int full = BN / (128 / (int)sizeof(TO)) * (128 / (int)sizeof(TO));
-    if constexpr (full < BN) sm90_store_direct<TO, BN - full>(d + full / 2, C, ld, pairs, p.M, p.N, row0, col0 + full);
-  } else {
-    sm90_store_direct<TO, BN>(d, C, ld, pairs, p.M, p.N, row0, col0);
-  }
+  if (use_tma) sm90_store_tma<TO, BN>(d, map, stage, c, nbuf, p, row0, col0);
+  else sm90_store_direct<TO, BN>(d, C, ld, pairs, p.M, p.N, row0, col0);
 }
 
 template <typename TO, int BN = kBN>
@@ -588,7 +535,7 @@ __device__ __forceinline__ void sm90_epilogue(float *d, const nb_sm90_params &p,
 }
 #endif /* NB_SM90A_DEVICE */
 
-template <typename T, typename TO, int TA, int TB, int BN>
+template <typename T, typename TO, int TA, int TB>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                      const __grid_constant__ CUtensorMap mc, const __grid_constant__ CUtensorMap maux,
@@ -598,11 +545,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* the 128-byte swizzle repeats every 1024 B: align the ring to it */
   uint32_t base = sm90_smem(sm90_raw);
   uint32_t ring = (base + 1023) & ~1023u;
-  using G = sm90_geo<BN, TB>;
-  uint32_t stage = ring + G::stages * G::stage;
-  uint32_t full = stage + kOutBytes, empty = full + 8 * G::stages;
+  uint32_t stage = ring + kStages * kStageBytes;
+  uint32_t full = stage + kOutBytes, empty = full + 8 * kStages;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < G::stages; s++) {
+    for (int s = 0; s < kStages; s++) {
       sm90_bar_init(full + 8 * s, 1);
       sm90_bar_init(empty + 8 * s, kConsumers * p.cluster);
     }
@@ -615,12 +561,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 0) sm90_produce<T, TA, TB, BN>(&ma, &mb, p, ring, full, empty);
+    if (threadIdx.x == 0) sm90_produce<T, TA, TB>(&ma, &mb, p, ring, full, empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    float d[BN / 2];
+    float d[128];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    for (int i = 0; i < 128; i++) d[i] = 0.0f;
     int c = wg - 1, it0 = 0, nbuf = 0, lead = threadIdx.x % 128 == 0;
     /* FP8: the per-tensor scales, read once (no host wait) */
     const float scale = sm90_in<T>::f8 ? __ldg(p.scale_a) * __ldg(p.scale_b) : 1.0f;
@@ -629,19 +575,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* the first wgmma of each segment (scale-d 0) overwrites the accumulators */
     while (w.next(p, blockIdx.x, gridDim.x, &tile, &kb, &ke, &role)) {
       int m0, n0;
-      sm90_tile<BN>(tile, p, sm90_rank(p), &m0, &n0);
-      sm90_consume<T, TA, TB, BN>(d, c, ring, full, empty, p, it0, ke - kb, lead);
+      sm90_tile(tile, p, sm90_rank(p), &m0, &n0);
+      sm90_consume<T, TA, TB>(d, c, ring, full, empty, p, it0, ke - kb, lead);
       it0 += ke - kb;
       if (role == SM90_PUT) { /* one part of a split tile: its head stores it */
-        sm90_partial_put<BN>(d, p, c, sm90_slot(p, tile, blockIdx.x));
+        sm90_partial_put(d, p, c, sm90_slot(p, tile, blockIdx.x));
         continue;
       }
-      if (role == SM90_HEAD) sm90_partial_add<BN>(d, p, c, tile);
+      if (role == SM90_HEAD) sm90_partial_add(d, p, c, tile);
       if (sm90_in<T>::f8) { /* the scales, once, on the full sum */
 #pragma unroll
-        for (int i = 0; i < BN / 2; i++) d[i] *= scale;
+        for (int i = 0; i < 128; i++) d[i] *= scale;
       }
-      sm90_epilogue<TO, BN>(d, p, &mc, &maux, stage, c, &nbuf, m0 + 64 * c, n0);
+      sm90_epilogue<TO>(d, p, &mc, &maux, stage, c, &nbuf, m0 + 64 * c, n0);
     }
     /* the staging buffers must stay until the last stores have read them */
     if (lead) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -658,20 +604,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 /* ---- launch -----------------------------------------------------------------
  * Launches instantiation <T, TO, TA, TB> (of the ping-pong kernel with
- * p.pingpong, of the 160-wide tiles with p.bn == kBNw: 16-bit operands and
- * MN-major B only, which the planner guarantees) on grid CTAs (capped, with
- * clusters, at the clusters that fit) and counts it in *count (atomic). */
+ * p.pingpong) on grid CTAs (capped, with clusters, at the clusters that
+ * fit) and counts it in *count (atomic). */
 template <typename T, typename TO, int TA, int TB>
 nb_status sm90_launch(const nb_cuda_ctx *ctx, const nb_sm90_maps &m, const nb_sm90_params &p,
                       int64_t grid, int64_t *count) {
-  auto kern = p.pingpong ? sm90_pp_kernel<T, TO, TA, TB> : sm90_gemm_kernel<T, TO, TA, TB, kBN>;
+  auto kern = p.pingpong ? sm90_pp_kernel<T, TO, TA, TB> : sm90_gemm_kernel<T, TO, TA, TB>;
   size_t smem = p.pingpong ? kPPSmem : kSmem;
-  if constexpr (TB && !sm90_in<T>::f8) {
-    if (!p.pingpong && p.bn == kBNw) {
-      kern = sm90_gemm_kernel<T, TO, TA, TB, kBNw>;
-      smem = sm90_geo<kBNw, TB>::smem;
-    }
-  }
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "matmul sm90: shared memory attribute");
   cudaLaunchConfig_t cfg;

@@ -12,7 +12,7 @@
 #include "backend/cuda/gemm_sm90.h"
 #include "backend/cuda/gemm_sm90_plan.h"
 
-constexpr int kBM = NB_SM90_BM, kBN = NB_SM90_BN, kBNw = NB_SM90_BNW, kBK = NB_SM90_BK, kGroupM = NB_SM90_GROUP_M;
+constexpr int kBM = NB_SM90_BM, kBN = NB_SM90_BN, kBK = NB_SM90_BK, kGroupM = NB_SM90_GROUP_M;
 
 PFN_cuTensorMapEncodeTiled_v12000 nb_sm90_encode_fn(void) {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
@@ -182,14 +182,13 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * heuristic's choice); dpsk, sk-heads (below); pingpong (the ping-pong kernel,
  * gemm_sm90_pingpong.cuh: 128 x 128 tiles, one per consumer warpgroup in
  * turn, data-parallel on min(tiles, SMs) CTAs in groups of 8 tile rows,
- * its tile columns 128 wide); n160 (the cooperative kernel on 128 x 160
- * tiles, split-K as the heuristic: below). An output tile
+ * its tile columns 128 wide). An output tile
  * is summed over k in order by one CTA, except that split-K and stream-K
  * add the partial sums of their k ranges in a fixed order: a candidate
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
                                               "stream-k",     "cta-per-tile", "cluster2", "dpsk",
-                                              "sk-heads",     "pingpong",     "n160"};
+                                              "sk-heads",     "pingpong"};
 enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK, SM90_SK_HEADS };
 static const struct {
   int group;          /* tile rows per raster group */
@@ -197,13 +196,11 @@ static const struct {
   int per_tile;       /* data-parallel grid of one CTA per tile */
   int cluster;        /* 1, or 2 (when unsplit and there are two tile rows) */
   int pingpong;       /* the ping-pong kernel: 128 x 128 tiles, data-parallel */
-  int wide;           /* 128 x 160 tiles where they can run (nb_sm90_resolve's wide) */
-} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1, 0, 0},  {4, SM90_SPLIT_K, 0, 1, 0, 0},
-                  {16, SM90_SPLIT_K, 0, 1, 0, 0},       {kGroupM, SM90_NO_SPLIT, 0, 1, 0, 0},
-                  {kGroupM, SM90_STREAM_K, 0, 1, 0, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0, 0},
-                  {kGroupM, SM90_NO_SPLIT, 0, 2, 0, 0}, {kGroupM, SM90_DPSK, 0, 1, 0, 0},
-                  {kGroupM, SM90_SK_HEADS, 0, 1, 0, 0}, {kGroupM, SM90_NO_SPLIT, 0, 1, 1, 0},
-                  {kGroupM, SM90_SPLIT_K, 0, 1, 0, 1}};
+} sm90_cands[] = {{kGroupM, SM90_SPLIT_K, 0, 1, 0},  {4, SM90_SPLIT_K, 0, 1, 0},
+                  {16, SM90_SPLIT_K, 0, 1, 0},       {kGroupM, SM90_NO_SPLIT, 0, 1, 0},
+                  {kGroupM, SM90_STREAM_K, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0},
+                  {kGroupM, SM90_NO_SPLIT, 0, 2, 0}, {kGroupM, SM90_DPSK, 0, 1, 0},
+                  {kGroupM, SM90_SK_HEADS, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -314,36 +311,23 @@ static void sm90_sk_heads(nb_sm90_sched *s, int tiles_m, int64_t tiles, int ktil
  * shared-memory and L2 reads per flop dominate. Below a wave the
  * cooperative kernel's split-K and fewer, wider tiles stay. */
 constexpr int kPPMaxKtiles = 12;
-constexpr int kCandPingpong = 9, kCandN160 = 10; /* sm90_cands[kCandPingpong], [kCandN160] */
-static_assert(kCandN160 == kCands - 1, "n160 is the last candidate");
+constexpr int kCandPingpong = 9; /* sm90_cands[kCandPingpong], the last */
+static_assert(kCandPingpong == kCands - 1, "pingpong is the last candidate");
 
 static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm) {
   int64_t tiles = (int64_t)tiles_m * ((N + kBN / 2 - 1) / (kBN / 2));
   return ktiles <= kPPMaxKtiles && tiles >= n_sm;
 }
 
-/* Candidate 0 runs n160's launch when its 128 x 160 tiles are one wave that
- * fills at least 7/8 of the SMs and the 128 x 256 tiles are less than a
- * wave (the weight gradients of GPT-2's MLP, 3072 x 768 and 768 x 3072:
- * 72 tiles of 256, 120 of 160, on 132 SMs), where the cooperative kernel
- * would otherwise split K into a second, partly empty wave. */
-static int sm90_heuristic_n160(int tiles_m, int64_t N, int n_sm) {
-  int64_t t256 = (int64_t)tiles_m * ((N + kBN - 1) / kBN), t160 = (int64_t)tiles_m * ((N + kBNw - 1) / kBNw);
-  return t256 < n_sm && t160 <= n_sm && 8 * t160 >= 7 * (int64_t)n_sm;
-}
-
-nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm, int wide) {
+nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm) {
   if (i == 0 && sm90_heuristic_pingpong(tiles_m, N, ktiles, n_sm)) i = kCandPingpong;
-  else if (i == 0 && wide && sm90_heuristic_n160(tiles_m, N, n_sm)) i = kCandN160;
-  int pp = sm90_cands[i].pingpong, bn = sm90_cands[i].wide && wide ? kBNw : kBN;
-  int tiles_n = (int)((N + (pp ? kBN / 2 : bn) - 1) / (pp ? kBN / 2 : bn));
+  int pp = sm90_cands[i].pingpong, tiles_n = (int)((N + (pp ? kBN / 2 : kBN) - 1) / (pp ? kBN / 2 : kBN));
   int64_t tiles = (int64_t)tiles_m * tiles_n;
   nb_sm90_sched s;
   s.dp_tiles = 0;
   s.sk_ctas = 0;
   s.sk_heads = s.head_k = 0;
   s.pingpong = pp;
-  s.bn = bn;
   s.tiles_n = tiles_n;
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
   if (s.sk) s.sk_ctas = n_sm;
@@ -366,8 +350,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
   return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
          a.grid == b.grid && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&
-         a.pingpong == b.pingpong && a.bn == b.bn && a.tiles_n == b.tiles_n && a.sk_heads == b.sk_heads &&
-         a.head_k == b.head_k;
+         a.pingpong == b.pingpong && a.tiles_n == b.tiles_n && a.sk_heads == b.sk_heads && a.head_k == b.head_k;
 }
 
 int nb_sm90_args_ok(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm) {
@@ -375,13 +358,13 @@ int nb_sm90_args_ok(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm)
          N <= INT32_MAX && K <= INT32_MAX && bk >= 1;
 }
 
-int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm, int wide,
+int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
                         nb_gemm_own_schedule *out) {
   if (!nb_sm90_args_ok(i, rows, N, K, bk, n_sm)) return 0;
   int tiles_m = (int)((rows + kBM - 1) / kBM);
-  nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, N, (int)((K + bk - 1) / bk), n_sm, wide);
+  nb_sm90_sched s = nb_sm90_resolve(i, tiles_m, N, (int)((K + bk - 1) / bk), n_sm);
   out->tiles = (int64_t)tiles_m * s.tiles_n;
-  out->tile_n = s.pingpong ? kBN / 2 : s.bn;
+  out->tile_n = s.pingpong ? kBN / 2 : kBN;
   out->grid = s.grid;
   out->splits = s.splits;
   out->stream_k = s.sk;
@@ -395,7 +378,7 @@ int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n
 }
 
 int nb_sm90_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm, nb_gemm_own_schedule *out) {
-  return nb_sm90_schedule_bk(i, rows, N, K, kBK, n_sm, 1, out);
+  return nb_sm90_schedule_bk(i, rows, N, K, kBK, n_sm, out);
 }
 
 static pthread_mutex_t sm90_occ_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -12,11 +12,10 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemm.h"
 
-/* One output tile is NB_SM90_BM x NB_SM90_BN (or NB_SM90_BNW wide: the
- * n160 candidate), its k-tiles NB_SM90_BK deep for 16-bit operands and
- * 2 NB_SM90_BK for FP8 ones (128 bytes either way); the heuristic's raster
- * walks N with NB_SM90_GROUP_M tile rows together. */
-enum { NB_SM90_BM = 128, NB_SM90_BN = 256, NB_SM90_BNW = 160, NB_SM90_BK = 64, NB_SM90_GROUP_M = 8 };
+/* One output tile is NB_SM90_BM x NB_SM90_BN, its k-tiles NB_SM90_BK deep
+ * for 16-bit operands and 2 NB_SM90_BK for FP8 ones (128 bytes either way);
+ * the heuristic's raster walks N with NB_SM90_GROUP_M tile rows together. */
+enum { NB_SM90_BM = 128, NB_SM90_BN = 256, NB_SM90_BK = 64, NB_SM90_GROUP_M = 8 };
 
 /* What schedule candidate i launches for a problem (nb_sm90_resolve). Two
  * candidates with the same schedule run the same kernel the same way. */
@@ -28,8 +27,7 @@ struct nb_sm90_sched {
   int sk_heads;     /* stream-K with heads: one CTA per tile runs its first head_k k-tiles */
   int head_k;
   int pingpong;     /* the ping-pong kernel (128 x 128 tiles, one per consumer warpgroup) */
-  int bn;           /* the cooperative kernel's tile width: NB_SM90_BN or NB_SM90_BNW */
-  int tiles_n;      /* tile columns: of bn, or of NB_SM90_BN / 2 with pingpong */
+  int tiles_n;      /* tile columns: of NB_SM90_BN, or of NB_SM90_BN / 2 with pingpong */
 };
 
 /* The number of schedule candidates (nb_sm90_candidate names them). */
@@ -37,21 +35,18 @@ int nb_sm90_cand_count(void);
 /* The name table nb_tune_pick takes: nb_sm90_cand_count() names. */
 const char *const *nb_sm90_cand_names(void);
 /* Candidate i (0 <= i < nb_sm90_cand_count()) for tiles_m tile rows, N
- * columns and ktiles k-tiles per tile on n_sm SMs; wide: the 160-wide
- * tiles can run (16-bit operands, MN-major B), else candidate n160 takes
- * 256-wide ones. Candidate 0, the heuristic, resolves to pingpong's launch
- * at most 12 k-tiles deep with at least n_sm tiles of 128 x 128, and to
- * n160's where that fills the SMs and 256-wide tiles do not
- * (gemm_sm90_plan.cu). */
-nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm, int wide);
+ * columns and ktiles k-tiles per tile on n_sm SMs. Candidate 0, the
+ * heuristic, resolves to pingpong's launch at most 12 k-tiles deep with at
+ * least n_sm tiles of 128 x 128 (gemm_sm90_plan.cu). */
+nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm);
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b);
 
 /* Whether candidate i, a rows x N x K product, k-tiles of bk elements and
  * n_sm SMs are arguments the schedule functions take (sizes up to INT32_MAX). */
 int nb_sm90_args_ok(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm);
 /* nb_sm90_schedule for k-tiles of bk elements (NB_SM90_BK: bf16/f16,
- * 2 NB_SM90_BK: FP8) and wide as nb_sm90_resolve takes it. */
-int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm, int wide,
+ * 2 NB_SM90_BK: FP8). */
+int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
                         nb_gemm_own_schedule *out);
 
 /* How many clusters of cfg's cluster size of the kernel kern (any
