@@ -19,7 +19,7 @@
  *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
  *      then for every QT-query tile that sees the block (causal: from the
  *      block's first key on; QT = 64, or 128 for the split kernel at D 64:
- *      fb_qt) Q, dO (QT x D; both 64-row halves, zero-filled past Lq) and,
+ *      fb_kv_qt) Q, dO (QT x D; both 64-row halves, zero-filled past Lq) and,
  *      by a bulk copy, the tile's QT lse2 and delta values into stage it %
  *      ST of a ring (ST = 2, or 3
  *      for the split kernel at D 64: fb_kv_stages; full mbarrier per
@@ -39,14 +39,18 @@
  *      A operand (dO as B, MN-major, transpose bit), dS^T = P^T (dP^T -
  *      delta[query]), dK += dS^T Q the same way. S^T and dP^T are two commit
  *      groups: P^T is computed while dP^T is on the tensor cores, dS^T
- *      while dV's product is (QT 64). QT 128 (twice the work per wgmma of
- *      S^T and dP^T and per barrier round trip, ncu having shown the D 64
- *      kernel's tensor pipe busy 35% of the time with 64): S^T, dP^T, P^T
- *      and dK, dV hold 224 registers at once if P^T's fragments coexist
- *      with dP^T's accumulators, so both P^T and dS^T are packed once dP^T
- *      has completed, the dV and dK products are issued together and run
- *      on into the next tile's S^T, and its dP^T is issued once they have
- *      completed (their fragments' registers are then free).
+ *      while dV's product is (QT 64). QT 128 (the split kernel at D 64:
+ *      twice the work per wgmma of S^T and dP^T and per barrier round
+ *      trip, statistics copy and stage release; ncu on the H100 at GPT-2's
+ *      shape, B16 H12 N1024 D64 causal bf16: 188.9 us at 40% tensor-pipe
+ *      active against 206.9 us at 36% with 64-query tiles; fwd+bwd 0.4007
+ *      to 0.4128 ms against 0.4182 to 0.4221 in three interleaved rounds):
+ *      S^T, dP^T, P^T and dK, dV hold 224 registers at once if P^T's
+ *      fragments coexist with dP^T's accumulators, so both P^T and dS^T
+ *      are packed once dP^T has completed, the dV and dK products are
+ *      issued together and run on into the next tile's S^T, and its dP^T
+ *      is issued once they have completed (their fragments' registers are
+ *      then free).
  *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
  *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
  *      tiles into a 3-stage ring (key tiles after the block's last row
@@ -142,17 +146,22 @@ struct fb_params {
   int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
 };
 
-/* The dK/dV ring's stages: 3 for the split kernel at D 64, whose dK product
- * runs on into the next tile's S^T and dP^T (the stage is freed once the
- * next S^T has completed); 2 otherwise: at D 128 keeping dS^T and the
+/* The dK/dV ring's stages: 3 for the split kernel at D 64, whose dV and dK
+ * products run on into the next tile's S^T (the stage is freed once they
+ * have completed); 2 otherwise: at D 128 keeping dS^T and the
  * accumulators live across tiles leaves ptxas too few registers (it
  * serialises every wgmma, C7512), and the fused kernel sends its dQ
  * partial and frees the stage in the tile itself. */
 __host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fused && D == 64 ? FB_QST : FB_ST; }
+/* The dK/dV kernel's query tile: 128 rows for the split kernel at D 64
+ * (m64n128 S^T and dP^T products, half the per-tile fixed costs per
+ * query), 64 otherwise (the fused kernel's dS^T exchange and dQ partials
+ * are 64-query tiles; at D 128 the accumulators leave no registers). */
+__host__ __device__ constexpr int fb_kv_qt(bool fused, int D) { return !fused && D == 64 ? 128 : FB_BQ; }
 
 template <int D, int QT = FB_BQ> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (QT x D: the query tile,
-   * 64 rows, or 128 for the split kernel at D 64: fb_qt), then per stage
+   * 64 rows, or 128 for the split kernel at D 64: fb_kv_qt), then per stage
    * the query tile's statistics (lse2 [QT], delta [QT]) */
   static constexpr int KB = FB_BK * D * 2, QB = QT * D * 2, STAGE = 2 * QB, STATS = 2 * QT * 4;
   /* the tiles of the dK/dV kernels before the fused kernel's buffers */
@@ -315,14 +324,13 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
   for (int i = 0; i < QT / 2; i++) s[i] = dp[i] = 0.0f;
   if (ntiles) sm90_bar_wait(bar.once(), 0);
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
-  constexpr bool PIPE = ST == FB_QST && QT == 64; /* dK's product runs into the next tile */
   /* Q2 (128-query tiles): P^T and dS^T are packed once dP^T has completed
    * (P^T's fragments and dP^T's accumulators are never live at once: 224 of
    * them with dK, dV, S^T made ptxas serialise every wgmma, C7512); dV's
    * and dK's products run on into the next tile's S^T, dP^T is issued once
    * they have completed (their fragments' registers are free) */
   constexpr bool Q2 = QT == 128;
-  static_assert(!(PIPE && F), "the fused kernel sends its partial and frees the stage in the tile");
+  static_assert(Q2 == (ST == FB_QST), "the 3-stage ring is the 128-query tiles' (their products run on)");
   for (int it = 0; it < ntiles; it++) {
     const int sg = it % ST, i0 = ibeg + it * QT;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
@@ -349,11 +357,6 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_commit();
     fa3_wait<1>(); /* S^T complete; dP^T may still run */
     fa3_fence(s);
-    if (PIPE && it > 0) { /* and the previous tile's dK product: its stage is free */
-      fa3_fence(dk);
-      fa3_fence(da);
-      sm90_bar_arrive(bar.empty((it - 1) % ST));
-    }
     /* P^T; D 64: the mask's compares and selects (a quarter of the
      * tile's instructions) only on the tiles that reach the diagonal */
     const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
@@ -445,19 +448,12 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fb_rs<T, D, QT, NQ>(dk, da, qt); /* dK += dS^T Q */
       fa3_commit();
     }
-    /* PIPE: dV complete, dK's product runs on (the stage is freed in the
-     * next tile); DQF: dV and dQ complete, dK's product may still run, the
-     * partial goes out, then the stage is freed; else dV and dK complete,
-     * the stage is freed, and (fused) the partial waits for dQ's product */
+    /* DQF: dV and dQ complete, dK's product may still run, the partial
+     * goes out, then the stage is freed; else dV and dK complete, the
+     * stage is freed, and (fused) the partial waits for dQ's product */
     if constexpr (DQF) {
       fa3_wait<1>();
       fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
-    }
-    if (PIPE) { /* dV complete; dK's product runs on into the next tile's S^T, dP^T */
-      fa3_wait<1>();
-      fa3_fence(dv);
-      fa3_fence(pa);
-      continue;
     }
     if (F && !DQF) fa3_wait<1>();
     else fa3_wait<0>();
@@ -478,14 +474,12 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     }
   }
   if (F && x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  if (PIPE || Q2) {
+  if constexpr (Q2) {
     fa3_wait<0>();
     fa3_fence(dk);
     fa3_fence(da);
-    if constexpr (Q2) {
-      fa3_fence(dv);
-      fa3_fence(pa);
-    }
+    fa3_fence(dv);
+    fa3_fence(pa);
     if (ntiles) sm90_bar_arrive(bar.empty((ntiles - 1) % ST));
   }
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
@@ -601,14 +595,14 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   __syncthreads()
 
 // dk, dv (B, Lk, D), and for F the dQ accumulator: a CTA per (128 keys, batch index), query tiles of QT
-template <typename T, int D, bool F, int QT = FB_BQ>
+template <typename T, int D, bool F, int QT = fb_kv_qt(F, D)>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                  const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
                  const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D, QT> C;
-  static_assert(QT == FB_BQ || (QT == 128 && D == 64 && !F), "128-query tiles: the split kernel at D 64 only");
+  static_assert(QT == fb_kv_qt(F, D), "the query tile is fb_kv_qt's");
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
   FB_PROLOGUE(C::kv_tiles(F) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
   (void)g0;
@@ -700,19 +694,9 @@ static int fb_vec_ok(const void *data, int64_t rs, const int64_t *bs, int nbk) {
 /* 1 when the loaded images of the three kernels are the 9.0 ones (a binary built
  * without that target would run the sm_80 image's empty kernels). */
 template <typename T, int D> int fb_ready(void) {
-  static int kv = 0, q = 0, fused = 0, kv2 = 0;
+  static int kv = 0, q = 0, fused = 0;
   return fa3_binary_ok(fb_kv_kernel<T, D, false>, &kv) && fa3_binary_ok(fb_q_kernel<T, D>, &q) &&
-         fa3_binary_ok(fb_kv_kernel<T, D, true>, &fused) &&
-         (D != 64 || fa3_binary_ok(fb_kv_kernel<T, D, false, D == 64 ? 128 : FB_BQ>, &kv2));
-}
-
-/* The split dK/dV kernel's query tile at D 64: 128 rows (m64n128 S^T and
- * dP^T products, half the per-tile fixed costs per query), or 64 with
- * NABLA_ATTENTION_SM90_BWD_QT=64 (read at every call; to compare the two
- * on the device). D 128 and the fused kernel take 64. */
-static int fb_qt(void) {
-  const char *e = getenv("NABLA_ATTENTION_SM90_BWD_QT");
-  return e && !strcmp(e, "64") ? 64 : 128;
+         fa3_binary_ok(fb_kv_kernel<T, D, true>, &fused);
 }
 
 /* A (.., L, D) view of dtype dt whose rows the kernels address directly: D
@@ -784,11 +768,9 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   const int64_t rows = (int64_t)p.B * p.Lp;
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
-  constexpr int Q2 = D == 64 ? 128 : FB_BQ; /* the larger query tile (fb_qt) */
-  const int q2 = D == 64 && fb_qt() == 128;
-  auto kv = q2 ? fb_kv_kernel<T, D, false, Q2> : fb_kv_kernel<T, D, false>;
+  auto kv = fb_kv_kernel<T, D, false>;
   auto qk = fb_q_kernel<T, D>;
-  const size_t skv = q2 ? fb_cfg<D, Q2>::SMEM_KV : fb_cfg<D>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
+  const size_t skv = fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
   NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv),
               "attention_bwd (sm90): shared memory attribute");
   NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),

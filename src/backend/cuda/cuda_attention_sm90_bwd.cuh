@@ -10,7 +10,7 @@
 #include "backend/cuda/cuda_attention_sm90.cuh"
 
 #define FB_BK 128 /* keys per dK/dV CTA: two consumer warpgroups of 64 */
-#define FB_BQ 64  /* queries per streamed tile (dK/dV) */
+#define FB_BQ 64  /* queries per streamed tile (dK/dV; 128 for the split kernel at D 64: fb_kv_qt) */
 #define FB_BM 128 /* queries per dQ CTA: two consumer warpgroups of 64 */
 #define FB_BN 64  /* keys per streamed tile (dQ) */
 #define FB_ST 2   /* ring stages: the dK/dV kernels (fused; split at D 128) */
