@@ -603,7 +603,10 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, sq, sk, bar);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    const int wg = threadIdx.x / 128 - 1;
+    /* the warpgroup by a shuffle from lane 0, which ptxas knows is the same
+     * in the whole warp, so that what depends on it (Q's wgmma descriptors)
+     * lives in uniform registers: no per-wgmma moves into them */
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
     int it = 0, x = fa3_take(p, bar, 0); /* it: the ring's tiles consumed so far */
     fa3_carry<D> c;
