@@ -52,28 +52,16 @@
  *      is issued once they have completed (their fragments' registers are
  *      then free).
  *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
- *      first: the producer loads Q and dO (128 x D) once and BN-key K, V
- *      tiles (BN = 64, or 128 at D 64: fb_q_bn; both 64-row halves,
- *      zero-filled past Lk) into a 3-stage ring (key tiles after the
- *      block's last row never loaded); consumer c owns query rows [64 c,
- *      64 c + 64): S = Q K^T, dP = dO V^T (m64nBNk16 from shared memory),
- *      P = exp2(S sl2 - lse2[row]) (zero past Lk and, causal, after the
- *      row: the compares and selects only on the tiles that cross Lk or
- *      the diagonal), dS = P (dP - delta[row]), dQ += dS K (dS as register
- *      A, K MN-major), whose product runs on into the next tile's S and dP
- *      (the tile's stage is freed once the next S has completed, and with
- *      it this product; 3 stages: with 2 the next tile's load waited for
- *      that and the split path's fwd+bwd took 8% longer). BN 128 (twice
- *      the work per wgmma of S and dP and per barrier round trip; ncu had
- *      shown the D 64 kernel as long as the dK/dV kernel, 150 us at GPT-2's
- *      shape, its tensor pipe busy 38% of the time): dP is issued once the
- *      previous tile's dQ product has completed (dS's fragments and dP's
- *      accumulators never live at once), and the mask compares the
- *      element's key offset 8n + (e & 1) with one bound per row half,
- *      min(Lk - 1, row) - j0 - 2t (causal; else Lk - 1 - j0 - 2t): 2
- *      instructions an element. 64-key tiles at D 64 with
- *      NABLA_ATTENTION_SM90_BWD_QK=64 (read at every call; to compare the
- *      two on the device).
+ *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
+ *      tiles into a 3-stage ring (key tiles after the block's last row
+ *      never loaded); consumer c owns query rows [64 c, 64 c + 64): S = Q
+ *      K^T, dP = dO V^T (m64n64k16 from shared memory), P = exp2(S sl2 -
+ *      lse2[row]) (zero past Lk and, causal, after the row), dS = P (dP -
+ *      delta[row]), dQ += dS K (dS as register A, K MN-major), whose
+ *      product runs on into the next tile's S and dP (the tile's stage is
+ *      freed once the next S has completed, and with it this product; 3
+ *      stages: with 2 the next tile's load waited for that and the split
+ *      path's fwd+bwd took 8% longer).
  * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
  * tile wholly past them is not loaded at all (its rows' results are never
  * stored, and every product here is row-wise in them), but for the dK/dV
@@ -171,7 +159,7 @@ __host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fuse
  * are 64-query tiles; at D 128 the accumulators leave no registers). */
 __host__ __device__ constexpr int fb_kv_qt(bool fused, int D) { return !fused && D == 64 ? 128 : FB_BQ; }
 
-template <int D, int QT = FB_BQ, int BN = FB_BN> struct fb_cfg {
+template <int D, int QT = FB_BQ> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (QT x D: the query tile,
    * 64 rows, or 128 for the split kernel at D 64: fb_kv_qt), then per stage
    * the query tile's statistics (lse2 [QT], delta [QT]) */
@@ -186,9 +174,8 @@ template <int D, int QT = FB_BQ, int BN = FB_BN> struct fb_cfg {
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
   static constexpr size_t SMEM_FU = 1024 + kv_tiles(true) + 2 * DS + 4 * PART + 8 * FB_NBAR;
   static_assert(kv_tiles(true) % 1024 == 0, "the fused kernel's dS^T buffers must be 1024-byte aligned");
-  /* dQ: Q, dO (128 x D), then per stage K, V (BN x D: the key tile, 64
-   * rows, or 128 at D 64: fb_q_bn) */
-  static constexpr int MB = FB_BM * D * 2, NB = BN * D * 2;
+  /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
+  static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
   static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_QST * 2 * NB + 8 * FB_NBAR;
   static_assert(SMEM_KV <= 232448 && SMEM_FU <= 232448 && SMEM_Q <= 232448,
                 "a backward kernel's shared memory exceeds the H100's 227 KB");
@@ -500,15 +487,12 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
 }
 
 /* ---- dQ ------------------------------------------------------------------ */
-/* Producer (one thread): Q, dO once, then K_j, V_j (BN rows) into stage j %
- * FB_QST. Both 64-row halves of a 128-row key tile are loaded, the second
- * zero-filled when it lies wholly past Lk: K's rows are the k of the dQ
- * product, V's the columns of dP (masked, but 0 (NaN - delta) is NaN). */
-template <int D, int BN>
+/* Producer (one thread): Q, dO once, then K_j, V_j into stage j % FB_QST. */
+template <int D>
 __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                              const CUtensorMap *mg, const fb_params &p, int b, int i0, int ntiles,
                                              uint32_t sq, uint32_t ss0, fb_bars bar) {
-  typedef fb_cfg<D, FB_BQ, BN> C;
+  typedef fb_cfg<D> C;
   int c[FB_MAXK];
   fa3_coords(p, b, c);
   const int nh = i0 + 64 < p.Lq ? 2 : 1; /* a half wholly past Lq is not loaded */
@@ -520,27 +504,21 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
     const uint32_t kt = ss0 + s * 2 * C::NB;
     sm90_bar_wait(bar.empty(s), ((uint32_t)(j / FB_QST) & 1) ^ 1);
     sm90_bar_expect(bar.full(s), 2 * C::NB);
-    fb_tile<D, BN>(kt, mk, bar.full(s), j * BN, BN / 64, c, p.nbk);
-    fb_tile<D, BN>(kt + C::NB, mv, bar.full(s), j * BN, BN / 64, c, p.nbk);
+    fb_tile<D, FB_BN>(kt, mk, bar.full(s), j * FB_BN, 1, c, p.nbk);
+    fb_tile<D, FB_BN>(kt + C::NB, mv, bar.full(s), j * FB_BN, 1, c, p.nbk);
   }
 }
 
-/* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles
- * (BN keys: the S and dP products m64nBN, dQ's BN / 16 k-steps). */
-template <typename T, int D, int BN>
+/* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles. */
+template <typename T, int D>
 __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
                                              uint32_t ss0, fb_bars bar) {
-  typedef fb_cfg<D, FB_BQ, BN> C;
-  constexpr int NK = BN / 16; /* k-steps of dQ's product */
-  /* K2 (128-key tiles): the previous tile's dQ product completes before dP
-   * is issued (dS's fragments and dP's accumulators are never live at
-   * once), and the mask compares each key with one bound per row half */
-  constexpr bool K2 = BN == 128;
+  typedef fb_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
   const uint32_t qa = sq + wg * 64 * 128, ga = qa + C::MB;
-  float dq[D / 2], s[BN / 2], dp[BN / 2], l2[2], dl[2];
-  uint32_t da[NK][4];
+  float dq[D / 2], s[32], dp[32], l2[2], dl[2];
+  uint32_t da[4][4];
 #pragma unroll
   for (int h = 0; h < 2; h++) { /* rows < nblk 128 <= Lp */
     l2[h] = p.sl[(int64_t)b * p.Lp + r0 + 8 * h];
@@ -549,33 +527,22 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
 #pragma unroll
   for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < BN / 2; i++) s[i] = dp[i] = 0.0f;
+  for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
   sm90_bar_wait(bar.once(), 0);
   for (int j = 0; j < ntiles; j++) {
-    const int sg = j % FB_QST, j0 = j * BN;
+    const int sg = j % FB_QST, j0 = j * FB_BN;
     const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
     sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_QST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
     fa3_wg_fence();
-    fb_ss<T, D, FB_BM, BN, BN>(s, qa, kt); /* S = Q K^T */
+    fb_ss<T, D, FB_BM, FB_BN>(s, qa, kt); /* S = Q K^T */
     fa3_commit();
-    if constexpr (K2) { /* the previous tile's dQ product completes: its stage is free */
-      fa3_wait<1>();
-      fa3_fence(dq);
-      fa3_fence(da);
-      if (j > 0) {
-        __syncwarp(); /* every lane has passed the wait before lane 0 frees the stage */
-        if (lane == 0) sm90_bar_arrive(bar.empty((j - 1) % FB_QST));
-      }
-      fa3_fence(dp);
-      fa3_wg_fence();
-    }
-    fb_ss<T, D, FB_BM, BN, BN>(dp, ga, vt); /* dP = dO V^T */
+    fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
     fa3_commit();
     fa3_wait<1>(); /* S complete, and the previous tile's dQ product: its stage is free */
     fa3_fence(s);
-    if (!K2 && j > 0) {
+    if (j > 0) {
       fa3_fence(dq);
       fa3_fence(da);
       __syncwarp(); /* every lane has passed the wait before lane 0 frees the stage */
@@ -583,37 +550,23 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
     }
     /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) s[i] = nb_mma_exp2(fmaf(s[i], p.sl2, -l2[(i >> 1) & 1]));
-    if (j0 + BN > p.Lk || (p.causal && j0 + BN - 1 > rw)) { /* warp-uniform */
-      if constexpr (K2) {
-        /* key j0 + 2t + kc (kc = 8n + (e & 1)) is masked when kc > lim[e >> 1]:
-         * past Lk, or (causal) after the row */
-        int lim[2];
+    for (int i = 0; i < 32; i++) s[i] = nb_mma_exp2(fmaf(s[i], p.sl2, -l2[(i >> 1) & 1]));
+    if (j0 + FB_BN > p.Lk || (p.causal && j0 + FB_BN - 1 > rw)) { /* warp-uniform */
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          lim[h] = p.Lk - 1 - j0 - 2 * t;
-          if (p.causal) lim[h] = min(lim[h], r0 + 8 * h - j0 - 2 * t);
-        }
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++)
-          if (8 * (i / 4) + (i & 1) > lim[(i >> 1) & 1]) s[i] = 0.0f;
-      } else {
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) {
-          const int c = j0 + 8 * (i / 4) + 2 * t + (i & 1), r = r0 + 8 * ((i >> 1) & 1);
-          if (c >= p.Lk || (p.causal && c > r)) s[i] = 0.0f;
-        }
+      for (int i = 0; i < 32; i++) {
+        const int c = j0 + 8 * (i / 4) + 2 * t + (i & 1), r = r0 + 8 * ((i >> 1) & 1);
+        if (c >= p.Lk || (p.causal && c > r)) s[i] = 0.0f;
       }
     }
     fa3_wait<0>();
     fa3_fence(dp);
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
+    for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
     fa3_pack<T>(da, dp);
     fa3_fence(da);
     fa3_fence(dq);
     fa3_wg_fence();
-    fb_rs<T, D, BN, NK>(dq, da, kt); /* dQ += dS K, on into the next tile's S (and, 64-key tiles, dP) */
+    fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K, on into the next tile's S, dP */
     fa3_commit();
   }
   fa3_wait<0>();
@@ -671,15 +624,14 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #endif
 }
 
-// dq (B, Lq, D): a CTA per (128 queries, batch index), key tiles of BN
-template <typename T, int D, int BN = FB_BN>
+// dq (B, Lq, D): a CTA per (128 queries, batch index)
+template <typename T, int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_q_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                 const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
                 const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
-  typedef fb_cfg<D, FB_BQ, BN> C;
-  static_assert(BN == FB_BN || (BN == 128 && D == 64), "128-key tiles: D 64 only");
+  typedef fb_cfg<D> C;
   FB_PROLOGUE(2 * C::MB + FB_QST * 2 * C::NB, 8);
   (void)g0;
   int b, blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
@@ -687,17 +639,13 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   const int i0 = (p.nblk - 1 - blk) * FB_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(i0 + FB_BM, p.Lq)) : p.Lk;
-  const int ntiles = (kend + BN - 1) / BN;
+  const int ntiles = (kend + FB_BN - 1) / FB_BN;
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
-    if (threadIdx.x == 0) fb_q_produce<D, BN>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0, s0 + 2 * C::MB, bar);
+    if (threadIdx.x == 0) fb_q_produce<D>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0, s0 + 2 * C::MB, bar);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    /* 128-key tiles: the warpgroup index by a shuffle from lane 0, so that
-     * Q's and dO's wgmma descriptors sit in uniform registers (not rebuilt
-     * every tile) */
-    const int wg = BN == 128 ? __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1 : threadIdx.x / 128 - 1;
-    fb_q_consume<T, D, BN>(p, b, i0, ntiles, wg, s0, s0 + 2 * C::MB, bar);
+    fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::MB, bar);
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
@@ -746,19 +694,9 @@ static int fb_vec_ok(const void *data, int64_t rs, const int64_t *bs, int nbk) {
 /* 1 when the loaded images of the three kernels are the 9.0 ones (a binary built
  * without that target would run the sm_80 image's empty kernels). */
 template <typename T, int D> int fb_ready(void) {
-  static int kv = 0, q = 0, fused = 0, q2 = 0;
+  static int kv = 0, q = 0, fused = 0;
   return fa3_binary_ok(fb_kv_kernel<T, D, false>, &kv) && fa3_binary_ok(fb_q_kernel<T, D>, &q) &&
-         fa3_binary_ok(fb_kv_kernel<T, D, true>, &fused) &&
-         (D != 64 || fa3_binary_ok(fb_q_kernel<T, D, D == 64 ? 128 : FB_BN>, &q2));
-}
-
-/* The dQ kernel's key tile at D 64: 128 rows (m64n128 S and dP products,
- * half the per-tile fixed costs per key), or 64 with
- * NABLA_ATTENTION_SM90_BWD_QK=64 (read at every call; to compare the two
- * on the device). D 128 takes 64. */
-static int fb_q_bn(void) {
-  const char *e = getenv("NABLA_ATTENTION_SM90_BWD_QK");
-  return e && !strcmp(e, "64") ? 64 : 128;
+         fa3_binary_ok(fb_kv_kernel<T, D, true>, &fused);
 }
 
 /* A (.., L, D) view of dtype dt whose rows the kernels address directly: D
@@ -830,12 +768,9 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   const int64_t rows = (int64_t)p.B * p.Lp;
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
-  constexpr int K2 = D == 64 ? 128 : FB_BN; /* the larger key tile (fb_q_bn) */
-  const int k2 = D == 64 && fb_q_bn() == 128;
   auto kv = fb_kv_kernel<T, D, false>;
-  auto qk = k2 ? fb_q_kernel<T, D, K2> : fb_q_kernel<T, D>;
-  const size_t skv = fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV;
-  const size_t sq = k2 ? fb_cfg<D, FB_BQ, K2>::SMEM_Q : fb_cfg<D>::SMEM_Q;
+  auto qk = fb_q_kernel<T, D>;
+  const size_t skv = fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
   NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv),
               "attention_bwd (sm90): shared memory attribute");
   NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),
