@@ -315,11 +315,21 @@ __device__ __forceinline__ void fa3_mask(float (&s)[FA3_BN / 2], int r0, int c0,
  * same m), and corr is 1, so that O's rescaling is skipped on most tiles.
  * The formulas of the mma kernel's fa_softmax otherwise. */
 __device__ __forceinline__ void fa3_softmax(float (&s)[FA3_BN / 2], float *m, float *l, float *corr, float sl2) {
+  static_assert(FA3_BN == 128, "the row max's tree is written for 16 column blocks");
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    float mx = -INFINITY;
+    /* the row max as a tree, 5 deep where a chain was 16: it stands
+     * between S and the exponentials */
+    float t[FA3_BN / 8];
 #pragma unroll
-    for (int n = 0; n < FA3_BN / 8; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+    for (int n = 0; n < FA3_BN / 8; n++) t[n] = fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
+#pragma unroll
+    for (int n = 0; n < 8; n++) t[n] = fmaxf(t[n], t[n + 8]);
+#pragma unroll
+    for (int n = 0; n < 4; n++) t[n] = fmaxf(t[n], t[n + 4]);
+#pragma unroll
+    for (int n = 0; n < 2; n++) t[n] = fmaxf(t[n], t[n + 2]);
+    float mx = fmaxf(t[0], t[1]);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     corr[h] = 1.0f;
