@@ -22,8 +22,13 @@
  * NABLA_ATTN_BWD=split stays on the split path. At D 64 the split dK/dV
  * kernel takes 128-query tiles (the fused one 64): the cases' Lq around
  * multiples of 64 and 128 cover a last tile with one or both 64-row halves
- * past Lq. NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000
- * rows.
+ * past Lq. The split kernels are persistent (CTAs take items from a
+ * ticket counter): every case also runs with NABLA_ATTENTION_SM90_BWD_PERSISTENT
+ * =0 (one CTA per item, as before) and =3 (a grid of at most 3 CTAs, so
+ * that even small cases take several items per CTA: both item buffers, the
+ * ring running on across items, items without query tiles in between),
+ * each compared with float64 and bit for bit with the default.
+ * NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000 rows.
  * Without a CUDA device: skipped (77). */
 #include <math.h>
 #include <stdlib.h>
@@ -102,6 +107,11 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   setenv("NABLA_ATTENTION_SM90_SECTION", "3", 1);
   sresult sec = run(c, causal, in, n, dt, GPU);
   unsetenv("NABLA_ATTENTION_SM90_SECTION");
+  setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", "0", 1); /* one CTA per item */
+  sresult each = run(c, causal, in, n, dt, GPU);
+  setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", "3", 1); /* at most 3 CTAs */
+  sresult three = run(c, causal, in, n, dt, GPU);
+  unsetenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90_BWD", "0", 1);
   sresult mma = run(c, causal, in, n, dt, GPU);
@@ -109,8 +119,8 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   unsetenv("NABLA_ATTENTION_SM90_BWD");
   sresult ref = run(c, causal, rounded, n, NB_F64, CPU);
   if (l0 >= 0) {
-    NBT_CHECK(c->runs ? l1 == l0 + 3 : l1 == l0, "%s: the sm_90a backward ran %lld times in three calls (%d "
-              "expected)", name, (long long)(l1 - l0), c->runs ? 3 : 0);
+    NBT_CHECK(c->runs ? l1 == l0 + 5 : l1 == l0, "%s: the sm_90a backward ran %lld times in five calls (%d "
+              "expected)", name, (long long)(l1 - l0), c->runs ? 5 : 0);
     NBT_CHECK(l2 == l1, "%s: NABLA_ATTENTION_SM90_BWD=0 still ran it", name);
   }
   const double tol = s.tol;
@@ -118,8 +128,14 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "the mma.sync backward", &got, &mma, &ref, n, tol);
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
   NBT_CHECK(same_bits(&got, &sec, n), "%s: sections of 3 batch indices differ from the default order", name);
+  compare(name, "float64 (a CTA per item)", &each, &ref, &ref, n, tol);
+  compare(name, "float64 (3 CTAs)", &three, &ref, &ref, n, tol);
+  NBT_CHECK(same_bits(&got, &each, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=0 differs from the default", name);
+  NBT_CHECK(same_bits(&got, &three, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=3 differs from the default", name);
   check_fused(c, causal, &s, dt, &got, &ref);
   atest_free(&sec);
+  atest_free(&each);
+  atest_free(&three);
   atest_free(&got);
   atest_free(&again);
   atest_free(&mma);

@@ -14,14 +14,29 @@
  *      into a scratch of two (B, Lp) f32 arrays, Lp = Lq rounded up to 128,
  *      the rows past Lq +inf and 0 (p = 0, dS = 0 there), so that a tile's
  *      64 values are one 256-byte bulk copy.
- *   2. dK, dV: a CTA of 384 threads per (128 keys, batch index), the
- *      heaviest key blocks (causal: the first) first. Warpgroup 0, the
- *      producer (setmaxnreg 24): one thread loads K and V (128 x D) once,
- *      then for every QT-query tile that sees the block (causal: from the
+ *   2. dK, dV: work items (128 keys, batch index), the heaviest key blocks
+ *      (causal: the first) first in each section of batch indices
+ *      (fa3_section). Persistent: min(SMs, items) CTAs of 384 threads
+ *      taking items from a ticket counter as the forward's do (fb_next;
+ *      each item is computed alike whichever CTA takes it: the same bits
+ *      as one CTA per item, NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, read at
+ *      every call; =n > 1 takes at most n CTAs, for the tests). ncu on the
+ *      H100 at GPT-2's shape with a CTA per item
+ *      (1536 CTAs, one per SM at a time): 10.4% of the dK/dV kernel's stall
+ *      samples on the consumers' first wait (a CTA's first loads), 7.3% on
+ *      the producer's exit waiting for the CTA's dK/dV stores to drain,
+ *      ~6% on the store epilogue; persistent, the next item's K/V load
+ *      and first products overlap them. Warpgroup 0, the
+ *      producer (setmaxnreg 24): one thread loads an item's K and V (128 x
+ *      D) into one of two K/V buffers (the CTA's k-th item into buffer
+ *      k % 2, once the consumers have freed it: an empty
+ *      mbarrier each, every consumer thread arriving once the item's
+ *      products have completed, before its dK/dV stores), then for every
+ *      QT-query tile that sees the block (causal: from the
  *      block's first key on; QT = 64, or 128 for the split kernel at D 64:
  *      fb_kv_qt) Q, dO (QT x D; both 64-row halves, zero-filled past Lq) and,
- *      by a bulk copy, the tile's QT lse2 and delta values into stage it %
- *      ST of a ring (ST = 2, or 3
+ *      by a bulk copy, the tile's QT lse2 and delta values into the next
+ *      stage of a ring that runs on across items (ST = 2, or 3
  *      for the split kernel at D 64: fb_kv_stages; full mbarrier per
  *      stage, completed by the copy engine's bytes; empty mbarrier, one
  *      arrival per consumer thread once its wgmma reading the stage have
@@ -51,10 +66,12 @@
  *      issued together and run on into the next tile's S^T, and its dP^T
  *      is issued once they have completed (their fragments' registers are
  *      then free).
- *   3. dQ: a CTA of 384 threads per (128 queries, batch index), heaviest
- *      first: the producer loads Q and dO (128 x D) once and 64-key K, V
- *      tiles into a 3-stage ring (key tiles after the block's last row
- *      never loaded); consumer c owns query rows [64 c, 64 c + 64): S = Q
+ *   3. dQ: work items (128 queries, batch index), heaviest (causal: the
+ *      last) first, persistent as the dK/dV kernel (the same switch): the
+ *      producer loads an item's Q and dO (128 x D) into one of two Q/dO
+ *      buffers (freed as kernel 2's K/V buffers) and 64-key K, V tiles into
+ *      a 3-stage ring running on across items (key tiles after the block's
+ *      last row never loaded); consumer c owns query rows [64 c, 64 c + 64): S = Q
  *      K^T, dP = dO V^T (m64n64k16 from shared memory), P = exp2(S sl2 -
  *      lse2[row]) (zero past Lk and, causal, after the row), dS = P (dP -
  *      delta[row]), dQ += dS K (dS as register A, K MN-major), whose
@@ -70,6 +87,7 @@
  * with NABLA_ATTN_BWD=split; the three kernels above stay the
  * deterministic default): the pre-pass, the f32 dQ accumulator (B, Lp / 64
  * query tiles, D / 64 chunks, 64 x 64) zeroed, then kernel 2 with F = true
+ * (a CTA per item, not persistent; K/V buffer 0 only)
  * computes dQ's partial sums too (five tile products per (key block, query
  * tile) instead of the split path's seven): each consumer writes its dS^T
  * (input dtype, the 128-byte swizzle, rows = keys) into one of two 16 KB
@@ -126,26 +144,6 @@
 
 namespace {
 
-/* Everything but the tensor maps, passed by value. The batch axes are those
- * of size > 1 (a size-1 stand-in when there is none), nbk of them,
- * innermost first: bdim their sizes, *_bs the views' strides there; b is the
- * flat index over them (lse's row-major batch index). */
-struct fb_params {
-  uint16_t *dq, *dk, *dv;
-  const uint16_t *o, *g; /* o, dout: the pre-pass */
-  const float *lse;      /* (B, Lq) */
-  float *sl, *sd;        /* scratch (B, Lp): lse log2(e), delta */
-  float *acc;            /* fused: the f32 dQ accumulator (B, Lp / 64, D / 64, 64 x 64 chunk) */
-  int64_t dq_rs, dk_rs, dv_rs, o_rs, g_rs;
-  int64_t dq_bs[FB_MAXK], dk_bs[FB_MAXK], dv_bs[FB_MAXK], o_bs[FB_MAXK], g_bs[FB_MAXK];
-  int bdim[FB_MAXK], nbk;
-  int B, Lq, Lk, Lp, ntq, nblk; /* ntq = Lp / 64 */ /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
-  int hg;                  /* batch indices per section of the CTAs' order (fa3_section) */
-  float scale, sl2;        /* sl2 = scale log2(e) */
-  int causal;
-  int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
-};
-
 /* The dK/dV ring's stages: 3 for the split kernel at D 64, whose dV and dK
  * products run on into the next tile's S^T (the stage is freed once they
  * have completed); 2 otherwise: at D 128 keeping dS^T and the
@@ -168,15 +166,18 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
   __host__ __device__ static constexpr int kv_tiles(bool fused) {
     return 2 * KB + fb_kv_stages(fused, D) * (STAGE + STATS);
   }
-  static constexpr size_t SMEM_KV = 1024 + kv_tiles(false) + 8 * FB_NBAR;
+  /* the split kernel: then K, V of the next item (K/V buffer 1: fb_kv_kernel) */
+  static constexpr size_t SMEM_KV = 1024 + kv_tiles(false) + 2 * KB + 8 * FB_NBAR;
   /* fused: then two dS^T buffers (128 keys x 64 queries; 128-byte swizzle,
    * so 1024-byte aligned) and two dQ partials (64 x 64 f32) per consumer */
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
   static constexpr size_t SMEM_FU = 1024 + kv_tiles(true) + 2 * DS + 4 * PART + 8 * FB_NBAR;
   static_assert(kv_tiles(true) % 1024 == 0, "the fused kernel's dS^T buffers must be 1024-byte aligned");
-  /* dQ: Q, dO (128 x D), then per stage K, V (64 x D) */
+  /* dQ: Q, dO (128 x D), then per stage K, V (64 x D), then Q, dO of the
+   * next item (Q/dO buffer 1: fb_q_kernel) */
   static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
-  static constexpr size_t SMEM_Q = 1024 + 2 * MB + FB_QST * 2 * NB + 8 * FB_NBAR;
+  static constexpr int Q_TILES = 2 * MB + FB_QST * 2 * NB; /* buffer 1's offset */
+  static constexpr size_t SMEM_Q = 1024 + Q_TILES + 2 * MB + 8 * FB_NBAR;
   static_assert(SMEM_KV <= 232448 && SMEM_FU <= 232448 && SMEM_Q <= 232448,
                 "a backward kernel's shared memory exceeds the H100's 227 KB");
 };
@@ -239,15 +240,6 @@ template <typename T, int D, bool V> __global__ void fb_prep_kernel(const fb_par
 }
 
 #ifdef NB_SM90A_DEVICE
-/* mbarriers after the tiles: the once-loaded tiles' full barrier, then per
- * stage a full and an empty one. */
-struct fb_bars {
-  uint32_t base;
-  __device__ __forceinline__ uint32_t once() const { return base; }
-  __device__ __forceinline__ uint32_t full(int s) const { return base + 8 * (1 + s); }
-  __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_QST + s); }
-};
-
 /* ---- the fused kernel's dQ partial ------------------------------------ */
 /* A consumer's dQ partial s (its fragments) into its buffer pb, then one
  * thread adds the buffer into the accumulator's chunk of query tile i0 (D
@@ -269,29 +261,49 @@ __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32],
 
 /* ---- dK, dV -------------------------------------------------------------- */
 
-/* Producer (one thread): K, V once, then Q, dO and the stats of query tile
- * it (QT rows) into stage it % ST (fb_kv_stages) once the consumers have
- * freed it. Both 64-row halves of a 128-row tile are loaded, the second
- * zero-filled when it lies wholly past Lq: its rows are the k of the dV and
- * dK products, where stale data (or a NaN) would count. */
+/* Work item x of the dK/dV kernels: its batch index *b, first key *j0,
+ * first query *ibeg and query tiles *ntiles (QT rows; 0 when causal and
+ * the block starts at or past Lq). */
+template <int QT>
+__device__ __forceinline__ void fb_kv_item(const fb_params &p, int x, int *b, int *j0, int *ibeg, int *ntiles) {
+  int blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
+  fa3_section(x, p.B, p.nblk, p.hg, b, &blk);
+  *j0 = blk * FB_BK;
+  *ibeg = p.causal ? *j0 : 0; /* queries before the block's first key see none of it */
+  *ntiles = *ibeg < p.Lq ? (p.Lq - *ibeg + QT - 1) / QT : 0;
+}
+
+/* Producer (one thread), the CTA's k-th item: K, V into
+ * K/V buffer k % 2 at sk once the consumers have freed it (their products
+ * of item k - 2 reading it have completed), then Q, dO and the stats of
+ * query tile it (QT rows) into stage (g + it) % ST (fb_kv_stages) of the
+ * ring, which runs on across items (g: the tiles of the CTA's earlier
+ * items), once the consumers have freed it. Both 64-row halves of a
+ * 128-row tile are loaded, the second zero-filled when it lies wholly past
+ * Lq: its rows are the k of the dV and dK products, where stale data (or a
+ * NaN) would count. */
 template <int D, int QT>
 __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                               const CUtensorMap *mg, const fb_params &p, int b, int j0, int ibeg,
-                                              int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar, bool fused) {
+                                              int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar, bool fused, int k,
+                                              int g) {
   typedef fb_cfg<D, QT> C;
   int c[FB_MAXK];
   fa3_coords(p, b, c);
-  /* a half wholly past Lk is not loaded, but for the fused kernel, whose dQ
-   * product reads every key row of K (TMA fills them with zeros) */
+  /* a half wholly past Lk is not loaded (its rows of S^T, dP^T, dV and dK
+   * are row-wise in K's and V's rows and never stored, whatever the buffer
+   * holds), but for the fused kernel, whose dQ product reads every key row
+   * of K (TMA fills them with zeros) */
   const int nh = fused || j0 + 64 < p.Lk ? 2 : 1;
-  sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
-  fb_tile<D, FB_BK>(sk, mk, bar.once(), j0, nh, c, p.nbk);
-  fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(), j0, nh, c, p.nbk);
+  sm90_bar_wait(bar.once_empty(k), fb_bars::once_ph(k) ^ 1);
+  sm90_bar_expect(bar.once(k), 2 * nh * 64 * D * 2);
+  fb_tile<D, FB_BK>(sk, mk, bar.once(k), j0, nh, c, p.nbk);
+  fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(k), j0, nh, c, p.nbk);
   const int ST = fb_kv_stages(fused, D); /* ring stages */
   for (int it = 0; it < ntiles; it++) {
-    const int s = it % ST, i0 = ibeg + it * QT;
+    const int s = (g + it) % ST, i0 = ibeg + it * QT;
     const uint32_t st = ss0 + s * C::STAGE;
-    sm90_bar_wait(bar.empty(s), ((uint32_t)(it / ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
+    sm90_bar_wait(bar.empty(s), ((uint32_t)((g + it) / ST) & 1) ^ 1); /* fresh barriers pass parity 1 */
     sm90_bar_expect(bar.full(s), 2 * C::QB + C::STATS);
     fb_tile<D, QT>(st, mq, bar.full(s), i0, QT / 64, c, p.nbk);
     fb_tile<D, QT>(st + C::QB, mg, bar.full(s), i0, QT / 64, c, p.nbk);
@@ -306,10 +318,13 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
 
 /* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile
  * (QT queries: the S^T and dP^T products m64nQT, dV's and dK's QT / 16
- * k-steps). */
+ * k-steps); k, g and sk as fb_kv_produce's. K/V buffer k % 2 is freed
+ * once the item's last products reading it have completed, before dK and
+ * dV are stored: the stores drain while the next item runs. Returns the
+ * next item (fb_take at the last tile). */
 template <typename T, int D, bool F, int QT>
-__device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
-                                              uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar) {
+__device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
+                                             uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar, int k, int g) {
   typedef fb_cfg<D, QT> C;
   constexpr int NQ = QT / 16; /* k-steps of the register-A products */
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4, x = threadIdx.x % 128;
@@ -322,7 +337,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
   for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < QT / 2; i++) s[i] = dp[i] = 0.0f;
-  if (ntiles) sm90_bar_wait(bar.once(), 0);
+  sm90_bar_wait(bar.once(k), fb_bars::once_ph(k));
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
   /* Q2 (128-query tiles): P^T and dS^T are packed once dP^T has completed
    * (P^T's fragments and dP^T's accumulators are never live at once: 224 of
@@ -331,13 +346,15 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
    * they have completed (their fragments' registers are free) */
   constexpr bool Q2 = QT == 128;
   static_assert(Q2 == (ST == FB_QST), "the 3-stage ring is the 128-query tiles' (their products run on)");
+  int nx = p.items; /* the next item */
   for (int it = 0; it < ntiles; it++) {
-    const int sg = it % ST, i0 = ibeg + it * QT;
+    if (it == ntiles - 1) nx = fb_take(p, bar, k + 1);
+    const int sg = (g + it) % ST, i0 = ibeg + it * QT;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
     /* the stage's rows i0 .. i0 + QT - 1 of the pre-pass's statistics */
     const uint32_t sl = ss0 + ST * C::STAGE + sg * C::STATS, sd = sl + QT * 4;
     const uint32_t pb = pb0 + (it & 1) * C::PART;
-    sm90_bar_wait(bar.full(sg), (uint32_t)(it / ST) & 1);
+    sm90_bar_wait(bar.full(sg), (uint32_t)((g + it) / ST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
     fa3_wg_fence();
@@ -349,7 +366,7 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
       fa3_fence(dk);
       fa3_fence(pa);
       fa3_fence(da);
-      if (it > 0) sm90_bar_arrive(bar.empty((it - 1) % ST));
+      if (it > 0) sm90_bar_arrive(bar.empty((g + it - 1) % ST));
       fa3_fence(dp);
       fa3_wg_fence();
     }
@@ -480,39 +497,67 @@ __device__ __forceinline__ void fb_kv_consume(const fb_params &p, int b, int j0,
     fa3_fence(da);
     fa3_fence(dv);
     fa3_fence(pa);
-    if (ntiles) sm90_bar_arrive(bar.empty((ntiles - 1) % ST));
+    if (ntiles) sm90_bar_arrive(bar.empty((g + ntiles - 1) % ST));
   }
+  /* every product of the item has completed (each path waits for all of
+   * them above): K/V buffer k % 2 is free (every consumer thread arrives,
+   * as for the stages) */
+  sm90_bar_arrive(bar.once_empty(k));
+  if (!ntiles) nx = fb_take(p, bar, k + 1);
   fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
   fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
+  return nx;
 }
 
 /* ---- dQ ------------------------------------------------------------------ */
-/* Producer (one thread): Q, dO once, then K_j, V_j into stage j % FB_QST. */
+/* Work item x of the dQ kernel: its batch index *b, first query *i0 and
+ * key tiles *ntiles (at least 1). */
+__device__ __forceinline__ void fb_q_item(const fb_params &p, int x, int *b, int *i0, int *ntiles) {
+  int blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
+  fa3_section(x, p.B, p.nblk, p.hg, b, &blk);
+  *i0 = (p.nblk - 1 - blk) * FB_BM;
+  /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
+  const int kend = p.causal ? min(p.Lk, min(*i0 + FB_BM, p.Lq)) : p.Lk;
+  *ntiles = (kend + FB_BN - 1) / FB_BN;
+}
+
+/* Producer (one thread), the CTA's k-th item: Q, dO into Q/dO buffer k % 2
+ * at sq once the consumers have freed it (their products of item k - 2
+ * reading it have completed), then K_j, V_j into stage (g + j) % FB_QST of
+ * the ring, which runs on across items (g: the tiles of the CTA's earlier
+ * items). */
 template <int D>
 __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                              const CUtensorMap *mg, const fb_params &p, int b, int i0, int ntiles,
-                                             uint32_t sq, uint32_t ss0, fb_bars bar) {
+                                             uint32_t sq, uint32_t ss0, fb_bars bar, int k, int g) {
   typedef fb_cfg<D> C;
   int c[FB_MAXK];
   fa3_coords(p, b, c);
-  const int nh = i0 + 64 < p.Lq ? 2 : 1; /* a half wholly past Lq is not loaded */
-  sm90_bar_expect(bar.once(), 2 * nh * 64 * D * 2);
-  fb_tile<D, FB_BM>(sq, mq, bar.once(), i0, nh, c, p.nbk);
-  fb_tile<D, FB_BM>(sq + C::MB, mg, bar.once(), i0, nh, c, p.nbk);
+  /* a half wholly past Lq is not loaded (its rows' results, row-wise in
+   * Q's and dO's rows, are never stored, whatever the buffer holds) */
+  const int nh = i0 + 64 < p.Lq ? 2 : 1;
+  sm90_bar_wait(bar.once_empty(k), fb_bars::once_ph(k) ^ 1);
+  sm90_bar_expect(bar.once(k), 2 * nh * 64 * D * 2);
+  fb_tile<D, FB_BM>(sq, mq, bar.once(k), i0, nh, c, p.nbk);
+  fb_tile<D, FB_BM>(sq + C::MB, mg, bar.once(k), i0, nh, c, p.nbk);
   for (int j = 0; j < ntiles; j++) {
-    const int s = j % FB_QST;
+    const int s = (g + j) % FB_QST;
     const uint32_t kt = ss0 + s * 2 * C::NB;
-    sm90_bar_wait(bar.empty(s), ((uint32_t)(j / FB_QST) & 1) ^ 1);
+    sm90_bar_wait(bar.empty(s), ((uint32_t)((g + j) / FB_QST) & 1) ^ 1);
     sm90_bar_expect(bar.full(s), 2 * C::NB);
     fb_tile<D, FB_BN>(kt, mk, bar.full(s), j * FB_BN, 1, c, p.nbk);
     fb_tile<D, FB_BN>(kt + C::NB, mv, bar.full(s), j * FB_BN, 1, c, p.nbk);
   }
 }
 
-/* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles. */
+/* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles;
+ * k, g and sq as fb_q_produce's. Q/dO buffer k % 2 is freed once the
+ * item's last S and dP have completed, before dQ is stored: the stores
+ * drain while the next item runs. Returns the next item (fb_take at the
+ * last tile). */
 template <typename T, int D>
-__device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
-                                             uint32_t ss0, fb_bars bar) {
+__device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
+                                            uint32_t ss0, fb_bars bar, int k, int g) {
   typedef fb_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
@@ -528,11 +573,13 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
-  sm90_bar_wait(bar.once(), 0);
+  sm90_bar_wait(bar.once(k), fb_bars::once_ph(k));
+  int nx = p.items; /* the next item */
   for (int j = 0; j < ntiles; j++) {
-    const int sg = j % FB_QST, j0 = j * FB_BN;
+    if (j == ntiles - 1) nx = fb_take(p, bar, k + 1);
+    const int sg = (g + j) % FB_QST, j0 = j * FB_BN;
     const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
-    sm90_bar_wait(bar.full(sg), (uint32_t)(j / FB_QST) & 1);
+    sm90_bar_wait(bar.full(sg), (uint32_t)((g + j) / FB_QST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
     fa3_wg_fence();
@@ -546,7 +593,7 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
       fa3_fence(dq);
       fa3_fence(da);
       __syncwarp(); /* every lane has passed the wait before lane 0 frees the stage */
-      if (lane == 0) sm90_bar_arrive(bar.empty((j - 1) % FB_QST));
+      if (lane == 0) sm90_bar_arrive(bar.empty((g + j - 1) % FB_QST));
     }
     /* P: row r0 + 8 (e >> 1), key j0 + 8n + 2t + (e & 1) */
 #pragma unroll
@@ -571,11 +618,15 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   }
   fa3_wait<0>();
   fa3_fence(dq);
-  if (ntiles) {
+  if (ntiles) { /* the last stage, and Q/dO buffer k % 2 (every product has completed) */
     __syncwarp();
-    if (lane == 0) sm90_bar_arrive(bar.empty((ntiles - 1) % FB_QST));
+    if (lane == 0) {
+      sm90_bar_arrive(bar.empty((g + ntiles - 1) % FB_QST));
+      sm90_bar_arrive(bar.once_empty(k));
+    }
   }
   fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
+  return nx;
 }
 #endif /* NB_SM90A_DEVICE */
 
@@ -588,13 +639,15 @@ __device__ __forceinline__ void fb_q_consume(const fb_params &p, int b, int i0, 
   const uint8_t *g0 = fb_raw + (s0 - sm90_smem(fb_raw));                                 \
   const fb_bars bar = {s0 + (SMEM_TILES)};                                               \
   if (threadIdx.x == 0) {                                                                \
-    for (int i = 0; i < FB_NBAR; i++) sm90_bar_init(bar.base + 8 * i, i < 1 + FB_QST ? 1 : (NEMPTY)); \
+    for (int i = 0; i < FB_NBAR; i++)                                                    \
+      sm90_bar_init(bar.base + 8 * i, fb_bar_count(i, (NEMPTY)));                         \
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");                   \
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");                         \
   }                                                                                      \
   __syncthreads()
 
-// dk, dv (B, Lk, D), and for F the dQ accumulator: a CTA per (128 keys, batch index), query tiles of QT
+// dk, dv (B, Lk, D), and for F the dQ accumulator: items (128 keys, batch index) from the ticket counter
+// (fb_next; the fused kernel: a CTA per item), query tiles of QT
 template <typename T, int D, bool F, int QT = fb_kv_qt(F, D)>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
@@ -604,27 +657,45 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   typedef fb_cfg<D, QT> C;
   static_assert(QT == fb_kv_qt(F, D), "the query tile is fb_kv_qt's");
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
-  FB_PROLOGUE(C::kv_tiles(F) + (F ? 2 * C::DS + 4 * C::PART : 0), 256);
+  /* K/V buffer 1 after the ring and its statistics (the split kernel; the
+   * fused kernel is launched one CTA per item and never takes it) */
+  constexpr uint32_t KV1 = F ? 0 : C::kv_tiles(false);
+  static_assert(KV1 % 1024 == 0, "the split kernel's K/V buffer 1 must be 1024-byte aligned");
+  FB_PROLOGUE(C::kv_tiles(F) + (F ? 2 * C::DS + 4 * C::PART : 2 * C::KB), 256);
   (void)g0;
-  int b, blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
-  fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
-  const int j0 = blk * FB_BK;
-  const int ibeg = p.causal ? j0 : 0; /* queries before the block's first key see none of it */
-  const int ntiles = ibeg < p.Lq ? (p.Lq - ibeg + QT - 1) / QT : 0;
+  /* k: the CTA's items so far (item slot and K/V buffer k % 2; an item
+   * without query tiles too, rare: causal, Lk > Lq), g their query tiles
+   * (the ring's running count) */
+  int k = 0, g = 0, b, j0, ibeg, ntiles;
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
-    if (threadIdx.x == 0 && ntiles) fb_kv_produce<D, QT>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0, s0 + 2 * C::KB, bar, F);
+    if (threadIdx.x == 0) {
+      int x = (int)blockIdx.x;
+      fb_put(p, bar, 0, x);
+      for (; x < p.items; k++, g += ntiles) {
+        const int nx = fb_next(p);
+        fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
+        fb_kv_produce<D, QT>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0 + (k & 1) * KV1, s0 + 2 * C::KB, bar,
+                             F, k, g);
+        fb_put(p, bar, k + 1, nx);
+        x = nx;
+      }
+      fb_work_done(p);
+    }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fb_kv_consume<T, D, F, QT>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::KB,
-                           s0 + 2 * C::KB + ST * (C::STAGE + C::STATS), bar);
+    for (int x = fb_take(p, bar, 0); x < p.items; k++, g += ntiles) {
+      fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
+      x = fb_kv_consume<T, D, F, QT>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * KV1,
+                                     s0 + 2 * C::KB, s0 + 2 * C::KB + ST * (C::STAGE + C::STATS), bar, k, g);
+    }
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
 #endif
 }
 
-// dq (B, Lq, D): a CTA per (128 queries, batch index)
+// dq (B, Lq, D): items (128 queries, batch index) from the ticket counter (fb_next)
 template <typename T, int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_q_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
@@ -632,20 +703,33 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                 const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
-  FB_PROLOGUE(2 * C::MB + FB_QST * 2 * C::NB, 8);
+  static_assert(C::Q_TILES % 1024 == 0, "Q/dO buffer 1 must be 1024-byte aligned");
+  FB_PROLOGUE(C::Q_TILES + 2 * C::MB, 8); /* Q/dO buffer 1 after the ring */
   (void)g0;
-  int b, blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
-  fa3_section((int)blockIdx.x, p.B, p.nblk, p.hg, &b, &blk);
-  const int i0 = (p.nblk - 1 - blk) * FB_BM;
-  /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
-  const int kend = p.causal ? min(p.Lk, min(i0 + FB_BM, p.Lq)) : p.Lk;
-  const int ntiles = (kend + FB_BN - 1) / FB_BN;
+  /* k: the CTA's items so far (item slot and Q/dO buffer k % 2), g their
+   * key tiles (the ring's running count) */
+  int k = 0, g = 0, b, i0, ntiles;
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
-    if (threadIdx.x == 0) fb_q_produce<D>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0, s0 + 2 * C::MB, bar);
+    if (threadIdx.x == 0) {
+      int x = (int)blockIdx.x;
+      fb_put(p, bar, 0, x);
+      for (; x < p.items; k++, g += ntiles) {
+        const int nx = fb_next(p);
+        fb_q_item(p, x, &b, &i0, &ntiles);
+        fb_q_produce<D>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0 + (k & 1) * C::Q_TILES, s0 + 2 * C::MB, bar, k, g);
+        fb_put(p, bar, k + 1, nx);
+        x = nx;
+      }
+      fb_work_done(p);
+    }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0, s0 + 2 * C::MB, bar);
+    for (int x = fb_take(p, bar, 0); x < p.items; k++, g += ntiles) {
+      fb_q_item(p, x, &b, &i0, &ntiles);
+      x = fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * C::Q_TILES, s0 + 2 * C::MB,
+                             bar, k, g);
+    }
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
@@ -747,8 +831,9 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
               "attention_bwd (sm90): shared memory attribute");
   p.nblk = nkb;
+  p.items = p.B * nkb; /* one CTA each */
   p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D); /* Q, dO, the accumulator */
-  kv<<<(unsigned)((int64_t)p.B * nkb), FB_THREADS, sm, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  kv<<<(unsigned)p.items, FB_THREADS, sm, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 fused dk, dv, dq)");
   if (st) return st;
   const int64_t n = (int64_t)p.B * p.Lq * (D / 8);
@@ -759,6 +844,18 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
     __atomic_add_fetch(&fb_fused_launches, 1, __ATOMIC_RELAXED);
   }
   return st;
+}
+
+/* The split kernels' grid for items work items: min(SMs, items), the CTAs
+ * taking items from the ticket counter (persistent: fb_next); one CTA per
+ * item with NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, min(n, items) with n > 1
+ * (the tests: several items per CTA at small sizes); read at every call.
+ * Each item is computed alike either way: the same bits. */
+int fb_grid(const nb_cuda_ctx *ctx, int items) {
+  const char *e = getenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
+  if (e && !strcmp(e, "0")) return items;
+  const int n = e && atoi(e) > 1 ? atoi(e) : ctx->n_sm;
+  return n >= 1 && n < items && n <= NB_CUDA_WORK_CTAS ? n : items;
 }
 
 /* fused: fb_launch_fused; else the pre-pass, dK and dV, then dQ. */
@@ -776,13 +873,15 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),
               "attention_bwd (sm90): shared memory attribute");
   p.nblk = nkb;
+  p.items = p.B * nkb;
   p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lq * D); /* Q and dO of a batch index */
-  kv<<<(unsigned)((int64_t)p.B * nkb), FB_THREADS, skv, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  kv<<<(unsigned)fb_grid(ctx, p.items), FB_THREADS, skv, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dk, dv)");
   if (st) return st;
   p.nblk = nqb;
+  p.items = p.B * nqb;
   p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lk * D); /* K and V of a batch index */
-  qk<<<(unsigned)((int64_t)p.B * nqb), FB_THREADS, sq, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  qk<<<(unsigned)fb_grid(ctx, p.items), FB_THREADS, sq, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dq)");
   if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
   return st;
@@ -877,6 +976,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;
+  p.work = nb_cuda_work_counters(ctx);
   if (D == 64)
     *st = dt == NB_BF16 ? fb_launch<__nv_bfloat16, 64>(ctx, maps, p, (int)nkb, (int)nqb, fused)
                         : fb_launch<__half, 64>(ctx, maps, p, (int)nkb, (int)nqb, fused);

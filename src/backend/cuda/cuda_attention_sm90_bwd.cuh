@@ -1,9 +1,10 @@
 /* The device helpers of the Hopper (sm_90a) flash attention backward
  * (cuda_attention_sm90_bwd.cu, whose opening comment describes the kernels
- * and the fragment and shared-memory layouts): its tile sizes, the TMA loads
- * of a tile, the wgmma products of its tiles, the fused kernel's dS^T and
- * dQ partial in shared memory, the statistics' bulk copy and loads, and
- * P^T on a tile without masked elements. Included by that file only. */
+ * and the fragment and shared-memory layouts): its tile sizes, the kernels'
+ * parameters, the TMA loads of a tile, the wgmma products of its tiles, the
+ * fused kernel's dS^T and dQ partial in shared memory, the statistics' bulk
+ * copy and loads, P^T on a tile without masked elements, the mbarriers and
+ * the split kernels' work order (fb_next). Included by that file only. */
 #ifndef NB_CUDA_ATTENTION_SM90_BWD_CUH
 #define NB_CUDA_ATTENTION_SM90_BWD_CUH
 
@@ -15,10 +16,37 @@
 #define FB_BN 64  /* keys per streamed tile (dQ) */
 #define FB_ST 2   /* ring stages: the dK/dV kernels (fused; split at D 128) */
 #define FB_QST 3  /* ring stages: the dQ kernel, and the split dK/dV kernel at D 64 (fb_kv_stages) */
-#define FB_NBAR (1 + 2 * FB_QST) /* mbarriers: once, then full and empty per stage (the larger ring's count) */
+/* mbarriers: the item tiles' full barrier 0, full and empty per stage (the
+ * larger ring's count), the item tiles' full barrier 1, their empty
+ * barriers 0 and 1, the item slots' full and empty barriers (fb_bars) */
+#define FB_NBAR (8 + 2 * FB_QST)
 #define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FB_THREADS 384
 #define FB_LOG2E 1.4426950408889634f
+
+namespace {
+/* Everything but the tensor maps, passed by value. The batch axes are those
+ * of size > 1 (a size-1 stand-in when there is none), nbk of them,
+ * innermost first: bdim their sizes, *_bs the views' strides there; b is the
+ * flat index over them (lse's row-major batch index). */
+struct fb_params {
+  uint16_t *dq, *dk, *dv;
+  const uint16_t *o, *g; /* o, dout: the pre-pass */
+  const float *lse;      /* (B, Lq) */
+  float *sl, *sd;        /* scratch (B, Lp): lse log2(e), delta */
+  float *acc;            /* fused: the f32 dQ accumulator (B, Lp / 64, D / 64, 64 x 64 chunk) */
+  int64_t dq_rs, dk_rs, dv_rs, o_rs, g_rs;
+  int64_t dq_bs[FB_MAXK], dk_bs[FB_MAXK], dv_bs[FB_MAXK], o_bs[FB_MAXK], g_bs[FB_MAXK];
+  int bdim[FB_MAXK], nbk;
+  int B, Lq, Lk, Lp, ntq, nblk; /* ntq = Lp / 64 */ /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
+  int hg;                  /* batch indices per section of the items' order (fa3_section) */
+  int items;               /* B nblk (batch index, block) work items (fb_next) */
+  unsigned *work;          /* the work counters {ticket, CTAs done}, then the CTAs' item slots (fb_next) */
+  float scale, sl2;        /* sl2 = scale log2(e) */
+  int causal;
+  int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
+};
+} /* namespace */
 
 #ifdef NB_SM90A_DEVICE
 namespace {
@@ -157,6 +185,79 @@ __device__ __forceinline__ void fb_pt(float (&s)[QT / 2], uint32_t sl, float sl2
 #pragma unroll
     for (int e = 0; e < 4; e++) s[4 * n + e] = nb_mma_exp2(fmaf(s[4 * n + e], sl2, -((e & 1) ? l2.y : l2.x)));
   }
+}
+
+/* mbarriers after the tiles: the item tiles' (K, V of a dK/dV item; Q, dO
+ * of a dQ item) full barrier for buffer 0, then per stage of the ring a
+ * full and an empty one, then buffer 1's full barrier and both buffers'
+ * empty barriers. Item k of a CTA (counting the dK/dV items with query
+ * tiles only) takes buffer k % 2. */
+struct fb_bars {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t once(int k) const { return base + ((k & 1) ? 8 * (1 + 2 * FB_QST) : 0); }
+  __device__ __forceinline__ uint32_t full(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_QST + s); }
+  __device__ __forceinline__ uint32_t once_empty(int k) const { return base + 8 * (2 + 2 * FB_QST + (k & 1)); }
+  /* the item slots (fb_put) */
+  __device__ __forceinline__ uint32_t itf(int n) const { return base + 8 * (4 + 2 * FB_QST + (n & 1)); }
+  __device__ __forceinline__ uint32_t ite(int n) const { return base + 8 * (6 + 2 * FB_QST + (n & 1)); }
+  /* parities of item k's waits: the consumers' on its full barrier, the
+   * producer's on its empty one (fresh barriers pass parity 1) */
+  __device__ static __forceinline__ uint32_t once_ph(int k) { return (uint32_t)(k >> 1) & 1; }
+};
+
+/* The work order of the split kernels (the forward's, fa3_next): CTA c's
+ * first item is c; whenever its producer starts an item it takes the next
+ * one from the ticket counter (gridDim.x + atomicAdd), so a CTA that
+ * finishes early takes more (the heaviest come first: longest-first
+ * scheduling; counting an item's tiles, plus half a tile for its start,
+ * a static round-robin, c + k gridDim.x, would leave the slowest CTA 17%
+ * over the mean at GPT-2's shape, this 8%: a model, not a measurement).
+ * The producer hands the CTA's n-th item to the consumers
+ * through slot n % 2, the CTA's two words in global memory after the
+ * counters (p.work + 2 + 2 blockIdx.x, as the forward's), an mbarrier each
+ * to say it is full and one for the 8 consumer warps to say they have read
+ * it; a ticket past the last item ends the CTA. The consumers take the
+ * next item at their current one's last tile, long after the producer has
+ * put it there. With as many CTAs as items (one CTA per item:
+ * NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, the fused kernel) CTA c takes item
+ * c alone: no counter, no slots. The CTA that ends last returns the
+ * counters to zero for the next launch. */
+__device__ __forceinline__ int fb_one_each(const fb_params &p) { return (int)gridDim.x >= p.items; }
+__device__ __forceinline__ int fb_next(const fb_params &p) {
+  return fb_one_each(p) ? p.items : (int)gridDim.x + (int)atomicAdd(p.work, 1u);
+}
+__device__ __forceinline__ void fb_put(const fb_params &p, fb_bars bar, int n, int x) {
+  if (fb_one_each(p)) return;
+  sm90_bar_wait(bar.ite(n), ((uint32_t)(n >> 1) & 1) ^ 1); /* fresh barriers pass parity 1 */
+  ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)] = x;
+  sm90_bar_arrive(bar.itf(n)); /* release: the consumers' wait acquires the word */
+}
+__device__ __forceinline__ int fb_take(const fb_params &p, fb_bars bar, int n) {
+  if (fb_one_each(p)) return n == 0 ? (int)blockIdx.x : p.items;
+  sm90_bar_wait(bar.itf(n), (uint32_t)(n >> 1) & 1);
+  const int x = ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)];
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(n));
+  return x;
+}
+__device__ __forceinline__ void fb_work_done(const fb_params &p) {
+  if (fb_one_each(p)) return;
+  __threadfence();
+  if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) { /* every CTA has taken its last ticket */
+    atomicExch(p.work, 0u);
+    atomicExch(p.work + 1, 0u);
+  }
+}
+
+/* Arrivals of mbarrier i (fb_bars): 1 for the full barriers (the
+ * producer's, with the copy engine's bytes), nempty for the empty ones of
+ * the ring and the item tiles, the 8 consumer warps for the item slots'
+ * empty ones (fb_take). */
+__device__ constexpr int fb_bar_count(int i, int nempty) {
+  return i < 1 + FB_QST || i == 1 + 2 * FB_QST || i == 4 + 2 * FB_QST || i == 5 + 2 * FB_QST ? 1
+         : i >= 6 + 2 * FB_QST                                                            ? 8
+                                                                                          : nempty;
 }
 } /* namespace */
 #endif /* NB_SM90A_DEVICE */
