@@ -8,8 +8,9 @@
  * dK = scale dS^T Q, dQ = scale dS K, with P = exp(scale S - lse) recomputed.
  * Three kernels, no atomics (every output element is summed by one thread
  * in a fixed order: the same bits every run):
- *   1. the pre-pass (D / 8 lanes per row, 16-byte loads, where the views
- *      allow; else a warp per row): delta = rowsum(dO o) in f32, and lse
+ *   1. the pre-pass (fb_prep_kernel: D / 8 lanes per row, 16-byte loads,
+ *      where the views allow, else a warp per row; R rows a thread group,
+ *      every load issued first): delta = rowsum(dO o) in f32, and lse
  *      log2(e) (+inf for lse = -inf: p = 0)
  *      into a scratch of two (B, Lp) f32 arrays, Lp = Lq rounded up to 128,
  *      the rows past Lq +inf and 0 (p = 0, dS = 0 there), so that a tile's
@@ -181,63 +182,6 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
   static_assert(SMEM_KV <= 232448 && SMEM_FU <= 232448 && SMEM_Q <= 232448,
                 "a backward kernel's shared memory exceeds the H100's 227 KB");
 };
-
-/* Element offset of batch index b in a view of batch strides bs. */
-__device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64_t *bs) {
-  int64_t off = 0;
-#pragma unroll
-  for (int i = 0; i < FB_MAXK; i++)
-    if (i < p.nbk) {
-      off += (int64_t)(b % p.bdim[i]) * bs[i];
-      b /= p.bdim[i];
-    }
-  return off;
-}
-
-/* ---- pre-pass ---------------------------------------------------------- */
-/* Row r of the (B, Lp) scratch: delta = dout . o (f32), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0.
- * V (p.vec_og): D / 8 lanes per row, each two 16-byte loads of 8 elements,
- * two rows a thread group apart per group (four loads in flight per
- * thread: the pass is a stream of dout and o, 2 B Lq D elements); else a
- * warp per row, 4-byte pairs. Both sum a row's products in a fixed order. */
-template <int D, bool V> struct fb_prep_cfg {
-  static constexpr int LPR = V ? D / 8 : 32; /* lanes per row */
-  static constexpr int RPB = 2 * 256 / LPR;  /* rows per 256-thread block */
-};
-template <typename T, int D, bool V> __global__ void fb_prep_kernel(const fb_params p) {
-  constexpr int LPR = fb_prep_cfg<D, V>::LPR, RPB = fb_prep_cfg<D, V>::RPB;
-  const int lane = threadIdx.x % LPR;
-  const int64_t r0 = (int64_t)blockIdx.x * RPB + threadIdx.x / LPR;
-  float s[2] = {0.0f, 0.0f}, l2[2] = {INFINITY, INFINITY};
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int64_t r = r0 + h * (RPB / 2);
-    if (r >= (int64_t)p.B * p.Lp) break;
-    const int b = (int)(r / p.Lp), i = (int)(r % p.Lp);
-    if (i >= p.Lq) continue;
-    const T *g = (const T *)(p.g + fb_off(p, b, p.g_bs) + (int64_t)i * p.g_rs);
-    const T *o = (const T *)(p.o + fb_off(p, b, p.o_bs) + (int64_t)i * p.o_rs);
-    if (V) {
-      const uint4 gv = __ldg((const uint4 *)g + lane), ov = __ldg((const uint4 *)o + lane);
-      const T *ge = (const T *)&gv, *oe = (const T *)&ov;
-#pragma unroll
-      for (int e = 0; e < 8; e += 2)
-        s[h] += nb_to_f(ge[e]) * nb_to_f(oe[e]) + nb_to_f(ge[e + 1]) * nb_to_f(oe[e + 1]);
-    } else {
-      for (int d = 2 * lane; d < D; d += 64)
-        s[h] += nb_to_f(g[d]) * nb_to_f(o[d]) + nb_to_f(g[d + 1]) * nb_to_f(o[d + 1]);
-    }
-    const float L = p.lse[(int64_t)b * p.Lq + i];
-    l2[h] = L != -INFINITY ? L * FB_LOG2E : INFINITY;
-  }
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-#pragma unroll
-    for (int m = LPR / 2; m > 0; m /= 2) s[h] += __shfl_xor_sync(0xffffffffu, s[h], m);
-    const int64_t r = r0 + h * (RPB / 2);
-    if (lane == 0 && r < (int64_t)p.B * p.Lp) p.sl[r] = l2[h], p.sd[r] = s[h];
-  }
-}
 
 #ifdef NB_SM90A_DEVICE
 /* ---- the fused kernel's dQ partial ------------------------------------ */
@@ -798,13 +742,19 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
 
 int64_t fb_launches, fb_fused_launches;
 
-/* The pre-pass over rows rows of the scratch. */
+/* The pre-pass over rows rows of the scratch, R rows per thread group. */
+template <typename T, int D, int R> void fb_prep_r(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
+  const int64_t per = p.vec_og ? fb_prep_cfg<D, true, R>::RPB : fb_prep_cfg<D, false, R>::RPB; /* rows per block */
+  if (p.vec_og) fb_prep_kernel<T, D, true, R><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
+  else fb_prep_kernel<T, D, false, R><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
+}
+/* R: NABLA_ATTENTION_SM90_PREP_ROWS (2, 4 or 8; read at every call; the same bits), default 4. */
 template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
-  const int64_t per = p.vec_og ? fb_prep_cfg<D, true>::RPB : fb_prep_cfg<D, false>::RPB; /* rows per block */
-  if (p.vec_og)
-    fb_prep_kernel<T, D, true><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
-  else
-    fb_prep_kernel<T, D, false><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
+  const char *e = getenv("NABLA_ATTENTION_SM90_PREP_ROWS");
+  const int r = e ? atoi(e) : 4;
+  if (r == 2) fb_prep_r<T, D, 2>(ctx, p, rows);
+  else if (r == 8) fb_prep_r<T, D, 8>(ctx, p, rows);
+  else fb_prep_r<T, D, 4>(ctx, p, rows);
   return nb_cuda_launch_check("attention_bwd (sm90 delta)");
 }
 

@@ -3,8 +3,9 @@
  * and the fragment and shared-memory layouts): its tile sizes, the kernels'
  * parameters, the TMA loads of a tile, the wgmma products of its tiles, the
  * fused kernel's dS^T and dQ partial in shared memory, the statistics' bulk
- * copy and loads, P^T on a tile without masked elements, the mbarriers and
- * the split kernels' work order (fb_next). Included by that file only. */
+ * copy and loads, P^T on a tile without masked elements, the mbarriers,
+ * the split kernels' work order (fb_next) and the pre-pass
+ * (fb_prep_kernel). Included by that file only. */
 #ifndef NB_CUDA_ATTENTION_SM90_BWD_CUH
 #define NB_CUDA_ATTENTION_SM90_BWD_CUH
 
@@ -46,6 +47,82 @@ struct fb_params {
   int causal;
   int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
 };
+
+/* Element offset of batch index b in a view of batch strides bs. */
+__device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64_t *bs) {
+  int64_t off = 0;
+#pragma unroll
+  for (int i = 0; i < FB_MAXK; i++)
+    if (i < p.nbk) {
+      off += (int64_t)(b % p.bdim[i]) * bs[i];
+      b /= p.bdim[i];
+    }
+  return off;
+}
+
+/* ---- pre-pass ---------------------------------------------------------- */
+/* Row r of the (B, Lp) scratch: delta = dout . o (f32), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0.
+ * V (p.vec_og): D / 8 lanes per row, each a 16-byte load of 8 elements of
+ * dout and of o per row; else a warp per row, 4-byte pairs. A thread group
+ * takes R rows G apart (G groups per 256-thread block), issuing every load
+ * (and lse's) before the first product: the pass is a stream of dout and
+ * o, 2 B Lq D elements (2 rows a group measured 2 TB/s at GPT-2's shape).
+ * Both sum a row's products in a fixed order, whichever group takes it:
+ * the same bits for every R (NABLA_ATTENTION_SM90_PREP_ROWS, fb_prep). */
+template <int D, bool V, int R> struct fb_prep_cfg {
+  static constexpr int LPR = V ? D / 8 : 32; /* lanes per row */
+  static constexpr int G = 256 / LPR;        /* row groups per block */
+  static constexpr int RPB = R * G;          /* rows per 256-thread block */
+};
+template <typename T, int D, bool V, int R> __global__ void __launch_bounds__(256) fb_prep_kernel(const fb_params p) {
+  constexpr int LPR = fb_prep_cfg<D, V, R>::LPR, G = fb_prep_cfg<D, V, R>::G;
+  const int lane = threadIdx.x % LPR, nr = p.B * p.Lp; /* B Lp <= INT32_MAX / 2 (the host checks) */
+  const int r0 = (int)blockIdx.x * (R * G) + (int)threadIdx.x / LPR;
+  uint4 gv[R], ov[R];
+  const T *gp[R], *op[R];
+  float s[R], L[R];
+  bool ok[R];
+#pragma unroll
+  for (int h = 0; h < R; h++) { /* the loads */
+    const int r = r0 + h * G, b = r / p.Lp, i = r % p.Lp;
+    ok[h] = r < nr && i < p.Lq;
+    int64_t go = (int64_t)i * p.g_rs, oo = (int64_t)i * p.o_rs; /* fb_off of both views, one division */
+#pragma unroll
+    for (int a = 0, c = b; a < FB_MAXK; a++)
+      if (a < p.nbk) {
+        const int q = c / p.bdim[a], m = c - q * p.bdim[a];
+        go += (int64_t)m * p.g_bs[a], oo += (int64_t)m * p.o_bs[a], c = q;
+      }
+    gp[h] = (const T *)(p.g + go);
+    op[h] = (const T *)(p.o + oo);
+    gv[h] = ov[h] = make_uint4(0u, 0u, 0u, 0u);
+    L[h] = -INFINITY;
+    if (ok[h]) {
+      if (V) gv[h] = __ldg((const uint4 *)gp[h] + lane), ov[h] = __ldg((const uint4 *)op[h] + lane);
+      L[h] = p.lse[(int64_t)b * p.Lq + i];
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < R; h++) { /* the products: zero for a row past Lq or the scratch */
+    s[h] = 0.0f;
+    if (V) {
+      const T *ge = (const T *)&gv[h], *oe = (const T *)&ov[h];
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)
+        s[h] += nb_to_f(ge[e]) * nb_to_f(oe[e]) + nb_to_f(ge[e + 1]) * nb_to_f(oe[e + 1]);
+    } else if (ok[h]) {
+      for (int d = 2 * lane; d < D; d += 64)
+        s[h] += nb_to_f(gp[h][d]) * nb_to_f(op[h][d]) + nb_to_f(gp[h][d + 1]) * nb_to_f(op[h][d + 1]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < R; h++) {
+#pragma unroll
+    for (int m = LPR / 2; m > 0; m /= 2) s[h] += __shfl_xor_sync(0xffffffffu, s[h], m);
+    const int r = r0 + h * G;
+    if (lane == 0 && r < nr) p.sl[r] = L[h] != -INFINITY ? L[h] * FB_LOG2E : INFINITY, p.sd[r] = s[h];
+  }
+}
 } /* namespace */
 
 #ifdef NB_SM90A_DEVICE
