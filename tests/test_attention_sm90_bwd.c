@@ -30,6 +30,10 @@
  * each compared with float64 and bit for bit with the default. The
  * pre-pass's rows per thread group (NABLA_ATTENTION_SM90_PREP_ROWS=2 and
  * 8; the default 4) give the same bits.
+ * The fused path runs with the switch at 0 and at 3 too (its kernel is
+ * persistent at D 64): its output and dK, dV bit for bit with the fused
+ * default, dQ (whose reduce order varies) against float64 and the fused
+ * default in norm.
  * NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000 rows.
  * Without a CUDA device: skipped (77). */
 #include <math.h>
@@ -58,9 +62,25 @@ static int64_t fused_launches(void) {
 #endif
 }
 
+/* Whether runs a and b have the same output and dK, dV bits (dQ left out:
+ * the fused path's reduce order varies): gradients 1 and 2, or for a
+ * packed (B, T, 3, H, D) case the elements of gradient 0 at index 1 and 2
+ * of its axis of 3. */
+static int same_kv_bits(const scase *c, const sresult *a, const sresult *b, int n) {
+  if (!a->y || !b->y || memcmp(a->y, b->y, (size_t)a->ny * sizeof(double))) return 0;
+  if (n == 3) return !memcmp(a->g[1], b->g[1], (size_t)a->ng[1] * sizeof(double)) &&
+                     !memcmp(a->g[2], b->g[2], (size_t)a->ng[2] * sizeof(double));
+  for (int64_t e = 0; e < a->ng[0]; e++)
+    if ((e / (c->H * c->D)) % 3 && memcmp(&a->g[0][e], &b->g[0][e], sizeof(double))) return 0;
+  return 1;
+}
+
 /* The fused path's runs of a case: NABLA_ATTN_BWD=fused against float64
- * and the split path's result, and (small cases) nb_set_deterministic(0)
- * alone, then with NABLA_ATTN_BWD=split (the split path). */
+ * and the split path's result; with NABLA_ATTENTION_SM90_BWD_PERSISTENT=0
+ * and =3 (the fused kernel is persistent at D 64) against float64, against
+ * the default's dQ in norm and its dK, dV bit for bit; and (small cases)
+ * nb_set_deterministic(0) alone, then with NABLA_ATTN_BWD=split (the split
+ * path). */
 static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype dt, const sresult *split,
                         const sresult *ref) {
   const char *name = s->name;
@@ -77,8 +97,30 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
   }
   compare(name, "float64 (fused)", &fus, ref, ref, n, s->tol);
   compare(name, "the split backward (fused)", &fus, split, ref, n, s->tol);
+  static const char *const grids[2] = {"0", "3"}; /* one CTA per item; at most 3 CTAs */
+  for (int i = 0; i < 2; i++) {
+    setenv("NABLA_ATTN_BWD", "fused", 1);
+    setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", grids[i], 1);
+    sresult gr = run(c, causal, s->in, n, dt, GPU);
+    unsetenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
+    unsetenv("NABLA_ATTN_BWD");
+    char what[96];
+    snprintf(what, sizeof what, "float64 (fused, NABLA_ATTENTION_SM90_BWD_PERSISTENT=%s)", grids[i]);
+    compare(name, what, &gr, ref, ref, n, s->tol);
+    snprintf(what, sizeof what, "the fused default (NABLA_ATTENTION_SM90_BWD_PERSISTENT=%s)", grids[i]);
+    compare(name, what, &gr, &fus, ref, n, s->tol);
+    NBT_CHECK(same_kv_bits(c, &fus, &gr, n), "%s: fused, NABLA_ATTENTION_SM90_BWD_PERSISTENT=%s: the output or dK, "
+              "dV differ from the fused default", name, grids[i]);
+    atest_free(&gr);
+  }
+  if (f0 >= 0) {
+    const int64_t f4 = fused_launches();
+    NBT_CHECK(f4 == f1 + (c->runs ? 2 : 0), "%s: the fused backward ran %lld times in two calls", name,
+              (long long)(f4 - f1));
+  }
   atest_free(&fus);
   if (!small) return;
+  const int64_t f5 = fused_launches();
   nb_set_deterministic(0);
   sresult nd = run(c, causal, s->in, n, dt, GPU);
   const int64_t f2 = fused_launches();
@@ -88,7 +130,7 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
   nb_set_deterministic(1);
   const int64_t f3 = fused_launches();
   if (f0 >= 0) {
-    NBT_CHECK(f2 == f1 + (c->runs ? 1 : 0), "%s: nb_set_deterministic(0) did not take the fused backward", name);
+    NBT_CHECK(f2 == f5 + (c->runs ? 1 : 0), "%s: nb_set_deterministic(0) did not take the fused backward", name);
     NBT_CHECK(f3 == f2, "%s: NABLA_ATTN_BWD=split still took the fused backward", name);
   }
   compare(name, "float64 (nondeterministic)", &nd, ref, ref, n, s->tol);

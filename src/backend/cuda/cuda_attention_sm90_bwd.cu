@@ -88,7 +88,9 @@
  * with NABLA_ATTN_BWD=split; the three kernels above stay the
  * deterministic default): the pre-pass, the f32 dQ accumulator (B, Lp / 64
  * query tiles, D / 64 chunks, 64 x 64) zeroed, then kernel 2 with F = true
- * (a CTA per item, not persistent; K/V buffer 0 only)
+ * (persistent at D 64 as the split kernels, the same switch, its K/V
+ * buffer 1 after the dQ partials' buffers; at D 128 a CTA per item, K/V
+ * buffer 0 only: a second would take its shared memory past 227 KB)
  * computes dQ's partial sums too (five tile products per (key block, query
  * tile) instead of the split path's seven): each consumer writes its dS^T
  * (input dtype, the 128-byte swizzle, rows = keys) into one of two 16 KB
@@ -101,14 +103,16 @@
  * 2 + c; no exchange, two reduces into one chunk instead of a 32-column
  * split whose MN-major B would start inside a swizzle atom). The partial
  * (f32, 32 registers, the S^T registers reused) goes to one of the
- * warpgroup's two 16 KB buffers (by the iteration's parity), row-major
+ * warpgroup's two 16 KB buffers (by the parity of the CTA's running tile
+ * count, as the dS^T buffers: across items as within one), row-major
  * with the 8-byte column pairs of row r permuted by u ^ 4 (r % 8) (2
  * stores to a bank pair, the least), then fence.proxy.async, barrier
  * 2 + c and one thread's cp.reduce.async.bulk .add.f32 of the 16 KB into
- * the accumulator chunk; cp.async.bulk.wait_group.read 1 before an
- * iteration's barrier keeps a buffer until the reduce of two iterations
- * ago has read it (with one buffer, read 0 there, the waiting thread held
- * its warpgroup at the barrier: 5% of the stall samples). Both K halves
+ * the accumulator chunk; cp.async.bulk.wait_group.read 1 before a tile's
+ * barrier keeps a buffer until the reduce of two tiles ago (of this item
+ * or the last) has read it, wait_group 0 at the CTA's end (with one
+ * buffer, read 0 there, the waiting thread held its warpgroup at the
+ * barrier: 5% of the stall samples). Both K halves
  * are loaded (zero-filled past Lk: the dQ product reads every key row). A last kernel writes dq = scale acc in
  * the input dtype. The reduce order varies between runs: dq is not the same
  * bits every run (dk, dv are).
@@ -157,6 +161,9 @@ __host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fuse
  * query), 64 otherwise (the fused kernel's dS^T exchange and dQ partials
  * are 64-query tiles; at D 128 the accumulators leave no registers). */
 __host__ __device__ constexpr int fb_kv_qt(bool fused, int D) { return !fused && D == 64 ? 128 : FB_BQ; }
+/* Whether the fused kernel is persistent (a second K/V buffer: D 64; at D
+ * 128 its shared memory would exceed 227 KB, fb_cfg: a CTA per item). */
+__host__ __device__ constexpr bool fb_fu_persistent(int D) { return D == 64; }
 
 template <int D, int QT = FB_BQ> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (QT x D: the query tile,
@@ -172,14 +179,20 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
   /* fused: then two dS^T buffers (128 keys x 64 queries; 128-byte swizzle,
    * so 1024-byte aligned) and two dQ partials (64 x 64 f32) per consumer */
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
-  static constexpr size_t SMEM_FU = 1024 + kv_tiles(true) + 2 * DS + 4 * PART + 8 * FB_NBAR;
-  static_assert(kv_tiles(true) % 1024 == 0, "the fused kernel's dS^T buffers must be 1024-byte aligned");
+  /* then, persistent (D 64: fb_fu_persistent), K, V of the next item (K/V
+   * buffer 1); at D 128 it would not fit (asserted below) */
+  static constexpr int FU_KV1 = kv_tiles(true) + 2 * DS + 4 * PART;
+  static constexpr size_t SMEM_FU = 1024 + FU_KV1 + (fb_fu_persistent(D) ? 2 * KB : 0) + 8 * FB_NBAR;
+  static_assert(kv_tiles(true) % 1024 == 0 && FU_KV1 % 1024 == 0,
+                "the fused kernel's dS^T buffers and K/V buffer 1 must be 1024-byte aligned");
+  static_assert(QT != FB_BQ || fb_fu_persistent(D) == (1024 + FU_KV1 + 2 * KB + 8 * FB_NBAR <= 232448),
+                "the fused kernel is persistent exactly where its second K/V buffer fits");
   /* dQ: Q, dO (128 x D), then per stage K, V (64 x D), then Q, dO of the
    * next item (Q/dO buffer 1: fb_q_kernel) */
   static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
   static constexpr int Q_TILES = 2 * MB + FB_QST * 2 * NB; /* buffer 1's offset */
   static constexpr size_t SMEM_Q = 1024 + Q_TILES + 2 * MB + 8 * FB_NBAR;
-  static_assert(SMEM_KV <= 232448 && SMEM_FU <= 232448 && SMEM_Q <= 232448,
+  static_assert(SMEM_KV <= 232448 && (QT != FB_BQ || SMEM_FU <= 232448) && SMEM_Q <= 232448,
                 "a backward kernel's shared memory exceeds the H100's 227 KB");
 };
 
@@ -297,7 +310,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
     /* the stage's rows i0 .. i0 + QT - 1 of the pre-pass's statistics */
     const uint32_t sl = ss0 + ST * C::STAGE + sg * C::STATS, sd = sl + QT * 4;
-    const uint32_t pb = pb0 + (it & 1) * C::PART;
+    const uint32_t pb = pb0 + ((g + it) & 1) * C::PART; /* fused: by the CTA's running tile count */
     sm90_bar_wait(bar.full(sg), (uint32_t)((g + it) / ST) & 1);
     fa3_fence(s);
     fa3_fence(dp);
@@ -366,7 +379,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
       continue; /* both run on into the next tile's S^T */
     }
     fa3_pack<T>(da, dp);
-    const uint32_t ds = sds + (it & 1) * C::DS;
+    const uint32_t ds = sds + ((g + it) & 1) * C::DS;
     if constexpr (F) { /* dS^T to shared memory, before the dK product reads da */
       fb_put_ds(ds, da, wg, w, lane);
       fb_fence_async(); /* the stores, then the other warpgroup's wgmma reading them */
@@ -386,10 +399,10 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
       fa3_commit();
     }
     if constexpr (F) {
-      /* the reduce of two iterations ago has read this iteration's partial
-       * buffer (before the barrier: the warpgroup writes it below; the
-       * last reduce may still read the other); D 128: both warpgroups'
-       * dS^T are in (and, one iteration ago, both had completed their dQ
+      /* the reduce of two tiles ago (of this item or the last) has read
+       * this tile's partial buffer (before the barrier: the warpgroup
+       * writes it below; the last reduce may still read the other); D
+       * 128: both warpgroups' dS^T are in (and, one iteration ago, both had completed their dQ
        * product reading the other buffer); D 64: this warpgroup's */
       if (x == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
       if (D == 128) fb_bar_both();
@@ -434,7 +447,6 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
       fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
     }
   }
-  if (F && x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   if constexpr (Q2) {
     fa3_wait<0>();
     fa3_fence(dk);
@@ -591,7 +603,7 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
   __syncthreads()
 
 // dk, dv (B, Lk, D), and for F the dQ accumulator: items (128 keys, batch index) from the ticket counter
-// (fb_next; the fused kernel: a CTA per item), query tiles of QT
+// (fb_next; the fused kernel at D 128: a CTA per item), query tiles of QT
 template <typename T, int D, bool F, int QT = fb_kv_qt(F, D)>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
@@ -601,11 +613,13 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   typedef fb_cfg<D, QT> C;
   static_assert(QT == fb_kv_qt(F, D), "the query tile is fb_kv_qt's");
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
-  /* K/V buffer 1 after the ring and its statistics (the split kernel; the
-   * fused kernel is launched one CTA per item and never takes it) */
-  constexpr uint32_t KV1 = F ? 0 : C::kv_tiles(false);
-  static_assert(KV1 % 1024 == 0, "the split kernel's K/V buffer 1 must be 1024-byte aligned");
-  FB_PROLOGUE(C::kv_tiles(F) + (F ? 2 * C::DS + 4 * C::PART : 2 * C::KB), 256);
+  /* K/V buffer 1 after the ring and its statistics (the split kernel),
+   * after the dS^T and dQ partial buffers (the fused kernel at D 64; at D
+   * 128 it is launched one CTA per item and never takes it) */
+  constexpr bool KV2 = !F || fb_fu_persistent(D);
+  constexpr uint32_t KV1 = !KV2 ? 0 : F ? C::FU_KV1 : C::kv_tiles(false);
+  static_assert(KV1 % 1024 == 0, "K/V buffer 1 must be 1024-byte aligned");
+  FB_PROLOGUE(F ? C::FU_KV1 + (KV2 ? 2 * C::KB : 0) : C::kv_tiles(false) + 2 * C::KB, 256);
   (void)g0;
   /* k: the CTA's items so far (item slot and K/V buffer k % 2; an item
    * without query tiles too, rare: causal, Lk > Lq), g their query tiles
@@ -633,6 +647,11 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
       x = fb_kv_consume<T, D, F, QT>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * KV1,
                                      s0 + 2 * C::KB, s0 + 2 * C::KB + ST * (C::STAGE + C::STATS), bar, k, g);
     }
+    /* fused: every dQ partial's reduce has completed (the partial buffers
+     * alternate by the CTA's running tile count, across items as within
+     * one: cp.async.bulk.wait_group.read 1 before each tile's barrier
+     * holds at an item boundary too) */
+    if (F && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
@@ -767,6 +786,18 @@ int fb_use_fused(void) {
   return !nb_deterministic();
 }
 
+/* The persistent kernels' grid for items work items: min(SMs, items), the CTAs
+ * taking items from the ticket counter (persistent: fb_next); one CTA per
+ * item with NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, min(n, items) with n > 1
+ * (the tests: several items per CTA at small sizes); read at every call.
+ * Each item is computed alike either way: the same bits. */
+int fb_grid(const nb_cuda_ctx *ctx, int items) {
+  const char *e = getenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
+  if (e && !strcmp(e, "0")) return items;
+  const int n = e && atoi(e) > 1 ? atoi(e) : ctx->n_sm;
+  return n >= 1 && n < items && n <= NB_CUDA_WORK_CTAS ? n : items;
+}
+
 /* The fused path: the pre-pass, the accumulator zeroed, dK, dV and dQ's
  * partial sums in one kernel, then dq from the accumulator. */
 template <typename T, int D>
@@ -781,9 +812,10 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
               "attention_bwd (sm90): shared memory attribute");
   p.nblk = nkb;
-  p.items = p.B * nkb; /* one CTA each */
+  p.items = p.B * nkb; /* D 128: one CTA each */
   p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D); /* Q, dO, the accumulator */
-  kv<<<(unsigned)p.items, FB_THREADS, sm, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  const int grid = fb_fu_persistent(D) ? fb_grid(ctx, p.items) : p.items;
+  kv<<<(unsigned)grid, FB_THREADS, sm, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   st = nb_cuda_launch_check("attention_bwd (sm90 fused dk, dv, dq)");
   if (st) return st;
   const int64_t n = (int64_t)p.B * p.Lq * (D / 8);
@@ -794,18 +826,6 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
     __atomic_add_fetch(&fb_fused_launches, 1, __ATOMIC_RELAXED);
   }
   return st;
-}
-
-/* The split kernels' grid for items work items: min(SMs, items), the CTAs
- * taking items from the ticket counter (persistent: fb_next); one CTA per
- * item with NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, min(n, items) with n > 1
- * (the tests: several items per CTA at small sizes); read at every call.
- * Each item is computed alike either way: the same bits. */
-int fb_grid(const nb_cuda_ctx *ctx, int items) {
-  const char *e = getenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
-  if (e && !strcmp(e, "0")) return items;
-  const int n = e && atoi(e) > 1 ? atoi(e) : ctx->n_sm;
-  return n >= 1 && n < items && n <= NB_CUDA_WORK_CTAS ? n : items;
 }
 
 /* fused: fb_launch_fused; else the pre-pass, dK and dV, then dQ. */

@@ -283,7 +283,8 @@ struct fb_bars {
   __device__ static __forceinline__ uint32_t once_ph(int k) { return (uint32_t)(k >> 1) & 1; }
 };
 
-/* The work order of the split kernels (the forward's, fa3_next): CTA c's
+/* The work order of the persistent kernels (the split ones; the fused one
+ * at D 64), the forward's (fa3_next): CTA c's
  * first item is c; whenever its producer starts an item it takes the next
  * one from the ticket counter (gridDim.x + atomicAdd), so a CTA that
  * finishes early takes more (the heaviest come first: longest-first
@@ -297,7 +298,7 @@ struct fb_bars {
  * it; a ticket past the last item ends the CTA. The consumers take the
  * next item at their current one's last tile, long after the producer has
  * put it there. With as many CTAs as items (one CTA per item:
- * NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, the fused kernel) CTA c takes item
+ * NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, the fused kernel at D 128) CTA c takes item
  * c alone: no counter, no slots. The CTA that ends last returns the
  * counters to zero for the next launch. */
 __device__ __forceinline__ int fb_one_each(const fb_params &p) { return (int)gridDim.x >= p.items; }
