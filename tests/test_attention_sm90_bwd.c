@@ -27,9 +27,7 @@
  * =0 (one CTA per item, as before) and =3 (a grid of at most 3 CTAs, so
  * that even small cases take several items per CTA: both item buffers, the
  * ring running on across items, items without query tiles in between),
- * each compared with float64 and bit for bit with the default. The
- * pre-pass's rows per thread group (NABLA_ATTENTION_SM90_PREP_ROWS=2 and
- * 8; the default 4) give the same bits.
+ * each compared with float64 and bit for bit with the default.
  * The fused path runs with the switch at 0 and at 3 too (its kernel is
  * persistent at D 64): its output and dK, dV bit for bit with the fused
  * default, dQ (whose reduce order varies) against float64 and the fused
@@ -156,11 +154,6 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", "3", 1); /* at most 3 CTAs */
   sresult three = run(c, causal, in, n, dt, GPU);
   unsetenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
-  setenv("NABLA_ATTENTION_SM90_PREP_ROWS", "2", 1); /* the pre-pass's rows per thread group */
-  sresult prep2 = run(c, causal, in, n, dt, GPU);
-  setenv("NABLA_ATTENTION_SM90_PREP_ROWS", "8", 1);
-  sresult prep8 = run(c, causal, in, n, dt, GPU);
-  unsetenv("NABLA_ATTENTION_SM90_PREP_ROWS");
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90_BWD", "0", 1);
   sresult mma = run(c, causal, in, n, dt, GPU);
@@ -168,8 +161,8 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   unsetenv("NABLA_ATTENTION_SM90_BWD");
   sresult ref = run(c, causal, rounded, n, NB_F64, CPU);
   if (l0 >= 0) {
-    NBT_CHECK(c->runs ? l1 == l0 + 7 : l1 == l0, "%s: the sm_90a backward ran %lld times in seven calls (%d "
-              "expected)", name, (long long)(l1 - l0), c->runs ? 7 : 0);
+    NBT_CHECK(c->runs ? l1 == l0 + 5 : l1 == l0, "%s: the sm_90a backward ran %lld times in five calls (%d "
+              "expected)", name, (long long)(l1 - l0), c->runs ? 5 : 0);
     NBT_CHECK(l2 == l1, "%s: NABLA_ATTENTION_SM90_BWD=0 still ran it", name);
   }
   const double tol = s.tol;
@@ -181,14 +174,10 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "float64 (3 CTAs)", &three, &ref, &ref, n, tol);
   NBT_CHECK(same_bits(&got, &each, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=0 differs from the default", name);
   NBT_CHECK(same_bits(&got, &three, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=3 differs from the default", name);
-  NBT_CHECK(same_bits(&got, &prep2, n), "%s: NABLA_ATTENTION_SM90_PREP_ROWS=2 differs from the default", name);
-  NBT_CHECK(same_bits(&got, &prep8, n), "%s: NABLA_ATTENTION_SM90_PREP_ROWS=8 differs from the default", name);
   check_fused(c, causal, &s, dt, &got, &ref);
   atest_free(&sec);
   atest_free(&each);
   atest_free(&three);
-  atest_free(&prep2);
-  atest_free(&prep8);
   atest_free(&got);
   atest_free(&again);
   atest_free(&mma);
