@@ -6,11 +6,12 @@
  * contiguous) and writes dq, dk, dv (strided views) as the mma.sync
  * backward (cuda_attention_mma.cu) does: dS = P (dP - delta), dV = P^T dO,
  * dK = scale dS^T Q, dQ = scale dS K, with P = exp(scale S - lse) recomputed.
- * Three kernels, no atomics (every output element is summed by one thread
- * in a fixed order: the same bits every run):
+ * Three kernels, no atomics in the sums (every output element is summed by
+ * one thread in a fixed order: the same bits every run; the persistent
+ * kernels' work tickets are the only atomics):
  *   1. the pre-pass (fb_prep_kernel: D / 8 lanes per row, 16-byte loads,
- *      where the views allow, else a warp per row; R rows a thread group,
- *      every load issued first): delta = rowsum(dO o) in f32, and lse
+ *      where the views allow, else a warp per row; two rows a thread
+ *      group, the vector path's loads issued first): delta = rowsum(dO o) in f32, and lse
  *      log2(e) (+inf for lse = -inf: p = 0)
  *      into a scratch of two (B, Lp) f32 arrays, Lp = Lq rounded up to 128,
  *      the rows past Lq +inf and 0 (p = 0, dS = 0 there), so that a tile's
@@ -615,7 +616,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
   /* K/V buffer 1 after the ring and its statistics (the split kernel),
    * after the dS^T and dQ partial buffers (the fused kernel at D 64; at D
-   * 128 it is launched one CTA per item and never takes it) */
+   * 128 it is launched one CTA per item, grid == items in fb_launch_fused,
+   * and never takes it: a smaller grid would put two items' K/V in buffer 0) */
   constexpr bool KV2 = !F || fb_fu_persistent(D);
   constexpr uint32_t KV1 = !KV2 ? 0 : F ? C::FU_KV1 : C::kv_tiles(false);
   static_assert(KV1 % 1024 == 0, "K/V buffer 1 must be 1024-byte aligned");
