@@ -763,17 +763,11 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
 
 int64_t fb_launches, fb_fused_launches;
 
-/* The pre-pass over rows rows of the scratch, R rows per thread group. */
-template <typename T, int D, int R> void fb_prep_r(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
-  const int64_t per = p.vec_og ? fb_prep_cfg<D, true, R>::RPB : fb_prep_cfg<D, false, R>::RPB; /* rows per block */
-  if (p.vec_og) fb_prep_kernel<T, D, true, R><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
-  else fb_prep_kernel<T, D, false, R><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
-}
-/* Two rows per thread group: on the H100 at GPT-2's shape (ncu) 22.7 us
- * against 26.3 with 4 rows and 33.1 with 8 (more registers, fewer blocks
- * resident), and 25.6-26.0 before the loads were issued ahead. */
+/* The pre-pass over rows rows of the scratch. */
 template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
-  fb_prep_r<T, D, 2>(ctx, p, rows);
+  const int64_t per = p.vec_og ? fb_prep_cfg<D, true>::RPB : fb_prep_cfg<D, false>::RPB; /* rows per block */
+  if (p.vec_og) fb_prep_kernel<T, D, true><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
+  else fb_prep_kernel<T, D, false><<<(unsigned)((rows + per - 1) / per), 256, 0, ctx->stream>>>(p);
   return nb_cuda_launch_check("attention_bwd (sm90 delta)");
 }
 

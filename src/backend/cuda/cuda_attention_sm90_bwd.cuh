@@ -69,14 +69,17 @@ __device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64
  * stream of dout and o, 2 B Lq D elements (22.7 us at GPT-2's shape, 71%
  * of DRAM peak).
  * Both sum a row's products in a fixed order, whichever group takes it:
- * the same bits for every R (fb_prep launches R = 2: measured fastest). */
-template <int D, bool V, int R> struct fb_prep_cfg {
+ * the same bits for every R. R = 2: on the H100 at GPT-2's shape (ncu)
+ * 22.7 us against 26.3 with 4 rows and 33.1 with 8 (more registers, fewer
+ * blocks resident), 25.6-26.0 before the loads were issued ahead. */
+template <int D, bool V> struct fb_prep_cfg {
+  static constexpr int R = 2;                /* rows per thread group */
   static constexpr int LPR = V ? D / 8 : 32; /* lanes per row */
   static constexpr int G = 256 / LPR;        /* row groups per block */
   static constexpr int RPB = R * G;          /* rows per 256-thread block */
 };
-template <typename T, int D, bool V, int R> __global__ void __launch_bounds__(256) fb_prep_kernel(const fb_params p) {
-  constexpr int LPR = fb_prep_cfg<D, V, R>::LPR, G = fb_prep_cfg<D, V, R>::G;
+template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_prep_kernel(const fb_params p) {
+  constexpr int R = fb_prep_cfg<D, V>::R, LPR = fb_prep_cfg<D, V>::LPR, G = fb_prep_cfg<D, V>::G;
   const int lane = threadIdx.x % LPR, nr = p.B * p.Lp; /* B Lp <= INT32_MAX / 2 (the host checks) */
   const int r0 = (int)blockIdx.x * (R * G) + (int)threadIdx.x / LPR;
   uint4 gv[R], ov[R];
