@@ -26,7 +26,8 @@
  * ticket counter): every case also runs with NABLA_ATTENTION_SM90_BWD_PERSISTENT
  * =0 (one CTA per item, as before) and =3 (a grid of at most 3 CTAs, so
  * that even small cases take several items per CTA: both item buffers, the
- * ring running on across items, items without query tiles in between),
+ * ring running on across items; the items without query tiles come last
+ * in a section, so none is followed by one with tiles here),
  * each compared with float64 and bit for bit with the default.
  * The fused path runs with the switch at 0 and at 3 too (its kernel is
  * persistent at D 64): its output and dK, dV bit for bit with the fused

@@ -172,11 +172,8 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
  * producer has put it there. With as many CTAs as items
  * (NABLA_ATTENTION_SM90_PERSISTENT=0; fa3_one_each) CTA c takes item c
  * alone: no counter, no slots. The CTA that ends last returns the
- * counters to zero for the next launch. */
-__device__ __forceinline__ int fa3_one_each(const fa3_params &p) { return (int)gridDim.x >= p.items; }
-__device__ __forceinline__ int fa3_next(const fa3_params &p) {
-  return fa3_one_each(p) ? p.items : (int)gridDim.x + (int)atomicAdd(p.work, 1u);
-}
+ * counters to zero for the next launch (the tickets: fa3_next,
+ * fa3_work_done in cuda_attention_sm90.cuh, which the backward shares). */
 template <int D> __device__ __forceinline__ void fa3_put(const fa3_params &p, fa3_bars<D> bar, int k, int x) {
   if (fa3_one_each(p)) return;
   sm90_bar_wait(bar.ite(k % 2), ((uint32_t)(k / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
@@ -190,14 +187,6 @@ template <int D> __device__ __forceinline__ int fa3_take(const fa3_params &p, fa
   __syncwarp();
   if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(k % 2));
   return x;
-}
-__device__ __forceinline__ void fa3_work_done(const fa3_params &p) {
-  if (fa3_one_each(p)) return;
-  __threadfence();
-  if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) { /* every CTA has taken its last ticket */
-    atomicExch(p.work, 0u);
-    atomicExch(p.work + 1, 0u);
-  }
 }
 
 /* TMA store of the staged box src to (d0, row, batch coordinates c) of a

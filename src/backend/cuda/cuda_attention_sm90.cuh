@@ -51,6 +51,25 @@ template <typename K> static int fa3_binary_ok(K kern, int *cache) {
 #ifdef NB_SM90A_DEVICE
 namespace {
 
+/* The persistent kernels' work tickets (the forward's fa3_put/fa3_take and
+ * the backward's fb_put/fb_take hand them over, and describe the order):
+ * with as many CTAs as items each CTA takes its own item alone; else a
+ * CTA's next item is gridDim.x + a ticket from the counter p.work[0], and
+ * the CTA that ends last (p.work[1] counts them) returns both counters to
+ * zero for the next launch. P: a kernel's parameters (work, items). */
+template <typename P> __device__ __forceinline__ int fa3_one_each(const P &p) { return (int)gridDim.x >= p.items; }
+template <typename P> __device__ __forceinline__ int fa3_next(const P &p) {
+  return fa3_one_each(p) ? p.items : (int)gridDim.x + (int)atomicAdd(p.work, 1u);
+}
+template <typename P> __device__ __forceinline__ void fa3_work_done(const P &p) {
+  if (fa3_one_each(p)) return;
+  __threadfence();
+  if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) { /* every CTA has taken its last ticket */
+    atomicExch(p.work, 0u);
+    atomicExch(p.work + 1, 0u);
+  }
+}
+
 /* TMA load of the box at (d0, row, batch coordinates c) of a map of rank
  * 2 + nbk into dst, completing on bar. */
 __device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,

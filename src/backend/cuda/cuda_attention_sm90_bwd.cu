@@ -19,7 +19,7 @@
  *   2. dK, dV: work items (128 keys, batch index), the heaviest key blocks
  *      (causal: the first) first in each section of batch indices
  *      (fa3_section). Persistent: min(SMs, items) CTAs of 384 threads
- *      taking items from a ticket counter as the forward's do (fb_next;
+ *      taking items from a ticket counter as the forward's do (fa3_next;
  *      each item is computed alike whichever CTA takes it: the same bits
  *      as one CTA per item, NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, read at
  *      every call; =n > 1 takes at most n CTAs, for the tests). ncu on the
@@ -604,7 +604,7 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
   __syncthreads()
 
 // dk, dv (B, Lk, D), and for F the dQ accumulator: items (128 keys, batch index) from the ticket counter
-// (fb_next; the fused kernel at D 128: a CTA per item), query tiles of QT
+// (fa3_next; the fused kernel at D 128: a CTA per item), query tiles of QT
 template <typename T, int D, bool F, int QT = fb_kv_qt(F, D)>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
@@ -633,14 +633,14 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
       int x = (int)blockIdx.x;
       fb_put(p, bar, 0, x);
       for (; x < p.items; k++, g += ntiles) {
-        const int nx = fb_next(p);
+        const int nx = fa3_next(p);
         fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
         fb_kv_produce<D, QT>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0 + (k & 1) * KV1, s0 + 2 * C::KB, bar,
                              F, k, g);
         fb_put(p, bar, k + 1, nx);
         x = nx;
       }
-      fb_work_done(p);
+      fa3_work_done(p);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
@@ -660,7 +660,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #endif
 }
 
-// dq (B, Lq, D): items (128 queries, batch index) from the ticket counter (fb_next)
+// dq (B, Lq, D): items (128 queries, batch index) from the ticket counter (fa3_next)
 template <typename T, int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_q_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
@@ -680,13 +680,13 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
       int x = (int)blockIdx.x;
       fb_put(p, bar, 0, x);
       for (; x < p.items; k++, g += ntiles) {
-        const int nx = fb_next(p);
+        const int nx = fa3_next(p);
         fb_q_item(p, x, &b, &i0, &ntiles);
         fb_q_produce<D>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0 + (k & 1) * C::Q_TILES, s0 + 2 * C::MB, bar, k, g);
         fb_put(p, bar, k + 1, nx);
         x = nx;
       }
-      fb_work_done(p);
+      fa3_work_done(p);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
@@ -781,7 +781,7 @@ int fb_use_fused(void) {
 }
 
 /* The persistent kernels' grid for items work items: min(SMs, items), the CTAs
- * taking items from the ticket counter (persistent: fb_next); one CTA per
+ * taking items from the ticket counter (persistent: fa3_next); one CTA per
  * item with NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, min(n, items) with n > 1
  * (the tests: several items per CTA at small sizes); read at every call.
  * Each item is computed alike either way: the same bits. */

@@ -4,7 +4,7 @@
  * parameters, the TMA loads of a tile, the wgmma products of its tiles, the
  * fused kernel's dS^T and dQ partial in shared memory, the statistics' bulk
  * copy and loads, P^T on a tile without masked elements, the mbarriers,
- * the persistent kernels' work order (fb_next) and the pre-pass
+ * the persistent kernels' work order (fb_put, fb_take) and the pre-pass
  * (fb_prep_kernel). Included by that file only. */
 #ifndef NB_CUDA_ATTENTION_SM90_BWD_CUH
 #define NB_CUDA_ATTENTION_SM90_BWD_CUH
@@ -41,8 +41,8 @@ struct fb_params {
   int bdim[FB_MAXK], nbk;
   int B, Lq, Lk, Lp, ntq, nblk; /* ntq = Lp / 64 */ /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
   int hg;                  /* batch indices per section of the items' order (fa3_section) */
-  int items;               /* B nblk (batch index, block) work items (fb_next) */
-  unsigned *work;          /* the work counters {ticket, CTAs done}, then the CTAs' item slots (fb_next) */
+  int items;               /* B nblk (batch index, block) work items (fa3_next) */
+  unsigned *work;          /* the work counters {ticket, CTAs done}, then the CTAs' item slots (fa3_next) */
   float scale, sl2;        /* sl2 = scale log2(e) */
   int causal;
   int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
@@ -289,48 +289,28 @@ struct fb_bars {
 };
 
 /* The work order of the persistent kernels (the split ones; the fused one
- * at D 64), the forward's (fa3_next): CTA c's
- * first item is c; whenever its producer starts an item it takes the next
- * one from the ticket counter (gridDim.x + atomicAdd), so a CTA that
- * finishes early takes more (the heaviest come first: longest-first
- * scheduling; counting an item's tiles, plus half a tile for its start,
- * a static round-robin, c + k gridDim.x, would leave the slowest CTA 17%
- * over the mean at GPT-2's shape, this 8%: a model, not a measurement).
- * The producer hands the CTA's n-th item to the consumers
- * through slot n % 2, the CTA's two words in global memory after the
- * counters (p.work + 2 + 2 blockIdx.x, as the forward's), an mbarrier each
- * to say it is full and one for the 8 consumer warps to say they have read
- * it; a ticket past the last item ends the CTA. The consumers take the
- * next item at their current one's last tile, long after the producer has
- * put it there. With as many CTAs as items (one CTA per item:
- * NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, the fused kernel at D 128) CTA c takes item
- * c alone: no counter, no slots. The CTA that ends last returns the
- * counters to zero for the next launch. */
-__device__ __forceinline__ int fb_one_each(const fb_params &p) { return (int)gridDim.x >= p.items; }
-__device__ __forceinline__ int fb_next(const fb_params &p) {
-  return fb_one_each(p) ? p.items : (int)gridDim.x + (int)atomicAdd(p.work, 1u);
-}
+ * at D 64) is the forward's (cuda_attention_sm90.cu; the tickets fa3_next
+ * and fa3_work_done in cuda_attention_sm90.cuh): the producer hands the
+ * CTA's n-th item to the consumers through slot n % 2 of fb_bars, the
+ * consumers take the next item at their current one's last tile. Counting
+ * an item's tiles, plus half a tile for its start, a static round-robin
+ * (c + k gridDim.x) would leave the slowest CTA 17% over the mean at GPT-2's
+ * shape, the tickets 8% (a model, not a measurement). One CTA per item
+ * (NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, the fused kernel at D 128): CTA c
+ * takes item c alone. */
 __device__ __forceinline__ void fb_put(const fb_params &p, fb_bars bar, int n, int x) {
-  if (fb_one_each(p)) return;
+  if (fa3_one_each(p)) return;
   sm90_bar_wait(bar.ite(n), ((uint32_t)(n >> 1) & 1) ^ 1); /* fresh barriers pass parity 1 */
   ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)] = x;
   sm90_bar_arrive(bar.itf(n)); /* release: the consumers' wait acquires the word */
 }
 __device__ __forceinline__ int fb_take(const fb_params &p, fb_bars bar, int n) {
-  if (fb_one_each(p)) return n == 0 ? (int)blockIdx.x : p.items;
+  if (fa3_one_each(p)) return n == 0 ? (int)blockIdx.x : p.items;
   sm90_bar_wait(bar.itf(n), (uint32_t)(n >> 1) & 1);
   const int x = ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)];
   __syncwarp();
   if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(n));
   return x;
-}
-__device__ __forceinline__ void fb_work_done(const fb_params &p) {
-  if (fb_one_each(p)) return;
-  __threadfence();
-  if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) { /* every CTA has taken its last ticket */
-    atomicExch(p.work, 0u);
-    atomicExch(p.work + 1, 0u);
-  }
 }
 
 /* Arrivals of mbarrier i (fb_bars): 1 for the full barriers (the
