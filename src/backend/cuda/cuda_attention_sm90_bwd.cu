@@ -792,6 +792,23 @@ int fb_grid(const nb_cuda_ctx *ctx, int items) {
   return n >= 1 && n < items && n <= NB_CUDA_WORK_CTAS ? n : items;
 }
 
+/* Launches kern (smem bytes of shared memory) over the B nblk items of
+ * nblk blocks per batch index, in sections of batch indices whose streamed
+ * operands take per_b bytes each (fa3_section), on fb_grid's CTAs
+ * (persistent) or one per item. */
+template <typename K>
+nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *m, fb_params &p, int nblk,
+                int64_t per_b, int persistent, const char *what) {
+  NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+              "attention_bwd (sm90): shared memory attribute");
+  p.nblk = nblk;
+  p.items = p.B * nblk;
+  p.hg = nb_fa3_section(ctx, p.B, per_b);
+  const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
+  kern<<<(unsigned)grid, FB_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  return nb_cuda_launch_check(what);
+}
+
 /* The fused path: the pre-pass, the accumulator zeroed, dK, dV and dQ's
  * partial sums in one kernel, then dq from the accumulator. */
 template <typename T, int D>
@@ -801,16 +818,10 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   if (st) return st;
   NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
               "attention_bwd (sm90): zeroing the dq accumulator");
-  auto kv = fb_kv_kernel<T, D, true>;
-  const size_t sm = fb_cfg<D>::SMEM_FU;
-  NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
-              "attention_bwd (sm90): shared memory attribute");
-  p.nblk = nkb;
-  p.items = p.B * nkb; /* D 128: one CTA each */
-  p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D); /* Q, dO, the accumulator */
-  const int grid = fb_fu_persistent(D) ? fb_grid(ctx, p.items) : p.items;
-  kv<<<(unsigned)grid, FB_THREADS, sm, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
-  st = nb_cuda_launch_check("attention_bwd (sm90 fused dk, dv, dq)");
+  /* streamed: Q, dO, the accumulator; D 128: one CTA per item */
+  st = fb_go(ctx, fb_kv_kernel<T, D, true>, fb_cfg<D>::SMEM_FU, m, p, nkb,
+             4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D, fb_fu_persistent(D),
+             "attention_bwd (sm90 fused dk, dv, dq)");
   if (st) return st;
   const int64_t n = (int64_t)p.B * p.Lq * (D / 8);
   fb_dq_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, ctx->stream>>>(p);
@@ -829,24 +840,12 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   const int64_t rows = (int64_t)p.B * p.Lp;
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
-  auto kv = fb_kv_kernel<T, D, false>;
-  auto qk = fb_q_kernel<T, D>;
-  const size_t skv = fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, sq = fb_cfg<D>::SMEM_Q;
-  NB_CUDA_TRY(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv),
-              "attention_bwd (sm90): shared memory attribute");
-  NB_CUDA_TRY(cudaFuncSetAttribute(qk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq),
-              "attention_bwd (sm90): shared memory attribute");
-  p.nblk = nkb;
-  p.items = p.B * nkb;
-  p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lq * D); /* Q and dO of a batch index */
-  kv<<<(unsigned)fb_grid(ctx, p.items), FB_THREADS, skv, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
-  st = nb_cuda_launch_check("attention_bwd (sm90 dk, dv)");
+  /* streamed: Q and dO of a batch index, then K and V */
+  st = fb_go(ctx, fb_kv_kernel<T, D, false>, fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, m, p, nkb,
+             4 * (int64_t)p.Lq * D, 1, "attention_bwd (sm90 dk, dv)");
   if (st) return st;
-  p.nblk = nqb;
-  p.items = p.B * nqb;
-  p.hg = nb_fa3_section(ctx, p.B, 4 * (int64_t)p.Lk * D); /* K and V of a batch index */
-  qk<<<(unsigned)fb_grid(ctx, p.items), FB_THREADS, sq, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
-  st = nb_cuda_launch_check("attention_bwd (sm90 dq)");
+  st = fb_go(ctx, fb_q_kernel<T, D>, fb_cfg<D>::SMEM_Q, m, p, nqb, 4 * (int64_t)p.Lk * D, 1,
+             "attention_bwd (sm90 dq)");
   if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
   return st;
 }
