@@ -28,7 +28,11 @@
  * that even small cases take several items per CTA: both item buffers, the
  * ring running on across items; the items without query tiles come last
  * in a section, so none is followed by one with tiles here),
- * each compared with float64 and bit for bit with the default.
+ * each compared with float64 and bit for bit with the default. The split
+ * path's dQ kernel computes the statistics (delta, lse log2 e) itself
+ * where o's and dout's rows allow 16-byte loads; the pre-pass's
+ * (NABLA_ATTENTION_SM90_BWD_FOLD=0, with sections of one batch index on 3
+ * CTAs) give the same bits.
  * The fused path runs with the switch at 0 and at 3 too (its kernel is
  * persistent at D 64): its output and dK, dV bit for bit with the fused
  * default, dQ (whose reduce order varies) against float64 and the fused
@@ -154,6 +158,14 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   sresult each = run(c, causal, in, n, dt, GPU);
   setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", "3", 1); /* at most 3 CTAs */
   sresult three = run(c, causal, in, n, dt, GPU);
+  /* the pre-pass's statistics instead of the dQ kernel's own, on 3 CTAs
+   * with sections of one batch index (an item with query tiles follows
+   * one without, where causal Lk > Lq gives those) */
+  setenv("NABLA_ATTENTION_SM90_BWD_FOLD", "0", 1);
+  setenv("NABLA_ATTENTION_SM90_SECTION", "1", 1);
+  sresult pre = run(c, causal, in, n, dt, GPU);
+  unsetenv("NABLA_ATTENTION_SM90_SECTION");
+  unsetenv("NABLA_ATTENTION_SM90_BWD_FOLD");
   unsetenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90_BWD", "0", 1);
@@ -162,8 +174,8 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   unsetenv("NABLA_ATTENTION_SM90_BWD");
   sresult ref = run(c, causal, rounded, n, NB_F64, CPU);
   if (l0 >= 0) {
-    NBT_CHECK(c->runs ? l1 == l0 + 5 : l1 == l0, "%s: the sm_90a backward ran %lld times in five calls (%d "
-              "expected)", name, (long long)(l1 - l0), c->runs ? 5 : 0);
+    NBT_CHECK(c->runs ? l1 == l0 + 6 : l1 == l0, "%s: the sm_90a backward ran %lld times in six calls (%d "
+              "expected)", name, (long long)(l1 - l0), c->runs ? 6 : 0);
     NBT_CHECK(l2 == l1, "%s: NABLA_ATTENTION_SM90_BWD=0 still ran it", name);
   }
   const double tol = s.tol;
@@ -175,10 +187,13 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "float64 (3 CTAs)", &three, &ref, &ref, n, tol);
   NBT_CHECK(same_bits(&got, &each, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=0 differs from the default", name);
   NBT_CHECK(same_bits(&got, &three, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=3 differs from the default", name);
+  NBT_CHECK(same_bits(&got, &pre, n), "%s: the pre-pass's statistics (NABLA_ATTENTION_SM90_BWD_FOLD=0, "
+            "NABLA_ATTENTION_SM90_SECTION=1, 3 CTAs) differ from the default", name);
   check_fused(c, causal, &s, dt, &got, &ref);
   atest_free(&sec);
   atest_free(&each);
   atest_free(&three);
+  atest_free(&pre);
   atest_free(&got);
   atest_free(&again);
   atest_free(&mma);

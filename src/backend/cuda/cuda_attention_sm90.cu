@@ -105,7 +105,8 @@ struct fa3_params {
   uint16_t *o;
   float *lse; /* (B, Lq) */
   int64_t o_rs, o_bs[FA3_MAXK];
-  int bdim[FA3_MAXK], nbk;
+  nb_fastdiv bdim[FA3_MAXK]; /* the batch axes' sizes (.d) */
+  int nbk;
   int B, Lq, Lk, nblk; /* nblk: query blocks per batch index */
   float scale, sl2;    /* sl2 = scale * log2(e) */
   int causal;
@@ -113,6 +114,7 @@ struct fa3_params {
   int tma_o;    /* o staged in shared memory and stored by TMA (NABLA_ATTENTION_SM90_TMA_STORE) */
   int items;    /* B nblk (batch index, query block) pairs */
   int hg;       /* batch indices per section of the item order (fa3_item) */
+  nb_fastdiv dsec, dhg, dhl; /* the order's divisors (fa3_set_order) */
   unsigned *work; /* the work counters {ticket, CTAs done} (nb_cuda_work_counters) */
 };
 
@@ -151,7 +153,7 @@ template <int D> struct fa3_bars {
  * each for all the section's batch indices. */
 __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk;
-  fa3_section(x, p.B, p.nblk, p.hg, b, &blk);
+  fa3_section(p, x, b, &blk);
   *i0 = (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
@@ -739,13 +741,13 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
     if (q->shape[d] == 1) continue;
     if (nbk == FA3_MAXK) return 0;
     axes[nbk] = d;
-    p.bdim[nbk] = (int)(q->shape[d] < INT32_MAX ? q->shape[d] : INT32_MAX); /* B checked below */
+    p.bdim[nbk] = nb_fastdiv_make((uint32_t)(q->shape[d] < INT32_MAX ? q->shape[d] : INT32_MAX)); /* B checked below */
     p.o_bs[nbk] = o->strides[d];
     nbk++;
   }
   if (!nbk) { /* one batch index: a size-1 stand-in axis */
     axes[0] = -1;
-    p.bdim[0] = 1;
+    p.bdim[0] = nb_fastdiv_make(1);
     nbk = 1;
   }
   const int64_t nblk = (Lq + FA3_BM - 1) / FA3_BM;
@@ -766,9 +768,7 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
-  p.nblk = (int)nblk;
-  p.items = (int)(B * nblk);
-  p.hg = nb_fa3_section(ctx, B, 4 * Lk * D); /* K and V of a batch index */
+  fa3_set_order(p, (int)nblk, nb_fa3_section(ctx, B, 4 * Lk * D)); /* K and V of a batch index */
   p.work = nb_cuda_work_counters(ctx);
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);

@@ -48,6 +48,22 @@ template <typename K> static int fa3_binary_ok(K kern, int *cache) {
   return *cache == 1;
 }
 
+/* The work order of a launch over B nblk items in sections of hg batch
+ * indices (fa3_section): p's nblk, items, hg and the divisors of the
+ * sections, hg nblk items each, hg batch indices each but the last, which
+ * may have fewer. The kernels divide by these and by the batch axes'
+ * sizes (fa3_coords) with a multiply and a shift (nb_fastdiv), not the
+ * hardware's division: ~30 dependent instructions, several of them on the
+ * consumers' path from one item to the next. */
+template <typename P> static void fa3_set_order(P &p, int nblk, int hg) {
+  p.nblk = nblk;
+  p.items = p.B * nblk; /* the hosts check B nblk <= INT32_MAX */
+  p.hg = hg;
+  p.dsec = nb_fastdiv_make((uint32_t)(hg * nblk));
+  p.dhg = nb_fastdiv_make((uint32_t)hg);
+  p.dhl = nb_fastdiv_make((uint32_t)(p.B - (p.B - 1) / hg * hg));
+}
+
 #ifdef NB_SM90A_DEVICE
 namespace {
 
@@ -95,23 +111,31 @@ __device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint
  * index *b and its block's rank *blk in the section, 0 first. Inside a
  * section rank 0 of every batch index comes first, then rank 1, ..., so
  * the blocks at work at one time share the operands of at most hg batch
- * indices, which L2 holds. */
-__device__ __forceinline__ void fa3_section(int x, int B, int nblk, int hg, int *b, int *blk) {
-  const int sec = x / (hg * nblk), y = x % (hg * nblk), h = min(hg, B - sec * hg);
-  *b = sec * hg + y % h;
-  *blk = y / h;
+ * indices, which L2 holds. P: a kernel's parameters (B, hg and their
+ * divisors, fa3_set_order). */
+template <typename P> __device__ __forceinline__ void fa3_section(const P &p, int x, int *b, int *blk) {
+  const uint32_t sec = nb_fastdiv_div(p.dsec, (uint32_t)x), y = (uint32_t)x - sec * p.dsec.d;
+  const nb_fastdiv &dh = (int)sec * p.hg + p.hg > p.B ? p.dhl : p.dhg; /* the last section's size, or hg */
+  const uint32_t r = nb_fastdiv_div(dh, y);
+  *b = (int)(sec * (uint32_t)p.hg + (y - r * dh.d));
+  *blk = (int)r;
 }
 
 /* The batch coordinates c[0..FA3_MAXK) of the flat batch index b over the
- * p.nbk batch axes of sizes p.bdim, innermost first (0 past nbk). */
+ * p.nbk batch axes of sizes p.bdim (their divisors), innermost first (0
+ * past nbk). */
 template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int b, int *c) {
+  uint32_t u = (uint32_t)b;
 #pragma unroll
   for (int i = 0; i < FA3_MAXK; i++) {
-    c[i] = i < p.nbk ? b % p.bdim[i] : 0;
-    if (i < p.nbk) b /= p.bdim[i];
+    c[i] = 0;
+    if (i < p.nbk) {
+      const uint32_t q = nb_fastdiv_div(p.bdim[i], u);
+      c[i] = (int)(u - q * p.bdim[i].d);
+      u = q;
+    }
   }
 }
-
 /* A wgmma descriptor (sm90_desc) as a tile's base and byte offsets in it:
  * the low word (start address / 16, LBO) is computed once per tile and
  * each k step adds its offset / 16, a constant, to it; the high word (SBO

@@ -225,7 +225,7 @@ __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32],
 template <int QT>
 __device__ __forceinline__ void fb_kv_item(const fb_params &p, int x, int *b, int *j0, int *ibeg, int *ntiles) {
   int blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
-  fa3_section(x, p.B, p.nblk, p.hg, b, &blk);
+  fa3_section(p, x, b, &blk);
   *j0 = blk * FB_BK;
   *ibeg = p.causal ? *j0 : 0; /* queries before the block's first key see none of it */
   *ntiles = *ibeg < p.Lq ? (p.Lq - *ibeg + QT - 1) / QT : 0;
@@ -471,11 +471,80 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
  * key tiles *ntiles (at least 1). */
 __device__ __forceinline__ void fb_q_item(const fb_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
-  fa3_section(x, p.B, p.nblk, p.hg, b, &blk);
+  fa3_section(p, x, b, &blk);
   *i0 = (p.nblk - 1 - blk) * FB_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FB_BM, p.Lq)) : p.Lk;
   *ntiles = (kend + FB_BN - 1) / FB_BN;
+}
+
+/* The statistics of this thread's rows r0, r0 + 8 of a dQ item, when the
+ * dQ kernel computes them itself (p.fold: no pre-pass; o's and dout's rows
+ * allow 16-byte loads): lse, and D / 4 columns of dout and o from column
+ * t D / 4 (D / 32 16-byte units; zeros past Lq), then l2 = lse log2(e)
+ * and dl = delta. The CTA's first item loads its own as it starts; every
+ * other item's are loaded once the previous item's last dQ product is
+ * issued (fb_q_consume), so that the loads run under that product, its
+ * dq store and (D 64) this item's first S and dP products, after which
+ * fb_qstats_finish sums them (D 128: before the previous item's dq store,
+ * whose loads' 64 registers do not fit beside the first products'
+ * accumulators: ptxas spills). */
+template <int D> struct fb_qstats {
+  uint4 g[2][D / 32], o[2][D / 32];
+  float lse[2], l2[2], dl[2];
+  int b, r0; /* whose rows */
+};
+
+template <int D>
+__device__ __forceinline__ void fb_qstats_load(const fb_params &p, int b, int r0, int t, fb_qstats<D> &x) {
+  const int64_t go = fb_off(p, b, p.g_bs), oo = fb_off(p, b, p.o_bs);
+  x.b = b, x.r0 = r0;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = r0 + 8 * h;
+    const bool ok = r < p.Lq;
+    const uint4 *gp = (const uint4 *)(p.g + go + (int64_t)r * p.g_rs) + t * (D / 32);
+    const uint4 *op = (const uint4 *)(p.o + oo + (int64_t)r * p.o_rs) + t * (D / 32);
+    x.lse[h] = ok ? __ldg(p.lse + (int64_t)b * p.Lq + r) : -INFINITY;
+#pragma unroll
+    for (int v = 0; v < D / 32; v++) {
+      x.g[h][v] = ok ? __ldg(gp + v) : make_uint4(0u, 0u, 0u, 0u);
+      x.o[h][v] = ok ? __ldg(op + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+/* x.l2 and x.dl of x's rows, written to the scratch too (by lane t = 0)
+ * for the dK/dV kernel, which runs next: the pre-pass's values, bit for
+ * bit. The pre-pass sums a row's D / 8 units on as many lanes, a
+ * butterfly over them (partners u ^ m, m = D / 16 .. 1); here thread t
+ * holds units t D / 32 + i, so the levels m = D / 16 and D / 32 pair the
+ * quad's lanes t ^ 2 and t ^ 1, and the rest its own units: every
+ * addition the same, in the same order. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_qstats_finish(const fb_params &p, int t, fb_qstats<D> &x) {
+  constexpr int NV = D / 32;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float v[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] = fb_dot8<T>(x.g[h][i], x.o[h][i]);
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 2);
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 1);
+#pragma unroll
+    for (int m = NV / 2; m >= 1; m /= 2)
+#pragma unroll
+      for (int i = 0; i < m; i++) v[i] += v[i + m];
+    x.l2[h] = fb_lse2(x.lse[h]);
+    x.dl[h] = v[0];
+    if (t == 0) { /* rows < nblk 128 <= Lp */
+      const int64_t r = (int64_t)x.b * p.Lp + x.r0 + 8 * h;
+      p.sl[r] = x.l2[h];
+      p.sd[r] = x.dl[h];
+    }
+  }
 }
 
 /* Producer (one thread), the CTA's k-th item: Q, dO into Q/dO buffer k % 2
@@ -514,18 +583,24 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
  * last tile). */
 template <typename T, int D>
 __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
-                                            uint32_t ss0, fb_bars bar, int k, int g) {
+                                            uint32_t ss0, fb_bars bar, int k, int g, fb_qstats<D> &st) {
   typedef fb_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
   const uint32_t qa = sq + wg * 64 * 128, ga = qa + C::MB;
-  float dq[D / 2], s[32], dp[32], l2[2], dl[2];
+  float dq[D / 2], s[32], dp[32];
   uint32_t da[4][4];
+  if (p.fold) { /* the statistics: this kernel's (fb_qstats) */
+    if (k == 0) fb_qstats_load<D>(p, b, r0, t, st); /* else loaded at the previous item's end */
+    if (D == 128 && k == 0) fb_qstats_finish<T, D>(p, t, st);
+  } else {
 #pragma unroll
-  for (int h = 0; h < 2; h++) { /* rows < nblk 128 <= Lp */
-    l2[h] = p.sl[(int64_t)b * p.Lp + r0 + 8 * h];
-    dl[h] = p.sd[(int64_t)b * p.Lp + r0 + 8 * h];
+    for (int h = 0; h < 2; h++) { /* the pre-pass's; rows < nblk 128 <= Lp */
+      st.l2[h] = p.sl[(int64_t)b * p.Lp + r0 + 8 * h];
+      st.dl[h] = p.sd[(int64_t)b * p.Lp + r0 + 8 * h];
+    }
   }
+  const float *l2 = st.l2, *dl = st.dl;
 #pragma unroll
   for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
 #pragma unroll
@@ -544,6 +619,7 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
     fa3_commit();
     fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
     fa3_commit();
+    if (D == 64 && j == 0 && p.fold) fb_qstats_finish<T, D>(p, t, st);
     fa3_wait<1>(); /* S complete, and the previous tile's dQ product: its stage is free */
     fa3_fence(s);
     if (j > 0) {
@@ -573,6 +649,11 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
     fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K, on into the next tile's S, dP */
     fa3_commit();
   }
+  if (p.fold && nx < p.items) { /* the next item's statistics, under this item's last product and store */
+    int nb, ni0, nt;
+    fb_q_item(p, nx, &nb, &ni0, &nt);
+    fb_qstats_load<D>(p, nb, ni0 + 64 * wg + 16 * w + lane / 4, t, st);
+  }
   fa3_wait<0>();
   fa3_fence(dq);
   if (ntiles) { /* the last stage, and Q/dO buffer k % 2 (every product has completed) */
@@ -583,6 +664,7 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
     }
   }
   fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
+  if (D == 128 && p.fold && nx < p.items) fb_qstats_finish<T, D>(p, t, st);
   return nx;
 }
 #endif /* NB_SM90A_DEVICE */
@@ -690,10 +772,11 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    fb_qstats<D> st; /* the statistics of the next item's rows (p.fold) */
     for (int x = fb_take(p, bar, 0); x < p.items; k++, g += ntiles) {
       fb_q_item(p, x, &b, &i0, &ntiles);
       x = fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * C::Q_TILES, s0 + 2 * C::MB,
-                             bar, k, g);
+                             bar, k, g, st);
     }
   }
 #else
@@ -801,9 +884,7 @@ nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *
                 int64_t per_b, int persistent, const char *what) {
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention_bwd (sm90): shared memory attribute");
-  p.nblk = nblk;
-  p.items = p.B * nblk;
-  p.hg = nb_fa3_section(ctx, p.B, per_b);
+  fa3_set_order(p, nblk, nb_fa3_section(ctx, p.B, per_b));
   const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
   kern<<<(unsigned)grid, FB_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
   return nb_cuda_launch_check(what);
@@ -837,15 +918,14 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
 template <typename T, int D>
 nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb, int nqb, int fused) {
   if (fused) return fb_launch_fused<T, D>(ctx, m, p, nkb);
-  const int64_t rows = (int64_t)p.B * p.Lp;
-  nb_status st = fb_prep<T, D>(ctx, p, rows);
+  nb_status st = p.fold ? NB_OK : fb_prep<T, D>(ctx, p, (int64_t)p.B * p.Lp);
   if (st) return st;
-  /* streamed: Q and dO of a batch index, then K and V */
-  st = fb_go(ctx, fb_kv_kernel<T, D, false>, fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, m, p, nkb,
-             4 * (int64_t)p.Lq * D, 1, "attention_bwd (sm90 dk, dv)");
-  if (st) return st;
+  /* streamed: K and V of a batch index, then Q and dO */
   st = fb_go(ctx, fb_q_kernel<T, D>, fb_cfg<D>::SMEM_Q, m, p, nqb, 4 * (int64_t)p.Lk * D, 1,
              "attention_bwd (sm90 dq)");
+  if (st) return st;
+  st = fb_go(ctx, fb_kv_kernel<T, D, false>, fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, m, p, nkb,
+             4 * (int64_t)p.Lq * D, 1, "attention_bwd (sm90 dk, dv)");
   if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
   return st;
 }
@@ -894,14 +974,14 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
     if (q->shape[d] == 1) continue;
     if (nbk == FB_MAXK) return 0;
     axes[nbk] = d;
-    p.bdim[nbk] = (int)(q->shape[d] < INT32_MAX ? q->shape[d] : INT32_MAX); /* B checked below */
+    p.bdim[nbk] = nb_fastdiv_make((uint32_t)(q->shape[d] < INT32_MAX ? q->shape[d] : INT32_MAX)); /* B checked below */
     p.dq_bs[nbk] = dq->strides[d], p.dk_bs[nbk] = dk->strides[d], p.dv_bs[nbk] = dv->strides[d];
     p.o_bs[nbk] = o->strides[d], p.g_bs[nbk] = dout->strides[d];
     nbk++;
   }
   if (!nbk) { /* one batch index: a size-1 stand-in axis */
     axes[0] = -1;
-    p.bdim[0] = 1;
+    p.bdim[0] = nb_fastdiv_make(1);
     nbk = 1;
   }
   const int64_t nqb = (Lq + FB_BM - 1) / FB_BM, nkb = (Lk + FB_BK - 1) / FB_BK, Lp = nqb * FB_BM;
@@ -932,6 +1012,10 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.nbk = nbk;
   p.vec_og = fb_vec_ok(o->data, p.o_rs, p.o_bs, nbk) && fb_vec_ok(dout->data, p.g_rs, p.g_bs, nbk);
   p.vec_dq = fb_vec_ok(dq->data, p.dq_rs, p.dq_bs, nbk);
+  {
+    const char *fe = getenv("NABLA_ATTENTION_SM90_BWD_FOLD");
+    p.fold = !fused && p.vec_og && !(fe && !strcmp(fe, "0"));
+  }
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;

@@ -38,24 +38,29 @@ struct fb_params {
   float *acc;            /* fused: the f32 dQ accumulator (B, Lp / 64, D / 64, 64 x 64 chunk) */
   int64_t dq_rs, dk_rs, dv_rs, o_rs, g_rs;
   int64_t dq_bs[FB_MAXK], dk_bs[FB_MAXK], dv_bs[FB_MAXK], o_bs[FB_MAXK], g_bs[FB_MAXK];
-  int bdim[FB_MAXK], nbk;
+  nb_fastdiv bdim[FB_MAXK]; /* the batch axes' sizes (.d) */
+  int nbk;
   int B, Lq, Lk, Lp, ntq, nblk; /* ntq = Lp / 64 */ /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
   int hg;                  /* batch indices per section of the items' order (fa3_section) */
+  nb_fastdiv dsec, dhg, dhl; /* the order's divisors (fa3_set_order) */
   int items;               /* B nblk (batch index, block) work items (fa3_next) */
   unsigned *work;          /* the work counters {ticket, CTAs done}, then the CTAs' item slots (fa3_next) */
   float scale, sl2;        /* sl2 = scale log2(e) */
   int causal;
   int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
+  int fold;              /* the dQ kernel computes the statistics itself, no pre-pass (fb_qstats) */
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
 __device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64_t *bs) {
   int64_t off = 0;
+  uint32_t u = (uint32_t)b;
 #pragma unroll
   for (int i = 0; i < FB_MAXK; i++)
     if (i < p.nbk) {
-      off += (int64_t)(b % p.bdim[i]) * bs[i];
-      b /= p.bdim[i];
+      const uint32_t q = nb_fastdiv_div(p.bdim[i], u);
+      off += (int64_t)(u - q * p.bdim[i].d) * bs[i];
+      u = q;
     }
   return off;
 }
@@ -78,6 +83,22 @@ template <int D, bool V> struct fb_prep_cfg {
   static constexpr int G = 256 / LPR;        /* row groups per block */
   static constexpr int RPB = R * G;          /* rows per 256-thread block */
 };
+/* The pre-pass's sum of one 16-byte unit of a row (8 elements of dout and
+ * of o, pairs in order, rounding spelt out): the dQ kernel's own delta
+ * (fb_qstats_finish) sums the units the same way, so both paths give the
+ * same bits. */
+template <typename T> __device__ __forceinline__ float fb_dot8(uint4 g, uint4 o) {
+  const T *ge = (const T *)&g, *oe = (const T *)&o;
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; e += 2)
+    s = __fadd_rn(s, fmaf(nb_to_f(ge[e]), nb_to_f(oe[e]), __fmul_rn(nb_to_f(ge[e + 1]), nb_to_f(oe[e + 1]))));
+  return s;
+}
+
+/* lse log2(e), +inf for a row without keys (lse = -inf: p = 0) */
+__device__ __forceinline__ float fb_lse2(float lse) { return lse != -INFINITY ? lse * FB_LOG2E : INFINITY; }
+
 template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_prep_kernel(const fb_params p) {
   constexpr int R = fb_prep_cfg<D, V>::R, LPR = fb_prep_cfg<D, V>::LPR, G = fb_prep_cfg<D, V>::G;
   const int lane = threadIdx.x % LPR, nr = p.B * p.Lp; /* B Lp <= INT32_MAX / 2 (the host checks) */
@@ -94,7 +115,7 @@ template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_p
 #pragma unroll
     for (int a = 0, c = b; a < FB_MAXK; a++)
       if (a < p.nbk) {
-        const int q = c / p.bdim[a], m = c - q * p.bdim[a];
+        const int q = (int)nb_fastdiv_div(p.bdim[a], (uint32_t)c), m = c - q * (int)p.bdim[a].d;
         go += (int64_t)m * p.g_bs[a], oo += (int64_t)m * p.o_bs[a], c = q;
       }
     gp[h] = (const T *)(p.g + go);
@@ -110,10 +131,7 @@ template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_p
   for (int h = 0; h < R; h++) { /* the products: zero for a row past Lq or the scratch */
     s[h] = 0.0f;
     if (V) {
-      const T *ge = (const T *)&gv[h], *oe = (const T *)&ov[h];
-#pragma unroll
-      for (int e = 0; e < 8; e += 2)
-        s[h] += nb_to_f(ge[e]) * nb_to_f(oe[e]) + nb_to_f(ge[e + 1]) * nb_to_f(oe[e + 1]);
+      s[h] = fb_dot8<T>(gv[h], ov[h]);
     } else if (ok[h]) {
       for (int d = 2 * lane; d < D; d += 64)
         s[h] += nb_to_f(gp[h][d]) * nb_to_f(op[h][d]) + nb_to_f(gp[h][d + 1]) * nb_to_f(op[h][d + 1]);
@@ -124,7 +142,7 @@ template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_p
 #pragma unroll
     for (int m = LPR / 2; m > 0; m /= 2) s[h] += __shfl_xor_sync(0xffffffffu, s[h], m);
     const int r = r0 + h * G;
-    if (lane == 0 && r < nr) p.sl[r] = L[h] != -INFINITY ? L[h] * FB_LOG2E : INFINITY, p.sd[r] = s[h];
+    if (lane == 0 && r < nr) p.sl[r] = fb_lse2(L[h]), p.sd[r] = s[h];
   }
 }
 } /* namespace */
