@@ -166,6 +166,11 @@ __host__ __device__ constexpr int fb_kv_qt(bool fused, int D) { return !fused &&
  * 128 its shared memory would exceed 227 KB, fb_cfg: a CTA per item). */
 __host__ __device__ constexpr bool fb_fu_persistent(int D) { return D == 64; }
 
+/* Whether the dQ kernel computes the statistics itself, without the
+ * pre-pass (fb_qstats): at D 64, where o's tile fits in its Q/dO buffers
+ * (at D 128 they and the K/V ring take 224 KB). */
+__host__ __device__ constexpr bool fb_q_fold(int D) { return D == 64; }
+
 template <int D, int QT = FB_BQ> struct fb_cfg {
   /* dK/dV: K, V (128 x D), then per stage Q, dO (QT x D: the query tile,
    * 64 rows, or 128 for the split kernel at D 64: fb_kv_qt), then per stage
@@ -188,11 +193,12 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
                 "the fused kernel's dS^T buffers and K/V buffer 1 must be 1024-byte aligned");
   static_assert(QT != FB_BQ || fb_fu_persistent(D) == (1024 + FU_KV1 + 2 * KB + 8 * FB_NBAR <= 232448),
                 "the fused kernel is persistent exactly where its second K/V buffer fits");
-  /* dQ: Q, dO (128 x D), then per stage K, V (64 x D), then Q, dO of the
+  /* dQ: Q, dO (128 x D) and at D 64 o (fb_q_fold: the kernel's own
+   * statistics), then per stage K, V (64 x D), then Q, dO (, o) of the
    * next item (Q/dO buffer 1: fb_q_kernel) */
-  static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2;
-  static constexpr int Q_TILES = 2 * MB + FB_QST * 2 * NB; /* buffer 1's offset */
-  static constexpr size_t SMEM_Q = 1024 + Q_TILES + 2 * MB + 8 * FB_NBAR;
+  static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2, QBUF = (fb_q_fold(D) ? 3 : 2) * MB;
+  static constexpr int Q_TILES = QBUF + FB_QST * 2 * NB; /* buffer 1's offset */
+  static constexpr size_t SMEM_Q = 1024 + Q_TILES + QBUF + 8 * FB_NBAR;
   static_assert(SMEM_KV <= 232448 && (QT != FB_BQ || SMEM_FU <= 232448) && SMEM_Q <= 232448,
                 "a backward kernel's shared memory exceeds the H100's 227 KB");
 };
@@ -478,57 +484,53 @@ __device__ __forceinline__ void fb_q_item(const fb_params &p, int x, int *b, int
   *ntiles = (kend + FB_BN - 1) / FB_BN;
 }
 
-/* The statistics of this thread's rows r0, r0 + 8 of a dQ item, when the
- * dQ kernel computes them itself (p.fold: no pre-pass; o's and dout's rows
- * allow 16-byte loads): lse, and D / 4 columns of dout and o from column
- * t D / 4 (D / 32 16-byte units; zeros past Lq), then l2 = lse log2(e)
- * and dl = delta. The CTA's first item loads its own as it starts; every
- * other item's are loaded once the previous item's last dQ product is
- * issued (fb_q_consume), so that the loads run under that product, its
- * dq store and (D 64) this item's first S and dP products, after which
- * fb_qstats_finish sums them (D 128: before the previous item's dq store,
- * whose loads' 64 registers do not fit beside the first products'
- * accumulators: ptxas spills). */
-template <int D> struct fb_qstats {
-  uint4 g[2][D / 32], o[2][D / 32];
+/* The statistics of this thread's rows r0, r0 + 8 of a dQ item when the
+ * dQ kernel computes them itself (p.fold: fb_q_fold's D 64, TMA maps of o
+ * and dout; no pre-pass): l2 = lse log2(e) and dl = delta = dout . o, from
+ * the item's dout and o tiles in shared memory (the producer loads o with
+ * Q and dO) once the item's first S and dP products are issued
+ * (fb_qstats_finish), and lse, loaded once the previous item's last dQ
+ * product is issued (the CTA's first item: as it starts). */
+struct fb_qstats {
   float lse[2], l2[2], dl[2];
   int b, r0; /* whose rows */
 };
 
-template <int D>
-__device__ __forceinline__ void fb_qstats_load(const fb_params &p, int b, int r0, int t, fb_qstats<D> &x) {
-  const int64_t go = fb_off(p, b, p.g_bs), oo = fb_off(p, b, p.o_bs);
+__device__ __forceinline__ void fb_qstats_load(const fb_params &p, int b, int r0, fb_qstats &x) {
   x.b = b, x.r0 = r0;
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int r = r0 + 8 * h;
-    const bool ok = r < p.Lq;
-    const uint4 *gp = (const uint4 *)(p.g + go + (int64_t)r * p.g_rs) + t * (D / 32);
-    const uint4 *op = (const uint4 *)(p.o + oo + (int64_t)r * p.o_rs) + t * (D / 32);
-    x.lse[h] = ok ? __ldg(p.lse + (int64_t)b * p.Lq + r) : -INFINITY;
-#pragma unroll
-    for (int v = 0; v < D / 32; v++) {
-      x.g[h][v] = ok ? __ldg(gp + v) : make_uint4(0u, 0u, 0u, 0u);
-      x.o[h][v] = ok ? __ldg(op + v) : make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
+  for (int h = 0; h < 2; h++) x.lse[h] = r0 + 8 * h < p.Lq ? __ldg(p.lse + (int64_t)b * p.Lq + r0 + 8 * h) : -INFINITY;
 }
 
-/* x.l2 and x.dl of x's rows, written to the scratch too (by lane t = 0)
- * for the dK/dV kernel, which runs next: the pre-pass's values, bit for
- * bit. The pre-pass sums a row's D / 8 units on as many lanes, a
- * butterfly over them (partners u ^ m, m = D / 16 .. 1); here thread t
- * holds units t D / 32 + i, so the levels m = D / 16 and D / 32 pair the
- * quad's lanes t ^ 2 and t ^ 1, and the rest its own units: every
- * addition the same, in the same order. */
+/* x.l2 and x.dl, written to the scratch too (by lane t = 0) for the dK/dV
+ * kernel, which runs next: the pre-pass's values, bit for bit. ga, oa: the
+ * warpgroup's 64 rows of dout's and o's tiles (row rr = 16 w + g + 8 h of
+ * them is x's row r0 + 8 h; rows past Lq count as zeros: TMA fills them,
+ * or a half wholly past Lq is not loaded). The pre-pass sums a row's D / 8
+ * 16-byte units on as many lanes, a butterfly over them (partners u ^ m, m
+ * = D / 16 .. 1); here thread t takes units t D / 32 + i, so the levels m
+ * = D / 16 and D / 32 pair the quad's lanes t ^ 2 and t ^ 1, and the rest
+ * its own units: every addition the same, in the same order. */
 template <typename T, int D>
-__device__ __forceinline__ void fb_qstats_finish(const fb_params &p, int t, fb_qstats<D> &x) {
+__device__ __forceinline__ void fb_qstats_finish(const fb_params &p, int t, int w, int lane, uint32_t ga,
+                                                 uint32_t oa, fb_qstats &x) {
   constexpr int NV = D / 32;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
+    const int rr = 16 * w + lane / 4 + 8 * h; /* rr % 8 == lane / 4 */
+    const bool ok = x.r0 + 8 * h < p.Lq;
     float v[NV];
 #pragma unroll
-    for (int i = 0; i < NV; i++) v[i] = fb_dot8<T>(x.g[h][i], x.o[h][i]);
+    for (int i = 0; i < NV; i++) {
+      const int u = t * NV + i; /* 16-byte unit u of the row: block u / 8, swizzled */
+      const uint32_t off = (u / 8) * FB_BM * 128 + rr * 128 + (((u % 8) ^ (lane / 4)) << 4);
+      uint4 g = make_uint4(0u, 0u, 0u, 0u), o = g;
+      if (ok) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(g.x), "=r"(g.y), "=r"(g.z), "=r"(g.w) : "r"(ga + off));
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(o.x), "=r"(o.y), "=r"(o.z), "=r"(o.w) : "r"(oa + off));
+      }
+      v[i] = fb_dot8<T>(g, o);
+    }
 #pragma unroll
     for (int i = 0; i < NV; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 2);
 #pragma unroll
@@ -554,8 +556,9 @@ __device__ __forceinline__ void fb_qstats_finish(const fb_params &p, int t, fb_q
  * items). */
 template <int D>
 __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
-                                             const CUtensorMap *mg, const fb_params &p, int b, int i0, int ntiles,
-                                             uint32_t sq, uint32_t ss0, fb_bars bar, int k, int g) {
+                                             const CUtensorMap *mg, const CUtensorMap *mo, const fb_params &p, int b,
+                                             int i0, int ntiles, uint32_t sq, uint32_t ss0, fb_bars bar, int k,
+                                             int g) {
   typedef fb_cfg<D> C;
   int c[FB_MAXK];
   fa3_coords(p, b, c);
@@ -563,9 +566,11 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
    * Q's and dO's rows, are never stored, whatever the buffer holds) */
   const int nh = i0 + 64 < p.Lq ? 2 : 1;
   sm90_bar_wait(bar.once_empty(k), fb_bars::once_ph(k) ^ 1);
-  sm90_bar_expect(bar.once(k), 2 * nh * 64 * D * 2);
+  const bool fo = fb_q_fold(D) && p.fold; /* o's tile too (fb_qstats) */
+  sm90_bar_expect(bar.once(k), (fo ? 3 : 2) * nh * 64 * D * 2);
   fb_tile<D, FB_BM>(sq, mq, bar.once(k), i0, nh, c, p.nbk);
   fb_tile<D, FB_BM>(sq + C::MB, mg, bar.once(k), i0, nh, c, p.nbk);
+  if (fo) fb_tile<D, FB_BM>(sq + 2 * C::MB, mo, bar.once(k), i0, nh, c, p.nbk);
   for (int j = 0; j < ntiles; j++) {
     const int s = (g + j) % FB_QST;
     const uint32_t kt = ss0 + s * 2 * C::NB;
@@ -583,16 +588,16 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
  * last tile). */
 template <typename T, int D>
 __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
-                                            uint32_t ss0, fb_bars bar, int k, int g, fb_qstats<D> &st) {
+                                            uint32_t ss0, fb_bars bar, int k, int g, fb_qstats &st) {
   typedef fb_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
   const uint32_t qa = sq + wg * 64 * 128, ga = qa + C::MB;
   float dq[D / 2], s[32], dp[32];
   uint32_t da[4][4];
-  if (p.fold) { /* the statistics: this kernel's (fb_qstats) */
-    if (k == 0) fb_qstats_load<D>(p, b, r0, t, st); /* else loaded at the previous item's end */
-    if (D == 128 && k == 0) fb_qstats_finish<T, D>(p, t, st);
+  const bool fold = fb_q_fold(D) && p.fold; /* the statistics: this kernel's (fb_qstats) */
+  if (fold) {
+    if (k == 0) fb_qstats_load(p, b, r0, st); /* else at the previous item's end */
   } else {
 #pragma unroll
     for (int h = 0; h < 2; h++) { /* the pre-pass's; rows < nblk 128 <= Lp */
@@ -619,7 +624,7 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
     fa3_commit();
     fb_ss<T, D, FB_BM, FB_BN>(dp, ga, vt); /* dP = dO V^T */
     fa3_commit();
-    if (D == 64 && j == 0 && p.fold) fb_qstats_finish<T, D>(p, t, st);
+    if (fold && j == 0) fb_qstats_finish<T, D>(p, t, w, lane, ga, ga + C::MB, st);
     fa3_wait<1>(); /* S complete, and the previous tile's dQ product: its stage is free */
     fa3_fence(s);
     if (j > 0) {
@@ -649,10 +654,10 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
     fb_rs<T, D, FB_BN>(dq, da, kt); /* dQ += dS K, on into the next tile's S, dP */
     fa3_commit();
   }
-  if (p.fold && nx < p.items) { /* the next item's statistics, under this item's last product and store */
+  if (fold && nx < p.items) { /* the next item's lse, under this item's last product and store */
     int nb, ni0, nt;
     fb_q_item(p, nx, &nb, &ni0, &nt);
-    fb_qstats_load<D>(p, nb, ni0 + 64 * wg + 16 * w + lane / 4, t, st);
+    fb_qstats_load(p, nb, ni0 + 64 * wg + 16 * w + lane / 4, st);
   }
   fa3_wait<0>();
   fa3_fence(dq);
@@ -664,7 +669,6 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
     }
   }
   fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
-  if (D == 128 && p.fold && nx < p.items) fb_qstats_finish<T, D>(p, t, st);
   return nx;
 }
 #endif /* NB_SM90A_DEVICE */
@@ -691,7 +695,7 @@ template <typename T, int D, bool F, int QT = fb_kv_qt(F, D)>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_kv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                  const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
-                 const __grid_constant__ fb_params p) {
+                 const __grid_constant__ CUtensorMap mo, const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D, QT> C;
   static_assert(QT == fb_kv_qt(F, D), "the query tile is fb_kv_qt's");
@@ -705,6 +709,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   static_assert(KV1 % 1024 == 0, "K/V buffer 1 must be 1024-byte aligned");
   FB_PROLOGUE(F ? C::FU_KV1 + (KV2 ? 2 * C::KB : 0) : C::kv_tiles(false) + 2 * C::KB, 256);
   (void)g0;
+  (void)mo; /* the dQ kernel's (fb_qstats) */
   /* k: the CTA's items so far (item slot and K/V buffer k % 2; an item
    * without query tiles too, rare: causal, Lk > Lq), g their query tiles
    * (the ring's running count) */
@@ -738,7 +743,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     if (F && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 #else
-  (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
+  (void)mq; (void)mk; (void)mv; (void)mg; (void)mo; (void)p;
 #endif
 }
 
@@ -747,11 +752,11 @@ template <typename T, int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     fb_q_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                 const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg,
-                const __grid_constant__ fb_params p) {
+                const __grid_constant__ CUtensorMap mo, const __grid_constant__ fb_params p) {
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
   static_assert(C::Q_TILES % 1024 == 0, "Q/dO buffer 1 must be 1024-byte aligned");
-  FB_PROLOGUE(C::Q_TILES + 2 * C::MB, 8); /* Q/dO buffer 1 after the ring */
+  FB_PROLOGUE(C::Q_TILES + C::QBUF, 8); /* Q/dO buffer 1 after the ring */
   (void)g0;
   /* k: the CTA's items so far (item slot and Q/dO buffer k % 2), g their
    * key tiles (the ring's running count) */
@@ -764,7 +769,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
       for (; x < p.items; k++, g += ntiles) {
         const int nx = fa3_next(p);
         fb_q_item(p, x, &b, &i0, &ntiles);
-        fb_q_produce<D>(&mq, &mk, &mv, &mg, p, b, i0, ntiles, s0 + (k & 1) * C::Q_TILES, s0 + 2 * C::MB, bar, k, g);
+        fb_q_produce<D>(&mq, &mk, &mv, &mg, &mo, p, b, i0, ntiles, s0 + (k & 1) * C::Q_TILES, s0 + C::QBUF, bar, k,
+                        g);
         fb_put(p, bar, k + 1, nx);
         x = nx;
       }
@@ -772,15 +778,15 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    fb_qstats<D> st; /* the statistics of the next item's rows (p.fold) */
+    fb_qstats st; /* the statistics of the next item's rows (p.fold) */
     for (int x = fb_take(p, bar, 0); x < p.items; k++, g += ntiles) {
       fb_q_item(p, x, &b, &i0, &ntiles);
-      x = fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * C::Q_TILES, s0 + 2 * C::MB,
+      x = fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * C::Q_TILES, s0 + C::QBUF,
                              bar, k, g, st);
     }
   }
 #else
-  (void)mq; (void)mk; (void)mv; (void)mg; (void)p;
+  (void)mq; (void)mk; (void)mv; (void)mg; (void)mo; (void)p;
 #endif
 }
 
@@ -886,7 +892,7 @@ nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *
               "attention_bwd (sm90): shared memory attribute");
   fa3_set_order(p, nblk, nb_fa3_section(ctx, p.B, per_b));
   const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
-  kern<<<(unsigned)grid, FB_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  kern<<<(unsigned)grid, FB_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], m[4], p);
   return nb_cuda_launch_check(what);
 }
 
@@ -986,11 +992,18 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   }
   const int64_t nqb = (Lq + FB_BM - 1) / FB_BM, nkb = (Lk + FB_BK - 1) / FB_BK, Lp = nqb * FB_BM;
   if (B < 1 || B > INT32_MAX || B * nqb > INT32_MAX || B * nkb > INT32_MAX || B * Lp > INT32_MAX / 2) return 0;
-  CUtensorMap maps[4];
+  CUtensorMap maps[5]; /* q, k, v, dout, o (the dQ kernel's own statistics: p.fold) */
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, 64) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, 64) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, 64) || !nb_fa3_map(&maps[3], dout, Lq, D, axes, nbk, 64))
     return 0;
   const int fused = fb_use_fused();
+  /* the split path's dQ kernel computes the statistics itself, no pre-pass
+   * (fb_q_fold's D 64; o by TMA: its map implies the pre-pass's 16-byte
+   * path, whose bits it gives); NABLA_ATTENTION_SM90_BWD_FOLD=0 (read at
+   * every call): the pre-pass */
+  const char *fe = getenv("NABLA_ATTENTION_SM90_BWD_FOLD");
+  memset(&maps[4], 0, sizeof maps[4]);
+  p.fold = !fused && fb_q_fold((int)D) && !(fe && !strcmp(fe, "0")) && nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
   const size_t half = (size_t)B * Lp * sizeof(float), bytes = 2 * half + (fused ? half * (size_t)D : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);
   if (!scratch) {
@@ -1012,10 +1025,6 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.nbk = nbk;
   p.vec_og = fb_vec_ok(o->data, p.o_rs, p.o_bs, nbk) && fb_vec_ok(dout->data, p.g_rs, p.g_bs, nbk);
   p.vec_dq = fb_vec_ok(dq->data, p.dq_rs, p.dq_bs, nbk);
-  {
-    const char *fe = getenv("NABLA_ATTENTION_SM90_BWD_FOLD");
-    p.fold = !fused && p.vec_og && !(fe && !strcmp(fe, "0"));
-  }
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
