@@ -599,6 +599,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  fa3_grid_wait();
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, sq, sk, bar);
@@ -668,7 +669,8 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_par
   const int grid = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT") && ctx->n_sm < p.items && ctx->n_sm <= NB_CUDA_WORK_CTAS
                        ? ctx->n_sm
                        : p.items;
-  kern<<<(unsigned)grid, FA3_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], p);
+  NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FA3_THREADS, smem, ctx, m[0], m[1], m[2], m[3], p),
+              "attention (sm90): launch");
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
 }

@@ -13,6 +13,8 @@
 
 #include <cuda.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mma.cuh"
@@ -64,6 +66,30 @@ template <typename P> static void fa3_set_order(P &p, int nblk, int hg) {
   p.dhl = nb_fastdiv_make((uint32_t)(p.B - (p.B - 1) / hg * hg));
 }
 
+/* Launches kern (grid CTAs of threads, smem bytes of dynamic shared
+ * memory) on the context's stream as a programmatic dependent launch: its
+ * CTAs may start, set up their shared memory and wait (fa3_grid_wait)
+ * while the previous kernel's last CTAs finish, which signal it once
+ * they take no more work (fa3_work_done). NABLA_ATTENTION_SM90_PDL=0 (read
+ * at every call): an ordinary launch. */
+template <typename... E, typename... A>
+static cudaError_t fa3_launch_ex(void (*kern)(E...), unsigned grid, unsigned threads, size_t smem,
+                                 const nb_cuda_ctx *ctx, A &&...args) {
+  const char *e = getenv("NABLA_ATTENTION_SM90_PDL");
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ctx->stream;
+  cfg.attrs = at;
+  cfg.numAttrs = e && !strcmp(e, "0") ? 0 : 1;
+  return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
+}
+
 #ifdef NB_SM90A_DEVICE
 namespace {
 
@@ -78,6 +104,10 @@ template <typename P> __device__ __forceinline__ int fa3_next(const P &p) {
   return fa3_one_each(p) ? p.items : (int)gridDim.x + (int)atomicAdd(p.work, 1u);
 }
 template <typename P> __device__ __forceinline__ void fa3_work_done(const P &p) {
+  /* this CTA takes no more items: the stream's next kernel, launched as a
+   * programmatic dependent (fa3_launch_ex), may start on the SMs that
+   * this grid's CTAs leave (its CTAs wait in fa3_grid_wait) */
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (fa3_one_each(p)) return;
   __threadfence();
   if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) { /* every CTA has taken its last ticket */
@@ -85,6 +115,12 @@ template <typename P> __device__ __forceinline__ void fa3_work_done(const P &p) 
     atomicExch(p.work + 1, 0u);
   }
 }
+
+/* Where a kernel launched by fa3_launch_ex starts reading global memory:
+ * it waits until the stream's previous kernel has completed and its
+ * writes are visible (at once when that kernel was not a programmatic
+ * primary); only shared memory is touched before. */
+__device__ __forceinline__ void fa3_grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 /* TMA load of the box at (d0, row, batch coordinates c) of a map of rank
  * 2 + nbk into dst, completing on bar. */

@@ -687,7 +687,8 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");                   \
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");                         \
   }                                                                                      \
-  __syncthreads()
+  __syncthreads();                                                                       \
+  fa3_grid_wait()
 
 // dk, dv (B, Lk, D), and for F the dQ accumulator: items (128 keys, batch index) from the ticket counter
 // (fa3_next; the fused kernel at D 128: a CTA per item), query tiles of QT
@@ -892,7 +893,8 @@ nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *
               "attention_bwd (sm90): shared memory attribute");
   fa3_set_order(p, nblk, nb_fa3_section(ctx, p.B, per_b));
   const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
-  kern<<<(unsigned)grid, FB_THREADS, smem, ctx->stream>>>(m[0], m[1], m[2], m[3], m[4], p);
+  NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FB_THREADS, smem, ctx, m[0], m[1], m[2], m[3], m[4], p),
+              "attention_bwd (sm90): launch");
   return nb_cuda_launch_check(what);
 }
 
