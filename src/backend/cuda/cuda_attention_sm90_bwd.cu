@@ -8,7 +8,10 @@
  * dK = scale dS^T Q, dQ = scale dS K, with P = exp(scale S - lse) recomputed.
  * Three kernels, no atomics in the sums (every output element is summed by
  * one thread in a fixed order: the same bits every run; the persistent
- * kernels' work tickets are the only atomics):
+ * kernels' work tickets are the only atomics), launched in the order 1, 3,
+ * 2 (fa3_launch_ex: each a programmatic dependent of the one before); at
+ * D 64, where o's map exists, without 1: the dQ kernel computes the
+ * statistics itself (fb_qstats) and writes them for the dK/dV kernel:
  *   1. the pre-pass (fb_prep_kernel: D / 8 lanes per row, 16-byte loads,
  *      where the views allow, else a warp per row; two rows a thread
  *      group, the vector path's loads issued first): delta = rowsum(dO o) in f32, and lse
@@ -80,7 +83,11 @@
  *      product runs on into the next tile's S and dP (the tile's stage is
  *      freed once the next S has completed, and with it this product; 3
  *      stages: with 2 the next tile's load waited for that and the split
- *      path's fwd+bwd took 8% longer).
+ *      path's fwd+bwd took 8% longer). At D 64 (fb_q_fold) the producer
+ *      loads o's tile with Q and dO, and the consumers sum each row's delta
+ *      from the shared dO and o tiles once the item's first products are
+ *      issued, in the pre-pass's order (the same bits), lse loaded at the
+ *      previous item's end (NABLA_ATTENTION_SM90_BWD_FOLD=0: the pre-pass).
  * Rows of a tile past Lq or Lk are zero-filled by TMA; a 64-row half of a
  * tile wholly past them is not loaded at all (its rows' results are never
  * stored, and every product here is row-wise in them), but for the dK/dV
@@ -862,12 +869,15 @@ template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_
 }
 
 /* Whether this call takes the fused path: NABLA_ATTN_BWD=fused or split
- * (read at every call) decide, otherwise nb_deterministic() (on: split). */
-int fb_use_fused(void) {
+ * (read at every call) decide, otherwise the faster of the two where
+ * nb_deterministic() is off: the fused path at D 128, the split one at D
+ * 64 (its dQ kernel computes the statistics itself; H100, GPT-2's shape
+ * fwd+bwd 0.338 ms split against 0.401 fused), which is deterministic too. */
+int fb_use_fused(int64_t D) {
   const char *e = getenv("NABLA_ATTN_BWD");
   if (e && !strcmp(e, "fused")) return 1;
   if (e && !strcmp(e, "split")) return 0;
-  return !nb_deterministic();
+  return !nb_deterministic() && D == 128;
 }
 
 /* The persistent kernels' grid for items work items: min(SMs, items), the CTAs
@@ -998,7 +1008,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, 64) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, 64) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, 64) || !nb_fa3_map(&maps[3], dout, Lq, D, axes, nbk, 64))
     return 0;
-  const int fused = fb_use_fused();
+  const int fused = fb_use_fused(D);
   /* the split path's dQ kernel computes the statistics itself, no pre-pass
    * (fb_q_fold's D 64; o by TMA: its map implies the pre-pass's 16-byte
    * path, whose bits it gives); NABLA_ATTENTION_SM90_BWD_FOLD=0 (read at
