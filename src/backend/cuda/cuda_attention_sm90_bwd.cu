@@ -471,11 +471,19 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
   }
   /* every product of the item has completed (each path waits for all of
    * them above): K/V buffer k % 2 is free (every consumer thread arrives,
-   * as for the stages) */
-  sm90_bar_arrive(bar.once_empty(k));
+   * as for the stages), the split kernel's once dK and dV have gone
+   * through this warpgroup's rows of K and V (fb_store16) */
   if (!ntiles) nx = fb_take(p, bar, k + 1);
-  fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
-  fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
+  if (!F && p.vec_kv) {
+    fb_store16<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kw - 16 * w, p.Lk, wg, ka, dk, p.scale);
+    fb_store16<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kw - 16 * w, p.Lk, wg, va, dv, 1.0f);
+    fb_fence_async(); /* the generic writes before the copy engine's next ones */
+    sm90_bar_arrive(bar.once_empty(k));
+  } else {
+    sm90_bar_arrive(bar.once_empty(k));
+    fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
+    fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
+  }
   return nx;
 }
 
@@ -668,14 +676,18 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
   }
   fa3_wait<0>();
   fa3_fence(dq);
-  if (ntiles) { /* the last stage, and Q/dO buffer k % 2 (every product has completed) */
-    __syncwarp();
-    if (lane == 0) {
-      sm90_bar_arrive(bar.empty((g + ntiles - 1) % FB_QST));
-      sm90_bar_arrive(bar.once_empty(k));
-    }
+  /* dq through this warpgroup's rows of Q (fb_store16), then the last
+   * stage and Q/dO buffer k % 2 are free (every product has completed) */
+  if (p.vec_dq) {
+    fb_store16<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, rw - 16 * w, p.Lq, wg, qa, dq, p.scale);
+    fb_fence_async(); /* the generic writes before the copy engine's next ones */
   }
-  fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
+  __syncwarp();
+  if (lane == 0) {
+    sm90_bar_arrive(bar.empty((g + ntiles - 1) % FB_QST));
+    sm90_bar_arrive(bar.once_empty(k));
+  }
+  if (!p.vec_dq) fb_store<T, D>(p.dq + fb_off(p, b, p.dq_bs), p.dq_rs, r0, p.Lq, t, dq, p.scale);
   return nx;
 }
 #endif /* NB_SM90A_DEVICE */
@@ -1037,6 +1049,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.nbk = nbk;
   p.vec_og = fb_vec_ok(o->data, p.o_rs, p.o_bs, nbk) && fb_vec_ok(dout->data, p.g_rs, p.g_bs, nbk);
   p.vec_dq = fb_vec_ok(dq->data, p.dq_rs, p.dq_bs, nbk);
+  p.vec_kv = fb_vec_ok(dk->data, p.dk_rs, p.dk_bs, nbk) && fb_vec_ok(dv->data, p.dv_rs, p.dv_bs, nbk);
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;

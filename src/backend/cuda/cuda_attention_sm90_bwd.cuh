@@ -49,6 +49,7 @@ struct fb_params {
   int causal;
   int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
   int fold;              /* the dQ kernel computes the statistics itself, no pre-pass (fb_qstats) */
+  int vec_kv;            /* dk and dv: rows and batch offsets 16-byte aligned (fb_store16) */
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
@@ -212,6 +213,43 @@ __device__ __forceinline__ void fb_bar_wg(int wg) {
   else asm volatile("bar.sync 2, 128;" ::: "memory");
 }
 __device__ __forceinline__ void fb_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+/* This warpgroup's 64 rows of a 64 x D accumulator (rows rw0 .. rw0 + 63,
+ * those before L), times mul, to dst (its batch's base; row stride rs,
+ * rows 16-byte aligned) through shared memory: each thread's pairs go
+ * into the warpgroup's rows of a 128-row tile whose products have all
+ * completed (st: its 64 rows of block 0; the tile's 128-byte swizzle, so
+ * a warp's 32 pairs hit 32 banks), the warpgroup meets, and each thread
+ * stores 16-byte units, 8 lanes to a 128-byte row. fb_store's 4-byte
+ * pairs (a warp's store touching 8 rows) drained slowly: ncu put ~10% of
+ * the dK/dV kernel's stall samples at GPT-2's shape on instructions
+ * waiting for them. The caller releases the tile after this returns. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_store16(uint16_t *dst, int64_t rs, int rw0, int L, int wg, uint32_t st,
+                                           const float (&acc)[D / 2], float mul) {
+  const int x = threadIdx.x % 128, lane = x % 32, w = x / 32, t = lane % 4, g = lane / 4;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const uint32_t row = st + (uint32_t)(16 * w + g + 8 * h) * 128 + 4 * t; /* row % 8 == g */
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+      const uint32_t a = row + (n / 8) * 128 * 128 + (((n % 8) ^ g) << 4);
+      const uint32_t v = nb_mma<T>::pack(acc[4 * n + 2 * h] * mul, acc[4 * n + 2 * h + 1] * mul);
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+    }
+  }
+  fb_bar_wg(wg);
+  constexpr int U = D / 8; /* 16-byte units a row */
+#pragma unroll
+  for (int q = x; q < 64 * U; q += 128) {
+    const int rr = q / U, u = q % U;
+    const uint32_t a = st + (u / 8) * 128 * 128 + rr * 128 + (((u % 8) ^ (rr % 8)) << 4);
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a)
+                 : "memory");
+    if (rw0 + rr < L) *(uint4 *)(dst + (int64_t)(rw0 + rr) * rs + 8 * u) = v;
+  }
+}
 
 /* dS^T (this warpgroup's 64 keys, the register A fragments da) into rows
  * [64 wg, + 64) of the 128 x 64 tile at ds, 128 bytes a row, the 128-byte
