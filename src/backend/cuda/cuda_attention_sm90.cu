@@ -167,29 +167,13 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
  * The producer hands each item to the consumers through two slots (the
  * k-th item in slot k % 2), an mbarrier each to say it is full and one for
  * its 8 consumer warps to say they have read it; a ticket past the last
- * item ends the CTA. The slots are the CTA's two words in global memory
- * after the counters (p.work + 2 + 2 blockIdx.x: in shared memory the
- * race checker would not see the mbarriers order them). The consumers
- * take the next item at their current one's last tile, long after the
- * producer has put it there. With as many CTAs as items
- * (NABLA_ATTENTION_SM90_PERSISTENT=0; fa3_one_each) CTA c takes item c
- * alone: no counter, no slots. The CTA that ends last returns the
- * counters to zero for the next launch (the tickets: fa3_next,
- * fa3_work_done in cuda_attention_sm90.cuh, which the backward shares). */
-template <int D> __device__ __forceinline__ void fa3_put(const fa3_params &p, fa3_bars<D> bar, int k, int x) {
-  if (fa3_one_each(p)) return;
-  sm90_bar_wait(bar.ite(k % 2), ((uint32_t)(k / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
-  ((volatile int *)p.work)[2 + 2 * blockIdx.x + k % 2] = x;
-  sm90_bar_arrive(bar.itf(k % 2)); /* release: the consumers' wait acquires the word */
-}
-template <int D> __device__ __forceinline__ int fa3_take(const fa3_params &p, fa3_bars<D> bar, int k) {
-  if (fa3_one_each(p)) return k == 0 ? (int)blockIdx.x : p.items;
-  sm90_bar_wait(bar.itf(k % 2), (uint32_t)(k / 2) & 1);
-  const int x = ((volatile int *)p.work)[2 + 2 * blockIdx.x + k % 2];
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(k % 2));
-  return x;
-}
+ * item ends the CTA (fa3_put, fa3_take). The consumers take the next item
+ * at their current one's last tile, long after the producer has put it
+ * there. With as many CTAs as items (NABLA_ATTENTION_SM90_PERSISTENT=0;
+ * fa3_one_each) CTA c takes item c alone: no counter, no slots. The CTA
+ * that ends last returns the counters to zero for the next launch (the
+ * tickets and the handover: fa3_next, fa3_put, fa3_take, fa3_work_done
+ * in cuda_attention_sm90.cuh, which the backward shares). */
 
 /* TMA store of the staged box src to (d0, row, batch coordinates c) of a
  * map of rank 2 + nbk, in a bulk group; rows past the map's end are not
@@ -753,7 +737,8 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
     nbk = 1;
   }
   const int64_t nblk = (Lq + FA3_BM - 1) / FA3_BM;
-  if (B < 1 || B > INT32_MAX || B * nblk > INT32_MAX) return 0;
+  /* items, and the tickets past them (gridDim.x + the counter: fa3_next), fit in an int */
+  if (B < 1 || B > INT32_MAX || B * nblk > INT32_MAX - NB_CUDA_WORK_CTAS) return 0;
   CUtensorMap maps[4];
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, FA3_BN) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, FA3_BN))

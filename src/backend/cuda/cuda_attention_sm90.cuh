@@ -116,6 +116,30 @@ template <typename P> __device__ __forceinline__ void fa3_work_done(const P &p) 
   }
 }
 
+/* The handover of the CTA's n-th item from its producer to its consumers
+ * (the forward's fa3_produce / fa3_consume, the backward's kernels):
+ * through slot n % 2, a word of global memory after the counters (p.work
+ * + 2 + 2 blockIdx.x: in shared memory the race checker would not see the
+ * mbarriers order it), with a full mbarrier (the producer's release
+ * arrival) and an empty one (the consumers' 8 warps' arrivals) per slot:
+ * bar.itf(s), bar.ite(s) of the kernel's barriers. With as many CTAs as
+ * items (fa3_one_each) CTA c takes item c alone: no slots. */
+template <typename P, typename Bars>
+__device__ __forceinline__ void fa3_put(const P &p, Bars bar, int n, int x) {
+  if (fa3_one_each(p)) return;
+  sm90_bar_wait(bar.ite(n & 1), ((uint32_t)(n >> 1) & 1) ^ 1); /* fresh barriers pass parity 1 */
+  ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)] = x;
+  sm90_bar_arrive(bar.itf(n & 1)); /* release: the consumers' wait acquires the word */
+}
+template <typename P, typename Bars> __device__ __forceinline__ int fa3_take(const P &p, Bars bar, int n) {
+  if (fa3_one_each(p)) return n == 0 ? (int)blockIdx.x : p.items;
+  sm90_bar_wait(bar.itf(n & 1), (uint32_t)(n >> 1) & 1);
+  const int x = ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)];
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(n & 1));
+  return x;
+}
+
 /* Where a kernel launched by fa3_launch_ex starts reading global memory:
  * it waits until the stream's previous kernel has completed and its
  * writes are visible (at once when that kernel was not a programmatic

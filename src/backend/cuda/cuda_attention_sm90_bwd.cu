@@ -292,7 +292,7 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
  * k-steps); k, g and sk as fb_kv_produce's. K/V buffer k % 2 is freed
  * once the item's last products reading it have completed, before dK and
  * dV are stored: the stores drain while the next item runs. Returns the
- * next item (fb_take at the last tile). */
+ * next item (fa3_take at the last tile). */
 template <typename T, int D, bool F, int QT>
 __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
                                              uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar, int k, int g) {
@@ -319,7 +319,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
   static_assert(Q2 == (ST == FB_QST), "the 3-stage ring is the 128-query tiles' (their products run on)");
   int nx = p.items; /* the next item */
   for (int it = 0; it < ntiles; it++) {
-    if (it == ntiles - 1) nx = fb_take(p, bar, k + 1);
+    if (it == ntiles - 1) nx = fa3_take(p, bar, k + 1);
     const int sg = (g + it) % ST, i0 = ibeg + it * QT;
     const uint32_t qt = ss0 + sg * C::STAGE, gt = qt + C::QB;
     /* the stage's rows i0 .. i0 + QT - 1 of the pre-pass's statistics */
@@ -473,7 +473,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
    * them above): K/V buffer k % 2 is free (every consumer thread arrives,
    * as for the stages), the split kernel's once dK and dV have gone
    * through this warpgroup's rows of K and V (fb_store16) */
-  if (!ntiles) nx = fb_take(p, bar, k + 1);
+  if (!ntiles) nx = fa3_take(p, bar, k + 1);
   if (!F && p.vec_kv) {
     fb_store16<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kw - 16 * w, p.Lk, wg, ka, dk, p.scale);
     fb_store16<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kw - 16 * w, p.Lk, wg, va, dv, 1.0f);
@@ -497,71 +497,6 @@ __device__ __forceinline__ void fb_q_item(const fb_params &p, int x, int *b, int
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FB_BM, p.Lq)) : p.Lk;
   *ntiles = (kend + FB_BN - 1) / FB_BN;
-}
-
-/* The statistics of this thread's rows r0, r0 + 8 of a dQ item when the
- * dQ kernel computes them itself (p.fold: fb_q_fold's D 64, TMA maps of o
- * and dout; no pre-pass): l2 = lse log2(e) and dl = delta = dout . o, from
- * the item's dout and o tiles in shared memory (the producer loads o with
- * Q and dO) once the item's first S and dP products are issued
- * (fb_qstats_finish), and lse, loaded once the previous item's last dQ
- * product is issued (the CTA's first item: as it starts). */
-struct fb_qstats {
-  float lse[2], l2[2], dl[2];
-  int b, r0; /* whose rows */
-};
-
-__device__ __forceinline__ void fb_qstats_load(const fb_params &p, int b, int r0, fb_qstats &x) {
-  x.b = b, x.r0 = r0;
-#pragma unroll
-  for (int h = 0; h < 2; h++) x.lse[h] = r0 + 8 * h < p.Lq ? __ldg(p.lse + (int64_t)b * p.Lq + r0 + 8 * h) : -INFINITY;
-}
-
-/* x.l2 and x.dl, written to the scratch too (by lane t = 0) for the dK/dV
- * kernel, which runs next: the pre-pass's values, bit for bit. ga, oa: the
- * warpgroup's 64 rows of dout's and o's tiles (row rr = 16 w + g + 8 h of
- * them is x's row r0 + 8 h; rows past Lq count as zeros: TMA fills them,
- * or a half wholly past Lq is not loaded). The pre-pass sums a row's D / 8
- * 16-byte units on as many lanes, a butterfly over them (partners u ^ m, m
- * = D / 16 .. 1); here thread t takes units t D / 32 + i, so the levels m
- * = D / 16 and D / 32 pair the quad's lanes t ^ 2 and t ^ 1, and the rest
- * its own units: every addition the same, in the same order. */
-template <typename T, int D>
-__device__ __forceinline__ void fb_qstats_finish(const fb_params &p, int t, int w, int lane, uint32_t ga,
-                                                 uint32_t oa, fb_qstats &x) {
-  constexpr int NV = D / 32;
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int rr = 16 * w + lane / 4 + 8 * h; /* rr % 8 == lane / 4 */
-    const bool ok = x.r0 + 8 * h < p.Lq;
-    float v[NV];
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-      const int u = t * NV + i; /* 16-byte unit u of the row: block u / 8, swizzled */
-      const uint32_t off = (u / 8) * FB_BM * 128 + rr * 128 + (((u % 8) ^ (lane / 4)) << 4);
-      uint4 g = make_uint4(0u, 0u, 0u, 0u), o = g;
-      if (ok) {
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(g.x), "=r"(g.y), "=r"(g.z), "=r"(g.w) : "r"(ga + off));
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(o.x), "=r"(o.y), "=r"(o.z), "=r"(o.w) : "r"(oa + off));
-      }
-      v[i] = fb_dot8<T>(g, o);
-    }
-#pragma unroll
-    for (int i = 0; i < NV; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 2);
-#pragma unroll
-    for (int i = 0; i < NV; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 1);
-#pragma unroll
-    for (int m = NV / 2; m >= 1; m /= 2)
-#pragma unroll
-      for (int i = 0; i < m; i++) v[i] += v[i + m];
-    x.l2[h] = fb_lse2(x.lse[h]);
-    x.dl[h] = v[0];
-    if (t == 0) { /* rows < nblk 128 <= Lp */
-      const int64_t r = (int64_t)x.b * p.Lp + x.r0 + 8 * h;
-      p.sl[r] = x.l2[h];
-      p.sd[r] = x.dl[h];
-    }
-  }
 }
 
 /* Producer (one thread), the CTA's k-th item: Q, dO into Q/dO buffer k % 2
@@ -599,7 +534,7 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
 /* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles;
  * k, g and sq as fb_q_produce's. Q/dO buffer k % 2 is freed once the
  * item's last S and dP have completed, before dQ is stored: the stores
- * drain while the next item runs. Returns the next item (fb_take at the
+ * drain while the next item runs. Returns the next item (fa3_take at the
  * last tile). */
 template <typename T, int D>
 __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
@@ -628,7 +563,7 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
   sm90_bar_wait(bar.once(k), fb_bars::once_ph(k));
   int nx = p.items; /* the next item */
   for (int j = 0; j < ntiles; j++) {
-    if (j == ntiles - 1) nx = fb_take(p, bar, k + 1);
+    if (j == ntiles - 1) nx = fa3_take(p, bar, k + 1);
     const int sg = (g + j) % FB_QST, j0 = j * FB_BN;
     const uint32_t kt = ss0 + sg * 2 * C::NB, vt = kt + C::NB;
     sm90_bar_wait(bar.full(sg), (uint32_t)((g + j) / FB_QST) & 1);
@@ -698,7 +633,6 @@ __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, i
 #define FB_PROLOGUE(SMEM_TILES, NEMPTY)                                                  \
   extern __shared__ uint8_t fb_raw[];                                                    \
   const uint32_t s0 = (sm90_smem(fb_raw) + 1023) & ~1023u;                               \
-  const uint8_t *g0 = fb_raw + (s0 - sm90_smem(fb_raw));                                 \
   const fb_bars bar = {s0 + (SMEM_TILES)};                                               \
   if (threadIdx.x == 0) {                                                                \
     for (int i = 0; i < FB_NBAR; i++)                                                    \
@@ -728,7 +662,6 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   constexpr uint32_t KV1 = !KV2 ? 0 : F ? C::FU_KV1 : C::kv_tiles(false);
   static_assert(KV1 % 1024 == 0, "K/V buffer 1 must be 1024-byte aligned");
   FB_PROLOGUE(F ? C::FU_KV1 + (KV2 ? 2 * C::KB : 0) : C::kv_tiles(false) + 2 * C::KB, 256);
-  (void)g0;
   (void)mo; /* the dQ kernel's (fb_qstats) */
   /* k: the CTA's items so far (item slot and K/V buffer k % 2; an item
    * without query tiles too, rare: causal, Lk > Lq), g their query tiles
@@ -738,20 +671,20 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (threadIdx.x == 0) {
       int x = (int)blockIdx.x;
-      fb_put(p, bar, 0, x);
+      fa3_put(p, bar, 0, x);
       for (; x < p.items; k++, g += ntiles) {
         const int nx = fa3_next(p);
         fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
         fb_kv_produce<D, QT>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0 + (k & 1) * KV1, s0 + 2 * C::KB, bar,
                              F, k, g);
-        fb_put(p, bar, k + 1, nx);
+        fa3_put(p, bar, k + 1, nx);
         x = nx;
       }
       fa3_work_done(p);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    for (int x = fb_take(p, bar, 0); x < p.items; k++, g += ntiles) {
+    for (int x = fa3_take(p, bar, 0); x < p.items; k++, g += ntiles) {
       fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
       x = fb_kv_consume<T, D, F, QT>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * KV1,
                                      s0 + 2 * C::KB, s0 + 2 * C::KB + ST * (C::STAGE + C::STATS), bar, k, g);
@@ -777,7 +710,6 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   typedef fb_cfg<D> C;
   static_assert(C::Q_TILES % 1024 == 0, "Q/dO buffer 1 must be 1024-byte aligned");
   FB_PROLOGUE(C::Q_TILES + C::QBUF, 8); /* Q/dO buffer 1 after the ring */
-  (void)g0;
   /* k: the CTA's items so far (item slot and Q/dO buffer k % 2), g their
    * key tiles (the ring's running count) */
   int k = 0, g = 0, b, i0, ntiles;
@@ -785,13 +717,13 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (threadIdx.x == 0) {
       int x = (int)blockIdx.x;
-      fb_put(p, bar, 0, x);
+      fa3_put(p, bar, 0, x);
       for (; x < p.items; k++, g += ntiles) {
         const int nx = fa3_next(p);
         fb_q_item(p, x, &b, &i0, &ntiles);
         fb_q_produce<D>(&mq, &mk, &mv, &mg, &mo, p, b, i0, ntiles, s0 + (k & 1) * C::Q_TILES, s0 + C::QBUF, bar, k,
                         g);
-        fb_put(p, bar, k + 1, nx);
+        fa3_put(p, bar, k + 1, nx);
         x = nx;
       }
       fa3_work_done(p);
@@ -799,7 +731,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     fb_qstats st; /* the statistics of the next item's rows (p.fold) */
-    for (int x = fb_take(p, bar, 0); x < p.items; k++, g += ntiles) {
+    for (int x = fa3_take(p, bar, 0); x < p.items; k++, g += ntiles) {
       fb_q_item(p, x, &b, &i0, &ntiles);
       x = fb_q_consume<T, D>(p, b, i0, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * C::Q_TILES, s0 + C::QBUF,
                              bar, k, g, st);
@@ -808,35 +740,6 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)mo; (void)p;
 #endif
-}
-
-/* The fused path's last step: dq = scale acc in T, a thread per 8 columns
- * of a row: row i, columns c .. c + 7 are row i % 64, pairs (c % 64) / 2 ^
- * 4 (i % 8) .. + 3 (contiguous: the swizzle flips whole groups of four) of
- * chunk c / 64 of query tile i / 64 (fb_put_part's layout): two 16-byte
- * loads, one 16-byte store (p.vec_dq) or four 4-byte ones. */
-template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
-  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (int64_t)p.B * p.Lq * (D / 8)) return;
-  const int c = (int)(idx % (D / 8)) * 8;
-  const int64_t ri = idx / (D / 8);
-  const int i = (int)(ri % p.Lq), b = (int)(ri / p.Lq);
-  const int r = i % 64, u = ((c % 64) / 2) ^ (4 * (r % 8));
-  const float4 *src = (const float4 *)(p.acc + (((int64_t)b * p.ntq + i / 64) * (D / 64) + c / 64) * 4096 +
-                                       r * 64 + 2 * u);
-  const float4 v0 = __ldcs(src), v1 = __ldcs(src + 1);
-  uint4 out;
-  out.x = nb_mma<T>::pack(v0.x * p.scale, v0.y * p.scale);
-  out.y = nb_mma<T>::pack(v0.z * p.scale, v0.w * p.scale);
-  out.z = nb_mma<T>::pack(v1.x * p.scale, v1.y * p.scale);
-  out.w = nb_mma<T>::pack(v1.z * p.scale, v1.w * p.scale);
-  T *row = (T *)(p.dq + fb_off(p, b, p.dq_bs) + (int64_t)i * p.dq_rs) + c;
-  if (p.vec_dq) {
-    *(uint4 *)row = out;
-  } else {
-    uint32_t *w = (uint32_t *)row;
-    w[0] = out.x, w[1] = out.y, w[2] = out.z, w[3] = out.w;
-  }
 }
 
 /* 1 when every row of view v (row stride rs, batch strides bs over nbk
@@ -1015,7 +918,9 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
     nbk = 1;
   }
   const int64_t nqb = (Lq + FB_BM - 1) / FB_BM, nkb = (Lk + FB_BK - 1) / FB_BK, Lp = nqb * FB_BM;
-  if (B < 1 || B > INT32_MAX || B * nqb > INT32_MAX || B * nkb > INT32_MAX || B * Lp > INT32_MAX / 2) return 0;
+  /* items, and the tickets past them (gridDim.x + the counter: fa3_next), fit in an int */
+  const int64_t imax = INT32_MAX - NB_CUDA_WORK_CTAS;
+  if (B < 1 || B > INT32_MAX || B * nqb > imax || B * nkb > imax || B * Lp > INT32_MAX / 2) return 0;
   CUtensorMap maps[5]; /* q, k, v, dout, o (the dQ kernel's own statistics: p.fold) */
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, 64) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, 64) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, 64) || !nb_fa3_map(&maps[3], dout, Lq, D, axes, nbk, 64))

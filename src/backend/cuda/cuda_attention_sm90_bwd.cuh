@@ -4,8 +4,10 @@
  * parameters, the TMA loads of a tile, the wgmma products of its tiles, the
  * fused kernel's dS^T and dQ partial in shared memory, the statistics' bulk
  * copy and loads, P^T on a tile without masked elements, the mbarriers,
- * the persistent kernels' work order (fb_put, fb_take) and the pre-pass
- * (fb_prep_kernel). Included by that file only. */
+ * the persistent kernels' work order, the 16-byte epilogue (fb_store16),
+ * the statistics (the dQ kernel's own, fb_qstats, and the pre-pass
+ * kernel, fb_prep_kernel) and the fused path's last kernel (fb_dq_kernel).
+ * Included by that file only. */
 #ifndef NB_CUDA_ATTENTION_SM90_BWD_CUH
 #define NB_CUDA_ATTENTION_SM90_BWD_CUH
 
@@ -146,6 +148,36 @@ template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_p
     if (lane == 0 && r < nr) p.sl[r] = fb_lse2(L[h]), p.sd[r] = s[h];
   }
 }
+
+/* The fused path's last step: dq = scale acc in T, a thread per 8 columns
+ * of a row: row i, columns c .. c + 7 are row i % 64, pairs (c % 64) / 2 ^
+ * 4 (i % 8) .. + 3 (contiguous: the swizzle flips whole groups of four) of
+ * chunk c / 64 of query tile i / 64 (fb_put_part's layout): two 16-byte
+ * loads, one 16-byte store (p.vec_dq) or four 4-byte ones. */
+template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
+  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (int64_t)p.B * p.Lq * (D / 8)) return;
+  const int c = (int)(idx % (D / 8)) * 8;
+  const int64_t ri = idx / (D / 8);
+  const int i = (int)(ri % p.Lq), b = (int)(ri / p.Lq);
+  const int r = i % 64, u = ((c % 64) / 2) ^ (4 * (r % 8));
+  const float4 *src = (const float4 *)(p.acc + (((int64_t)b * p.ntq + i / 64) * (D / 64) + c / 64) * 4096 +
+                                       r * 64 + 2 * u);
+  const float4 v0 = __ldcs(src), v1 = __ldcs(src + 1);
+  uint4 out;
+  out.x = nb_mma<T>::pack(v0.x * p.scale, v0.y * p.scale);
+  out.y = nb_mma<T>::pack(v0.z * p.scale, v0.w * p.scale);
+  out.z = nb_mma<T>::pack(v1.x * p.scale, v1.y * p.scale);
+  out.w = nb_mma<T>::pack(v1.z * p.scale, v1.w * p.scale);
+  T *row = (T *)(p.dq + fb_off(p, b, p.dq_bs) + (int64_t)i * p.dq_rs) + c;
+  if (p.vec_dq) {
+    *(uint4 *)row = out;
+  } else {
+    uint32_t *w = (uint32_t *)row;
+    w[0] = out.x, w[1] = out.y, w[2] = out.z, w[3] = out.w;
+  }
+}
+
 } /* namespace */
 
 #ifdef NB_SM90A_DEVICE
@@ -336,7 +368,7 @@ struct fb_bars {
   __device__ __forceinline__ uint32_t full(int s) const { return base + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t empty(int s) const { return base + 8 * (1 + FB_QST + s); }
   __device__ __forceinline__ uint32_t once_empty(int k) const { return base + 8 * (2 + 2 * FB_QST + (k & 1)); }
-  /* the item slots (fb_put) */
+  /* the item slots (fa3_put) */
   __device__ __forceinline__ uint32_t itf(int n) const { return base + 8 * (4 + 2 * FB_QST + (n & 1)); }
   __device__ __forceinline__ uint32_t ite(int n) const { return base + 8 * (6 + 2 * FB_QST + (n & 1)); }
   /* parities of item k's waits: the consumers' on its full barrier, the
@@ -353,26 +385,77 @@ struct fb_bars {
  * (c + k gridDim.x) would leave the slowest CTA 17% over the mean at GPT-2's
  * shape, the tickets 8% (a model, not a measurement). One CTA per item
  * (NABLA_ATTENTION_SM90_BWD_PERSISTENT=0, the fused kernel at D 128): CTA c
- * takes item c alone. */
-__device__ __forceinline__ void fb_put(const fb_params &p, fb_bars bar, int n, int x) {
-  if (fa3_one_each(p)) return;
-  sm90_bar_wait(bar.ite(n), ((uint32_t)(n >> 1) & 1) ^ 1); /* fresh barriers pass parity 1 */
-  ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)] = x;
-  sm90_bar_arrive(bar.itf(n)); /* release: the consumers' wait acquires the word */
+ * takes item c alone. The handover: fa3_put, fa3_take. */
+
+/* The statistics of this thread's rows r0, r0 + 8 of a dQ item when the
+ * dQ kernel computes them itself (p.fold: fb_q_fold's D 64, TMA maps of o
+ * and dout; no pre-pass): l2 = lse log2(e) and dl = delta = dout . o, from
+ * the item's dout and o tiles in shared memory (the producer loads o with
+ * Q and dO) once the item's first S and dP products are issued
+ * (fb_qstats_finish), and lse, loaded once the previous item's last dQ
+ * product is issued (the CTA's first item: as it starts). */
+struct fb_qstats {
+  float lse[2], l2[2], dl[2];
+  int b, r0; /* whose rows */
+};
+
+__device__ __forceinline__ void fb_qstats_load(const fb_params &p, int b, int r0, fb_qstats &x) {
+  x.b = b, x.r0 = r0;
+#pragma unroll
+  for (int h = 0; h < 2; h++) x.lse[h] = r0 + 8 * h < p.Lq ? __ldg(p.lse + (int64_t)b * p.Lq + r0 + 8 * h) : -INFINITY;
 }
-__device__ __forceinline__ int fb_take(const fb_params &p, fb_bars bar, int n) {
-  if (fa3_one_each(p)) return n == 0 ? (int)blockIdx.x : p.items;
-  sm90_bar_wait(bar.itf(n), (uint32_t)(n >> 1) & 1);
-  const int x = ((volatile int *)p.work)[2 + 2 * blockIdx.x + (n & 1)];
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) sm90_bar_arrive(bar.ite(n));
-  return x;
+
+/* x.l2 and x.dl, written to the scratch too (by lane t = 0) for the dK/dV
+ * kernel, which runs next: the pre-pass's values, bit for bit. ga, oa: the
+ * warpgroup's 64 rows of dout's and o's tiles (row rr = 16 w + g + 8 h of
+ * them is x's row r0 + 8 h; rows past Lq count as zeros: TMA fills them,
+ * or a half wholly past Lq is not loaded). The pre-pass sums a row's D / 8
+ * 16-byte units on as many lanes, a butterfly over them (partners u ^ m, m
+ * = D / 16 .. 1); here thread t takes units t D / 32 + i, so the levels m
+ * = D / 16 and D / 32 pair the quad's lanes t ^ 2 and t ^ 1, and the rest
+ * its own units: every addition the same, in the same order. */
+template <typename T, int D>
+__device__ __forceinline__ void fb_qstats_finish(const fb_params &p, int t, int w, int lane, uint32_t ga,
+                                                 uint32_t oa, fb_qstats &x) {
+  constexpr int NV = D / 32;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int rr = 16 * w + lane / 4 + 8 * h; /* rr % 8 == lane / 4 */
+    const bool ok = x.r0 + 8 * h < p.Lq;
+    float v[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int u = t * NV + i; /* 16-byte unit u of the row: block u / 8, swizzled */
+      const uint32_t off = (u / 8) * FB_BM * 128 + rr * 128 + (((u % 8) ^ (lane / 4)) << 4);
+      uint4 g = make_uint4(0u, 0u, 0u, 0u), o = g;
+      if (ok) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(g.x), "=r"(g.y), "=r"(g.z), "=r"(g.w) : "r"(ga + off));
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(o.x), "=r"(o.y), "=r"(o.z), "=r"(o.w) : "r"(oa + off));
+      }
+      v[i] = fb_dot8<T>(g, o);
+    }
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 2);
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 1);
+#pragma unroll
+    for (int m = NV / 2; m >= 1; m /= 2)
+#pragma unroll
+      for (int i = 0; i < m; i++) v[i] += v[i + m];
+    x.l2[h] = fb_lse2(x.lse[h]);
+    x.dl[h] = v[0];
+    if (t == 0) { /* rows < nblk 128 <= Lp */
+      const int64_t r = (int64_t)x.b * p.Lp + x.r0 + 8 * h;
+      p.sl[r] = x.l2[h];
+      p.sd[r] = x.dl[h];
+    }
+  }
 }
 
 /* Arrivals of mbarrier i (fb_bars): 1 for the full barriers (the
  * producer's, with the copy engine's bytes), nempty for the empty ones of
  * the ring and the item tiles, the 8 consumer warps for the item slots'
- * empty ones (fb_take). */
+ * empty ones (fa3_take). */
 __device__ constexpr int fb_bar_count(int i, int nempty) {
   return i < 1 + FB_QST || i == 1 + 2 * FB_QST || i == 4 + 2 * FB_QST || i == 5 + 2 * FB_QST ? 1
          : i >= 6 + 2 * FB_QST                                                            ? 8
