@@ -93,8 +93,8 @@ static cudaError_t fa3_launch_ex(void (*kern)(E...), unsigned grid, unsigned thr
 #ifdef NB_SM90A_DEVICE
 namespace {
 
-/* The persistent kernels' work tickets (the forward's fa3_put/fa3_take and
- * the backward's fb_put/fb_take hand them over, and describe the order):
+/* The persistent kernels' work tickets (fa3_put/fa3_take below hand them
+ * over; the forward's fa3_produce describes the order):
  * with as many CTAs as items each CTA takes its own item alone; else a
  * CTA's next item is gridDim.x + a ticket from the counter p.work[0], and
  * the CTA that ends last (p.work[1] counts them) returns both counters to

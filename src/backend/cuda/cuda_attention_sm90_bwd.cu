@@ -36,7 +36,8 @@
  *      D) into one of two K/V buffers (the CTA's k-th item into buffer
  *      k % 2, once the consumers have freed it: an empty
  *      mbarrier each, every consumer thread arriving once the item's
- *      products have completed, before its dK/dV stores), then for every
+ *      products have completed and, in the split kernel, its dK and dV
+ *      have gone through its rows of the buffer: fb_store16), then for every
  *      QT-query tile that sees the block (causal: from the
  *      block's first key on; QT = 64, or 128 for the split kernel at D 64:
  *      fb_kv_qt) Q, dO (QT x D; both 64-row halves, zero-filled past Lq) and,
@@ -92,8 +93,8 @@
  * tile wholly past them is not loaded at all (its rows' results are never
  * stored, and every product here is row-wise in them), but for the dK/dV
  * kernel's query tiles, whose rows are the k of the dV and dK products.
- * The fused path (nb_set_deterministic(0), or NABLA_ATTN_BWD=fused; never
- * with NABLA_ATTN_BWD=split; the three kernels above stay the
+ * The fused path (nb_set_deterministic(0) at D 128, where it is faster, or
+ * NABLA_ATTN_BWD=fused; never with NABLA_ATTN_BWD=split; the kernels above stay the
  * deterministic default): the pre-pass, the f32 dQ accumulator (B, Lp / 64
  * query tiles, D / 64 chunks, 64 x 64) zeroed, then kernel 2 with F = true
  * (persistent at D 64 as the split kernels, the same switch, its K/V
@@ -290,9 +291,10 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
 /* Consumer warpgroup wg: keys [j0 + 64 wg, + 64) against every query tile
  * (QT queries: the S^T and dP^T products m64nQT, dV's and dK's QT / 16
  * k-steps); k, g and sk as fb_kv_produce's. K/V buffer k % 2 is freed
- * once the item's last products reading it have completed, before dK and
- * dV are stored: the stores drain while the next item runs. Returns the
- * next item (fa3_take at the last tile). */
+ * once the item's last products reading it have completed and (split
+ * kernel, 16-byte aligned views) dK and dV have gone through this
+ * warpgroup's rows of it (fb_store16); the stores drain while the next
+ * item runs. Returns the next item (fa3_take at the last tile). */
 template <typename T, int D, bool F, int QT>
 __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
                                              uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar, int k, int g) {
@@ -533,9 +535,10 @@ __device__ __forceinline__ void fb_q_produce(const CUtensorMap *mq, const CUtens
 
 /* Consumer warpgroup wg: query rows [i0 + 64 wg, + 64) over the key tiles;
  * k, g and sq as fb_q_produce's. Q/dO buffer k % 2 is freed once the
- * item's last S and dP have completed, before dQ is stored: the stores
- * drain while the next item runs. Returns the next item (fa3_take at the
- * last tile). */
+ * item's last S and dP have completed and (16-byte aligned views) dQ has
+ * gone through this warpgroup's rows of Q (fb_store16); the stores drain
+ * while the next item runs. Returns the next item (fa3_take at the last
+ * tile). */
 template <typename T, int D>
 __device__ __forceinline__ int fb_q_consume(const fb_params &p, int b, int i0, int ntiles, int wg, uint32_t sq,
                                             uint32_t ss0, fb_bars bar, int k, int g, fb_qstats &st) {
