@@ -30,8 +30,8 @@
  * ring running on across items; the items without query tiles come last
  * in a section, so none is followed by one with tiles here),
  * each compared with float64 and bit for bit with the default. The split
- * path's dQ kernel computes the statistics (delta, lse log2 e) itself
- * where o's and dout's rows allow 16-byte loads; the pre-pass's
+ * path's dQ kernel computes the statistics (delta, lse log2 e) itself at
+ * D 64 (o's tile by TMA with Q and dO); the pre-pass's
  * (NABLA_ATTENTION_SM90_BWD_FOLD=0, with sections of one batch index on 3
  * CTAs) give the same bits.
  * The fused path runs with the switch at 0 and at 3 too (its kernel is

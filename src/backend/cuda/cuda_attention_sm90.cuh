@@ -59,7 +59,7 @@ template <typename K> static int fa3_binary_ok(K kern, int *cache) {
  * consumers' path from one item to the next. */
 template <typename P> static void fa3_set_order(P &p, int nblk, int hg) {
   p.nblk = nblk;
-  p.items = p.B * nblk; /* the hosts check B nblk <= INT32_MAX */
+  p.items = p.B * nblk; /* the hosts keep B nblk <= INT32_MAX - NB_CUDA_WORK_CTAS (the tickets past it) */
   p.hg = hg;
   p.dsec = nb_fastdiv_make((uint32_t)(hg * nblk));
   p.dhg = nb_fastdiv_make((uint32_t)hg);
@@ -196,6 +196,7 @@ template <typename P> __device__ __forceinline__ void fa3_coords(const P &p, int
     }
   }
 }
+
 /* A wgmma descriptor (sm90_desc) as a tile's base and byte offsets in it:
  * the low word (start address / 16, LBO) is computed once per tile and
  * each k step adds its offset / 16, a constant, to it; the high word (SBO
