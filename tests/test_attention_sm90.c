@@ -18,7 +18,9 @@
  * NABLA_ATTENTION_SM90_PERSISTENT=0: a CTA per query block instead of one
  * per SM taking them in turn; NABLA_ATTENTION_SM90_SECTION=3: the work
  * order in sections of 3 batch indices, the last one shorter where the
- * batch is not a multiple of 3) run every case too,
+ * batch is not a multiple of 3; every variant with
+ * NABLA_ATTENTION_SM90_TAIL=0.05, a causal order's last section of a few
+ * batch indices where the default makes it one of all) run every case too,
  * each against float64 and bit for bit against the default (on, on): they
  * change when and how values are stored, never a value. Without a CUDA
  * device: skipped (77). */
@@ -88,6 +90,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
     set_switch("NABLA_ATTENTION_SM90_TMA_STORE", variants[i].tma_store);
     set_switch("NABLA_ATTENTION_SM90_PERSISTENT", variants[i].persistent);
     set_switch("NABLA_ATTENTION_SM90_SECTION", variants[i].section);
+    setenv("NABLA_ATTENTION_SM90_TAIL", "0.05", 1); /* causal: a last section of a few batch indices */
     const int64_t v0 = launches();
     sresult var = run(c, causal, in, n, dt, GPU);
     const int64_t v1 = launches();
@@ -95,6 +98,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
     unsetenv("NABLA_ATTENTION_SM90_TMA_STORE");
     unsetenv("NABLA_ATTENTION_SM90_PERSISTENT");
     unsetenv("NABLA_ATTENTION_SM90_SECTION");
+    unsetenv("NABLA_ATTENTION_SM90_TAIL");
     if (l0 >= 0)
       NBT_CHECK(v1 == v0 + (c->runs ? 1 : 0), "%s: the sm_90a kernel ran %lld times (%d expected)", vname,
                 (long long)(v1 - v0), c->runs ? 1 : 0);

@@ -12,8 +12,9 @@
  * pairs, q, k, v as (B, H, T, D) views of a packed (B, T, 3, H, D)
  * projection (their gradients strided views of one buffer), more blocks
  * than SMs. The work order in sections of 3 batch indices
- * (NABLA_ATTENTION_SM90_SECTION=3, forward and backward) gives the same
- * bits as the default's L2-sized sections. The fused path (one kernel for
+ * (NABLA_ATTENTION_SM90_SECTION=3, forward and backward, with
+ * NABLA_ATTENTION_SM90_TAIL=0.05: a causal order's last section of a few
+ * batch indices) gives the same bits as the default's L2-sized sections. The fused path (one kernel for
  * dK, dV and dQ's partial sums, dQ by bulk reduce-add) runs every case too,
  * with NABLA_ATTN_BWD=fused: compared with float64 and with the split
  * (default) path's results, its launch counter moved where the kernels
@@ -156,8 +157,10 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   unsetenv("NABLA_ATTENTION_SM90_BWD"); /* the default */
   sresult got = run(c, causal, in, n, dt, GPU), again = run(c, causal, in, n, dt, GPU);
   setenv("NABLA_ATTENTION_SM90_SECTION", "3", 1);
+  setenv("NABLA_ATTENTION_SM90_TAIL", "0.05", 1); /* causal: a last section of a few batch indices */
   sresult sec = run(c, causal, in, n, dt, GPU);
   unsetenv("NABLA_ATTENTION_SM90_SECTION");
+  unsetenv("NABLA_ATTENTION_SM90_TAIL");
   setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", "0", 1); /* one CTA per item */
   sresult each = run(c, causal, in, n, dt, GPU);
   setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", "3", 1); /* at most 3 CTAs */
@@ -167,8 +170,10 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
    * one without, where causal Lk > Lq gives those) */
   setenv("NABLA_ATTENTION_SM90_BWD_FOLD", "0", 1);
   setenv("NABLA_ATTENTION_SM90_SECTION", "1", 1);
+  setenv("NABLA_ATTENTION_SM90_TAIL", "0", 1); /* every section one batch index */
   sresult pre = run(c, causal, in, n, dt, GPU);
   unsetenv("NABLA_ATTENTION_SM90_SECTION");
+  unsetenv("NABLA_ATTENTION_SM90_TAIL");
   unsetenv("NABLA_ATTENTION_SM90_BWD_FOLD");
   unsetenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
   const int64_t l1 = launches();

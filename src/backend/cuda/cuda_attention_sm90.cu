@@ -114,6 +114,7 @@ struct fa3_params {
   int tma_o;    /* o staged in shared memory and stored by TMA (NABLA_ATTENTION_SM90_TMA_STORE) */
   int items;    /* B nblk (batch index, query block) pairs */
   int hg;       /* batch indices per section of the item order (fa3_item) */
+  int nfull;    /* sections of hg before the last */
   nb_fastdiv dsec, dhg, dhl; /* the order's divisors (fa3_set_order) */
   unsigned *work; /* the work counters {ticket, CTAs done} (nb_cuda_work_counters) */
 };
@@ -696,6 +697,16 @@ int nb_fa3_section(const nb_cuda_ctx *ctx, int64_t B, int64_t per_b) {
   return (int)(hg < 1 ? 1 : hg > B ? B : hg);
 }
 
+int nb_fa3_tail(const nb_cuda_ctx *ctx, int B, int nblk, int hg, int causal) {
+  const int hl = B - (B - 1) / hg * hg;
+  const char *e = getenv("NABLA_ATTENTION_SM90_TAIL");
+  const double f = e ? atof(e) : 2.0;
+  if (!causal || !(f > 0.0) || ctx->n_sm < 1) return hl;
+  const double need = ceil(f * 2.0 * ctx->n_sm / (nblk + 1.0));
+  if (need <= hl) return hl;
+  return need >= B ? B : B - (B - (int)need) / hg * hg;
+}
+
 int64_t nb_cuda_attn_sm90_launches(int device) {
   return nb_sm90_device_ok(device) ? __atomic_load_n(&fa3_launches, __ATOMIC_RELAXED) : -1;
 }
@@ -755,7 +766,8 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
-  fa3_set_order(p, (int)nblk, nb_fa3_section(ctx, B, 4 * Lk * D)); /* K and V of a batch index */
+  const int hg = nb_fa3_section(ctx, B, 4 * Lk * D); /* K and V of a batch index */
+  fa3_set_order(p, (int)nblk, hg, nb_fa3_tail(ctx, (int)B, (int)nblk, hg, causal));
   p.work = nb_cuda_work_counters(ctx);
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);

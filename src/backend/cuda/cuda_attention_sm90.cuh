@@ -38,6 +38,16 @@ int nb_fa3_map(CUtensorMap *m, const nb_kview *v, int64_t L, int64_t D, const in
  * DRAM in the forward against 517 MB with 12 (half the L2). */
 int nb_fa3_section(const nb_cuda_ctx *ctx, int64_t B, int64_t per_b);
 
+/* The last section's size (fa3_set_order) for B batch indices of nblk
+ * blocks in sections of hg on the device's SMs: B - (B - 1) / hg hg (1 to
+ * hg) when not causal; causal, where a batch index's blocks take 1 to nblk
+ * tiles, nblk (nblk + 1) / 2 in all, at least f 2 SMs / (nblk + 1) batch
+ * indices, so that the last section's work is f times what it takes to
+ * give every SM a heaviest block (NABLA_ATTENTION_SM90_TAIL=f, 0 off;
+ * default 2: a simulation of the ticket order put the SMs' idle end at
+ * B4 H16 N4096 D128 from 7% to 1%). */
+int nb_fa3_tail(const nb_cuda_ctx *ctx, int B, int nblk, int hg, int causal);
+
 /* 1 when the image of kern loaded on this (9.0) device is the 9.0 one (a
  * binary built without that target would run the sm_80 image's empty
  * kernel); the answer is kept in *cache (0: not asked yet). */
@@ -51,19 +61,25 @@ template <typename K> static int fa3_binary_ok(K kern, int *cache) {
 }
 
 /* The work order of a launch over B nblk items in sections of hg batch
- * indices (fa3_section): p's nblk, items, hg and the divisors of the
- * sections, hg nblk items each, hg batch indices each but the last, which
- * may have fewer. The kernels divide by these and by the batch axes'
+ * indices (fa3_section): p's nblk, items, hg, nfull and the divisors of
+ * the sections, nfull of hg batch indices, hg nblk items each, then the
+ * last one of the rest. Causal (the blocks' work falls from nblk tiles to
+ * 1 in each section), the last section is made large enough (nb_fa3_tail)
+ * that its work can even out the CTAs' ends: sections of hg (3 at B4 H16
+ * N4096 D128) left the heaviest blocks of the last one to start when the
+ * other CTAs had little left (ncu: the SMs idle 10.7% of the causal
+ * forward's cycles). The kernels divide by these and by the batch axes'
  * sizes (fa3_coords) with a multiply and a shift (nb_fastdiv), not the
  * hardware's division: ~30 dependent instructions, several of them on the
  * consumers' path from one item to the next. */
-template <typename P> static void fa3_set_order(P &p, int nblk, int hg) {
+template <typename P> static void fa3_set_order(P &p, int nblk, int hg, int hl) {
   p.nblk = nblk;
   p.items = p.B * nblk; /* the hosts keep B nblk <= INT32_MAX - NB_CUDA_WORK_CTAS (the tickets past it) */
   p.hg = hg;
+  p.nfull = (p.B - hl) / hg;
   p.dsec = nb_fastdiv_make((uint32_t)(hg * nblk));
   p.dhg = nb_fastdiv_make((uint32_t)hg);
-  p.dhl = nb_fastdiv_make((uint32_t)(p.B - (p.B - 1) / hg * hg));
+  p.dhl = nb_fastdiv_make((uint32_t)hl);
 }
 
 /* Launches kern (grid CTAs of threads, smem bytes of dynamic shared
@@ -167,15 +183,17 @@ __device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint
 }
 
 /* Work item x of B nblk (batch index, block) items in sections of hg batch
- * indices (the last section may have fewer; nb_fa3_section): its batch
- * index *b and its block's rank *blk in the section, 0 first. Inside a
- * section rank 0 of every batch index comes first, then rank 1, ..., so
- * the blocks at work at one time share the operands of at most hg batch
- * indices, which L2 holds. P: a kernel's parameters (B, hg and their
- * divisors, fa3_set_order). */
+ * indices (p.nfull of them, then the last of the rest, which may have
+ * fewer or more: nb_fa3_section, nb_fa3_tail): its batch index *b and its
+ * block's rank *blk in the section, 0 first. Inside a section rank 0 of
+ * every batch index comes first, then rank 1, ..., so the blocks at work at
+ * one time share the operands of a section's batch indices, which L2
+ * holds. P: a kernel's parameters (B, hg and their divisors,
+ * fa3_set_order). */
 template <typename P> __device__ __forceinline__ void fa3_section(const P &p, int x, int *b, int *blk) {
-  const uint32_t sec = nb_fastdiv_div(p.dsec, (uint32_t)x), y = (uint32_t)x - sec * p.dsec.d;
-  const nb_fastdiv &dh = (int)sec * p.hg + p.hg > p.B ? p.dhl : p.dhg; /* the last section's size, or hg */
+  const uint32_t sec = min(nb_fastdiv_div(p.dsec, (uint32_t)x), (uint32_t)p.nfull);
+  const uint32_t y = (uint32_t)x - sec * p.dsec.d;
+  const nb_fastdiv &dh = sec == (uint32_t)p.nfull ? p.dhl : p.dhg; /* the last section's size, or hg */
   const uint32_t r = nb_fastdiv_div(dh, y);
   *b = (int)(sec * (uint32_t)p.hg + (y - r * dh.d));
   *blk = (int)r;

@@ -819,7 +819,8 @@ nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *
                 int64_t per_b, int persistent, const char *what) {
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention_bwd (sm90): shared memory attribute");
-  fa3_set_order(p, nblk, nb_fa3_section(ctx, p.B, per_b));
+  const int hg = nb_fa3_section(ctx, p.B, per_b);
+  fa3_set_order(p, nblk, hg, nb_fa3_tail(ctx, p.B, nblk, hg, p.causal));
   const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
   NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FB_THREADS, smem, ctx, m[0], m[1], m[2], m[3], m[4], p),
               "attention_bwd (sm90): launch");

@@ -44,6 +44,7 @@ struct fb_params {
   int nbk;
   int B, Lq, Lk, Lp, ntq, nblk; /* ntq = Lp / 64 */ /* nblk: key blocks (dK/dV) or query blocks (dQ) per batch index */
   int hg;                  /* batch indices per section of the items' order (fa3_section) */
+  int nfull;               /* sections of hg before the last */
   nb_fastdiv dsec, dhg, dhl; /* the order's divisors (fa3_set_order) */
   int items;               /* B nblk (batch index, block) work items (fa3_next) */
   unsigned *work;          /* the work counters {ticket, CTAs done}, then the CTAs' item slots (fa3_next) */
