@@ -345,17 +345,24 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
     }
     fb_ss<T, D, FB_BK, QT, QT>(dp, va, gt); /* dP^T = V dO^T */
     fa3_commit();
+    /* lse2, then delta, of this thread's columns: loaded before the
+     * products are waited for, but for Q2, whose 128-query tiles leave no
+     * registers for them (fb_stats) */
+    constexpr bool PRE = !Q2;
+    const uint32_t la = fb_stat_at(sl, t), da2 = fb_stat_at(sd, t);
+    float2 st[QT / 8];
+    if constexpr (PRE) fb_stats<QT>(st, la);
     fa3_wait<1>(); /* S^T complete; dP^T may still run */
     fa3_fence(s);
     /* P^T; D 64: the mask's compares and selects (a quarter of the
      * tile's instructions) only on the tiles that reach the diagonal */
     const bool diag = p.causal && i0 < kw + 16; /* warp-uniform: some query before some key */
     if (D == 64 && !diag) {
-      fb_pt<QT>(s, sl, p.sl2, t);
+      fb_pt<PRE, QT>(s, st, la, p.sl2);
     } else {
 #pragma unroll
       for (int n = 0; n < QT / 8; n++) {
-        const float2 l2 = fb_lds2(sl + (8 * n + 2 * t) * 4);
+        const float2 l2 = fb_stat<PRE, QT>(st, la, n);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const float pv = nb_mma_exp2(fmaf(s[4 * n + e], p.sl2, -((e & 1) ? l2.y : l2.x)));
@@ -363,6 +370,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
         }
       }
     }
+    if constexpr (PRE) fb_stats<QT>(st, da2);
     if constexpr (!Q2) {
       fa3_pack<T>(pa, s);
       fa3_fence(pa);
@@ -377,7 +385,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
     fa3_fence(dp);
 #pragma unroll
     for (int n = 0; n < QT / 8; n++) {
-      const float2 dl = fb_lds2(sd + (8 * n + 2 * t) * 4);
+      const float2 dl = fb_stat<PRE, QT>(st, da2, n);
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * n + e] = s[4 * n + e] * (dp[4 * n + e] - ((e & 1) ? dl.y : dl.x));
     }

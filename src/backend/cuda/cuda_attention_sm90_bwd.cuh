@@ -343,15 +343,34 @@ __device__ __forceinline__ float2 fb_lds2(uint32_t a) {
   return v;
 }
 
-/* P^T = exp2(S^T sl2 - lse2[query]) in place (sl: the tile's lse2) on a
- * tile without masked elements: column (query) 8n + 2t + (e & 1). */
-template <int QT>
-__device__ __forceinline__ void fb_pt(float (&s)[QT / 2], uint32_t sl, float sl2, int t) {
+/* This thread's columns' values (query 8n + 2t + {0, 1} in v[n]) of a
+ * tile's statistics (lse2 or delta, QT of them in the stage at sl):
+ * fb_stat_at(sl, t) is where they start, fb_stats loads them all before
+ * the product they go with is waited for (PRE; loaded after it, the wait
+ * for them stood on the path from the product to the exponentials: ncu,
+ * the fused kernel at D 128, ~11% of the stall samples on the first FFMA
+ * using lse2, ~3% on delta's), fb_stat gives one, from v (PRE) or loaded
+ * where it is used (no registers to hold them all: ptxas spilled). */
+__device__ __forceinline__ uint32_t fb_stat_at(uint32_t sl, int t) {
   uint32_t a; /* opaque to the compiler, which otherwise ORs each offset in (its bits are free) */
   asm("mov.b32 %0, %1;" : "=r"(a) : "r"(sl + 8 * t)); /* instead of adding it in the load */
+  return a;
+}
+template <int QT> __device__ __forceinline__ void fb_stats(float2 (&v)[QT / 8], uint32_t a) {
+#pragma unroll
+  for (int n = 0; n < QT / 8; n++) v[n] = fb_lds2(a + 32 * n);
+}
+template <bool PRE, int QT> __device__ __forceinline__ float2 fb_stat(const float2 (&v)[QT / 8], uint32_t a, int n) {
+  return PRE ? v[n] : fb_lds2(a + 32 * n);
+}
+
+/* P^T = exp2(S^T sl2 - lse2[query]) in place (the tile's lse2: fb_stat's
+ * v, a) on a tile without masked elements: column (query) 8n + 2t + (e & 1). */
+template <bool PRE, int QT>
+__device__ __forceinline__ void fb_pt(float (&s)[QT / 2], const float2 (&v)[QT / 8], uint32_t a, float sl2) {
 #pragma unroll
   for (int n = 0; n < QT / 8; n++) {
-    const float2 l2 = fb_lds2(a + 32 * n);
+    const float2 l2 = fb_stat<PRE, QT>(v, a, n);
 #pragma unroll
     for (int e = 0; e < 4; e++) s[4 * n + e] = nb_mma_exp2(fmaf(s[4 * n + e], sl2, -((e & 1) ? l2.y : l2.x)));
   }
