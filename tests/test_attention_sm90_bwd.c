@@ -20,7 +20,7 @@
  * (default) path's results, its launch counter moved where the kernels
  * apply; on cases under 1000 rows also through nb_set_deterministic(0)
  * (the fused path at D 128, the split one at D 64, where it is faster;
- * compared with float64), and nb_set_deterministic(0) with
+ * compared with float64, and at D 64 bit for bit with the default), and nb_set_deterministic(0) with
  * NABLA_ATTN_BWD=split stays on the split path. At D 64 the split dK/dV
  * kernel takes 128-query tiles (the fused one 64): the cases' Lq around
  * multiples of 64 and 128 cover a last tile with one or both 64-row halves
@@ -32,9 +32,10 @@
  * in a section, so none is followed by one with tiles here),
  * each compared with float64 and bit for bit with the default. The split
  * path's dQ kernel computes the statistics (delta, lse log2 e) itself at
- * D 64 (o's tile by TMA with Q and dO); the pre-pass's
- * (NABLA_ATTENTION_SM90_BWD_FOLD=0, with sections of one batch index on 3
- * CTAs) give the same bits.
+ * D 64 (o's tile by TMA with Q and dO; its launch counter says it did);
+ * the pre-pass's (NABLA_ATTENTION_SM90_BWD_FOLD=0) give the same bits, as
+ * do sections of one batch index on 3 CTAs and ordinary launches instead
+ * of programmatic dependent ones (NABLA_ATTENTION_SM90_PDL=0).
  * The fused path runs with the switch at 0 and at 3 too (its kernel is
  * persistent at D 64): its output and dK, dV bit for bit with the fused
  * default, dQ (whose reduce order varies) against float64 and the fused
@@ -54,6 +55,14 @@
 static int64_t launches(void) {
 #ifdef NABLA_HAVE_CUDA
   return nb_cuda_attn_sm90_bwd_launches(0);
+#else
+  return -1;
+#endif
+}
+
+static int64_t fold_launches(void) {
+#ifdef NABLA_HAVE_CUDA
+  return nb_cuda_attn_sm90_bwd_fold_launches(0);
 #else
   return -1;
 #endif
@@ -142,6 +151,8 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
     NBT_CHECK(f3 == f2, "%s: NABLA_ATTN_BWD=split still took the fused backward", name);
   }
   compare(name, "float64 (nondeterministic)", &nd, ref, ref, n, s->tol);
+  if (c->D == 64) /* the split path, which gives the same bits every run */
+    NBT_CHECK(same_bits(split, &nd, n), "%s: nb_set_deterministic(0) at D 64 differs from the default", name);
   NBT_CHECK(same_bits(split, &sp, n), "%s: NABLA_ATTN_BWD=split differs from the default", name);
   atest_free(&nd);
   atest_free(&sp);
@@ -153,9 +164,10 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   const char *name = s.name;
   nb_tensor **in = s.in, **rounded = s.rounded;
   const int n = s.n;
-  const int64_t l0 = launches();
+  const int64_t l0 = launches(), d0 = fold_launches();
   unsetenv("NABLA_ATTENTION_SM90_BWD"); /* the default */
   sresult got = run(c, causal, in, n, dt, GPU), again = run(c, causal, in, n, dt, GPU);
+  const int64_t d1 = fold_launches();
   setenv("NABLA_ATTENTION_SM90_SECTION", "3", 1);
   setenv("NABLA_ATTENTION_SM90_TAIL", "0.05", 1); /* causal: a last section of a few batch indices */
   sresult sec = run(c, causal, in, n, dt, GPU);
@@ -165,17 +177,23 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   sresult each = run(c, causal, in, n, dt, GPU);
   setenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT", "3", 1); /* at most 3 CTAs */
   sresult three = run(c, causal, in, n, dt, GPU);
-  /* the pre-pass's statistics instead of the dQ kernel's own, on 3 CTAs
-   * with sections of one batch index (an item with query tiles follows
-   * one without, where causal Lk > Lq gives those) */
-  setenv("NABLA_ATTENTION_SM90_BWD_FOLD", "0", 1);
+  /* on 3 CTAs with sections of one batch index (an item with query tiles
+   * follows one without, where causal Lk > Lq gives those) */
   setenv("NABLA_ATTENTION_SM90_SECTION", "1", 1);
   setenv("NABLA_ATTENTION_SM90_TAIL", "0", 1); /* every section one batch index */
-  sresult pre = run(c, causal, in, n, dt, GPU);
+  sresult one = run(c, causal, in, n, dt, GPU);
   unsetenv("NABLA_ATTENTION_SM90_SECTION");
   unsetenv("NABLA_ATTENTION_SM90_TAIL");
-  unsetenv("NABLA_ATTENTION_SM90_BWD_FOLD");
   unsetenv("NABLA_ATTENTION_SM90_BWD_PERSISTENT");
+  /* the pre-pass's statistics instead of the dQ kernel's own */
+  const int64_t d2 = fold_launches();
+  setenv("NABLA_ATTENTION_SM90_BWD_FOLD", "0", 1);
+  sresult pre = run(c, causal, in, n, dt, GPU);
+  unsetenv("NABLA_ATTENTION_SM90_BWD_FOLD");
+  const int64_t d3 = fold_launches();
+  setenv("NABLA_ATTENTION_SM90_PDL", "0", 1); /* ordinary launches, forward and backward */
+  sresult pdl = run(c, causal, in, n, dt, GPU);
+  unsetenv("NABLA_ATTENTION_SM90_PDL");
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90_BWD", "0", 1);
   sresult mma = run(c, causal, in, n, dt, GPU);
@@ -183,8 +201,14 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   unsetenv("NABLA_ATTENTION_SM90_BWD");
   sresult ref = run(c, causal, rounded, n, NB_F64, CPU);
   if (l0 >= 0) {
-    NBT_CHECK(c->runs ? l1 == l0 + 6 : l1 == l0, "%s: the sm_90a backward ran %lld times in six calls (%d "
-              "expected)", name, (long long)(l1 - l0), c->runs ? 6 : 0);
+    NBT_CHECK(c->runs ? l1 == l0 + 8 : l1 == l0, "%s: the sm_90a backward ran %lld times in eight calls (%d "
+              "expected)", name, (long long)(l1 - l0), c->runs ? 8 : 0);
+    /* the dQ kernel's own statistics: at D 64 (o, the forward's output, is
+     * contiguous: its TMA map exists), never with the switch at 0 */
+    const int fold = c->runs && c->D == 64;
+    NBT_CHECK(d1 == d0 + (fold ? 2 : 0), "%s: the dQ kernel computed the statistics in %lld of two calls (%d "
+              "expected: D %lld)", name, (long long)(d1 - d0), fold ? 2 : 0, (long long)c->D);
+    NBT_CHECK(d3 == d2, "%s: NABLA_ATTENTION_SM90_BWD_FOLD=0 still skipped the pre-pass", name);
     NBT_CHECK(l2 == l1, "%s: NABLA_ATTENTION_SM90_BWD=0 still ran it", name);
   }
   const double tol = s.tol;
@@ -196,13 +220,19 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   compare(name, "float64 (3 CTAs)", &three, &ref, &ref, n, tol);
   NBT_CHECK(same_bits(&got, &each, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=0 differs from the default", name);
   NBT_CHECK(same_bits(&got, &three, n), "%s: NABLA_ATTENTION_SM90_BWD_PERSISTENT=3 differs from the default", name);
-  NBT_CHECK(same_bits(&got, &pre, n), "%s: the pre-pass's statistics (NABLA_ATTENTION_SM90_BWD_FOLD=0, "
-            "NABLA_ATTENTION_SM90_SECTION=1, 3 CTAs) differ from the default", name);
+  NBT_CHECK(same_bits(&got, &one, n), "%s: NABLA_ATTENTION_SM90_SECTION=1 on 3 CTAs differs from the default",
+            name);
+  NBT_CHECK(same_bits(&got, &pre, n), "%s: the pre-pass's statistics (NABLA_ATTENTION_SM90_BWD_FOLD=0) differ "
+            "from the default", name);
+  NBT_CHECK(same_bits(&got, &pdl, n), "%s: ordinary launches (NABLA_ATTENTION_SM90_PDL=0) differ from the "
+            "default", name);
   check_fused(c, causal, &s, dt, &got, &ref);
   atest_free(&sec);
   atest_free(&each);
   atest_free(&three);
   atest_free(&pre);
+  atest_free(&one);
+  atest_free(&pdl);
   atest_free(&got);
   atest_free(&again);
   atest_free(&mma);

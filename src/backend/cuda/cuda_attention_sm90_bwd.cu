@@ -784,7 +784,7 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
   return 1;
 }
 
-int64_t fb_launches, fb_fused_launches;
+int64_t fb_launches, fb_fused_launches, fb_fold_launches;
 
 /* The pre-pass over rows rows of the scratch. */
 template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
@@ -872,6 +872,7 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   st = fb_go(ctx, fb_kv_kernel<T, D, false>, fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, m, p, nkb,
              4 * (int64_t)p.Lq * D, 1, "attention_bwd (sm90 dk, dv)");
   if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
+  if (!st && p.fold) __atomic_add_fetch(&fb_fold_launches, 1, __ATOMIC_RELAXED);
   return st;
 }
 
@@ -883,6 +884,10 @@ int64_t nb_cuda_attn_sm90_bwd_launches(int device) {
 
 int64_t nb_cuda_attn_sm90_bwd_fused_launches(int device) {
   return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_fused_launches, __ATOMIC_RELAXED) : -1;
+}
+
+int64_t nb_cuda_attn_sm90_bwd_fold_launches(int device) {
+  return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_fold_launches, __ATOMIC_RELAXED) : -1;
 }
 
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,

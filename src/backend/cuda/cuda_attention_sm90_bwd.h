@@ -37,6 +37,10 @@ int64_t nb_cuda_attn_sm90_bwd_launches(int device);
  * every run), taken when nb_deterministic() is 0 or NABLA_ATTN_BWD=fused,
  * never with NABLA_ATTN_BWD=split. */
 int64_t nb_cuda_attn_sm90_bwd_fused_launches(int device);
+/* Of those, the split path's calls whose dQ kernel computed the statistics
+ * itself, without the pre-pass (D 64, o's view by TMA;
+ * NABLA_ATTENTION_SM90_BWD_FOLD=0: never). */
+int64_t nb_cuda_attn_sm90_bwd_fold_launches(int device);
 
 #ifdef __cplusplus
 }
