@@ -83,7 +83,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
   for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
     char vname[260];
-    snprintf(vname, sizeof vname, "%s (PINGPONG=%s TMA_STORE=%s PERSISTENT=%s SECTION=%s)", name,
+    snprintf(vname, sizeof vname, "%s (PINGPONG=%s TMA_STORE=%s PERSISTENT=%s SECTION=%s TAIL=0.05)", name,
              variants[i].pingpong ? variants[i].pingpong : "1", variants[i].tma_store ? variants[i].tma_store : "1",
              variants[i].persistent ? variants[i].persistent : "1", variants[i].section ? variants[i].section : "L2");
     set_switch("NABLA_ATTENTION_SM90_PINGPONG", variants[i].pingpong);

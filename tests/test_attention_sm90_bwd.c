@@ -14,8 +14,9 @@
  * than SMs. The work order in sections of 3 batch indices
  * (NABLA_ATTENTION_SM90_SECTION=3, forward and backward, with
  * NABLA_ATTENTION_SM90_TAIL=0.05: a causal order's last section of a few
- * batch indices) gives the same bits as the default's L2-sized sections. The fused path (one kernel for
- * dK, dV and dQ's partial sums, dQ by bulk reduce-add) runs every case too,
+ * batch indices) gives the same bits as the default's L2-sized sections.
+ * The fused path (one kernel for dK, dV and dQ's partial sums, dQ by bulk
+ * reduce-add) runs every case too,
  * with NABLA_ATTN_BWD=fused: compared with float64 and with the split
  * (default) path's results, its launch counter moved where the kernels
  * apply; on cases under 1000 rows also through nb_set_deterministic(0)

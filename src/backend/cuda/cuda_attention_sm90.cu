@@ -12,7 +12,9 @@
  * that finishes early takes more, which evens out causal blocks' unequal
  * work; the items come in sections of as many batch indices as have K and
  * V in an eighth of the L2 (NABLA_ATTENTION_SM90_SECTION=n: n, for the
- * tests), the heaviest query blocks of a section first:
+ * tests), the heaviest query blocks of a section first, and causal, a last
+ * section large enough to even out the CTAs' ends (nb_fa3_tail,
+ * NABLA_ATTENTION_SM90_TAIL):
  *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
  *     issues the TMA copies, for each item Q's 128 x D tile once into one
  *     of two Q tiles (item n's in tile n % 2, once the consumers' last S
@@ -148,8 +150,8 @@ template <int D> struct fa3_bars {
 
 /* Work item x (0 <= x < p.items): its batch index *b, first query row
  * *i0 and key tiles *ntiles. The items come in sections of hg batch
- * indices (the last section may have fewer), whose K and V fit in an
- * eighth of the L2 together, so the CTAs at work at any time read K/V
+ * indices (the last section may have fewer, or causal more: nb_fa3_tail),
+ * whose K and V fit in an eighth of the L2 together, so the CTAs at work at any time read K/V
  * tiles that L2 holds; inside a section the heaviest query blocks first,
  * each for all the section's batch indices. */
 __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {

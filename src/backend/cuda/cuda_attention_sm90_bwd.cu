@@ -238,7 +238,7 @@ __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32],
  * the block starts at or past Lq). */
 template <int QT>
 __device__ __forceinline__ void fb_kv_item(const fb_params &p, int x, int *b, int *j0, int *ibeg, int *ntiles) {
-  int blk; /* in L2-sized sections of batch indices; causal: heaviest (first) key blocks first */
+  int blk; /* in the sections of batch indices (fa3_section); causal: heaviest (first) key blocks first */
   fa3_section(p, x, b, &blk);
   *j0 = blk * FB_BK;
   *ibeg = p.causal ? *j0 : 0; /* queries before the block's first key see none of it */
@@ -501,7 +501,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
 /* Work item x of the dQ kernel: its batch index *b, first query *i0 and
  * key tiles *ntiles (at least 1). */
 __device__ __forceinline__ void fb_q_item(const fb_params &p, int x, int *b, int *i0, int *ntiles) {
-  int blk; /* in L2-sized sections of batch indices, heaviest (last) query blocks first */
+  int blk; /* in the sections of batch indices (fa3_section), heaviest (last) query blocks first */
   fa3_section(p, x, b, &blk);
   *i0 = (p.nblk - 1 - blk) * FB_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
@@ -820,8 +820,8 @@ int fb_grid(const nb_cuda_ctx *ctx, int items) {
 
 /* Launches kern (smem bytes of shared memory) over the B nblk items of
  * nblk blocks per batch index, in sections of batch indices whose streamed
- * operands take per_b bytes each (fa3_section), on fb_grid's CTAs
- * (persistent) or one per item. */
+ * operands take per_b bytes each (fa3_section; causal, a larger last one:
+ * nb_fa3_tail), on fb_grid's CTAs (persistent) or one per item. */
 template <typename K>
 nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *m, fb_params &p, int nblk,
                 int64_t per_b, int persistent, const char *what) {
