@@ -13,6 +13,14 @@
 #include "attention_testutil.h"
 #include "testutil.h"
 
+/* A launch counter of the sm_90a attention kernels, f(device 0) (-1 where
+ * it never runs); -1 in a build without CUDA, where f does not exist. */
+#ifdef NABLA_HAVE_CUDA
+#define SM90_COUNT(f) f(0)
+#else
+#define SM90_COUNT(f) ((int64_t)-1)
+#endif
+
 typedef struct {
   int64_t B, H, Lq, Lk, D;
   int packed; /* 1: views of one (B, T, 3, H, D) tensor (Lq == Lk); 2: rows of stride D + 1 */

@@ -34,13 +34,7 @@
 #include "backend/cuda/cuda_attention_sm90.h"
 #endif
 
-static int64_t launches(void) {
-#ifdef NABLA_HAVE_CUDA
-  return nb_cuda_attn_sm90_launches(0);
-#else
-  return -1;
-#endif
-}
+static int64_t launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_launches); }
 
 /* The sm_90a kernel's variants besides the default: the switches' values. */
 static const struct {

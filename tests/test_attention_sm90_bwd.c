@@ -53,29 +53,9 @@
 #include "backend/cuda/cuda_attention_sm90_bwd.h"
 #endif
 
-static int64_t launches(void) {
-#ifdef NABLA_HAVE_CUDA
-  return nb_cuda_attn_sm90_bwd_launches(0);
-#else
-  return -1;
-#endif
-}
-
-static int64_t fold_launches(void) {
-#ifdef NABLA_HAVE_CUDA
-  return nb_cuda_attn_sm90_bwd_fold_launches(0);
-#else
-  return -1;
-#endif
-}
-
-static int64_t fused_launches(void) {
-#ifdef NABLA_HAVE_CUDA
-  return nb_cuda_attn_sm90_bwd_fused_launches(0);
-#else
-  return -1;
-#endif
-}
+static int64_t launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_bwd_launches); }
+static int64_t fold_launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_bwd_fold_launches); }
+static int64_t fused_launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_bwd_fused_launches); }
 
 /* Whether runs a and b have the same output and dK, dV bits (dQ left out:
  * the fused path's reduce order varies): gradients 1 and 2, or for a

@@ -639,12 +639,6 @@ int fa3_out_ok(const nb_kview *o, nb_dtype dt, int64_t D) {
 
 int64_t fa3_launches;
 
-/* A variant's switch, read at every call: on unless the variable is "0". */
-int fa3_switch(const char *name) {
-  const char *e = getenv(name);
-  return !(e && !strcmp(e, "0"));
-}
-
 template <typename T, int D>
 nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_params &p) {
   auto kern = fa3_fwd_kernel<T, D>;
@@ -768,8 +762,7 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
-  const int hg = nb_fa3_section(ctx, B, 4 * Lk * D); /* K and V of a batch index */
-  fa3_set_order(p, (int)nblk, hg, nb_fa3_tail(ctx, (int)B, (int)nblk, hg, causal));
+  fa3_set_order(p, ctx, (int)nblk, 4 * Lk * D, causal); /* K and V of a batch index */
   p.work = nb_cuda_work_counters(ctx);
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);

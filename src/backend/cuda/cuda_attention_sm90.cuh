@@ -60,8 +60,9 @@ template <typename K> static int fa3_binary_ok(K kern, int *cache) {
   return *cache == 1;
 }
 
-/* The work order of a launch over B nblk items in sections of hg batch
- * indices (fa3_section): p's nblk, items, hg, nfull and the divisors of
+/* The work order of a launch over B nblk items (p.B set) in sections of
+ * hg batch indices (nb_fa3_section, whose streamed operands take per_b
+ * bytes each; fa3_section): p's nblk, items, hg, nfull and the divisors of
  * the sections, nfull of hg batch indices, hg nblk items each, then the
  * last one of the rest. Causal (the blocks' work falls from nblk tiles to
  * 1 in each section), the last section is made large enough (nb_fa3_tail)
@@ -72,7 +73,9 @@ template <typename K> static int fa3_binary_ok(K kern, int *cache) {
  * sizes (fa3_coords) with a multiply and a shift (nb_fastdiv), not the
  * hardware's division: ~30 dependent instructions, several of them on the
  * consumers' path from one item to the next. */
-template <typename P> static void fa3_set_order(P &p, int nblk, int hg, int hl) {
+template <typename P>
+static void fa3_set_order(P &p, const nb_cuda_ctx *ctx, int nblk, int64_t per_b, int causal) {
+  const int hg = nb_fa3_section(ctx, p.B, per_b), hl = nb_fa3_tail(ctx, p.B, nblk, hg, causal);
   p.nblk = nblk;
   p.items = p.B * nblk; /* the hosts keep B nblk <= INT32_MAX - NB_CUDA_WORK_CTAS (the tickets past it) */
   p.hg = hg;
@@ -80,6 +83,12 @@ template <typename P> static void fa3_set_order(P &p, int nblk, int hg, int hl) 
   p.dsec = nb_fastdiv_make((uint32_t)(hg * nblk));
   p.dhg = nb_fastdiv_make((uint32_t)hg);
   p.dhl = nb_fastdiv_make((uint32_t)hl);
+}
+
+/* A variant's switch, read at every call: on unless the variable is "0". */
+static inline int fa3_switch(const char *name) {
+  const char *e = getenv(name);
+  return !(e && !strcmp(e, "0"));
 }
 
 /* Launches kern (grid CTAs of threads, smem bytes of dynamic shared
@@ -91,18 +100,16 @@ template <typename P> static void fa3_set_order(P &p, int nblk, int hg, int hl) 
 template <typename... E, typename... A>
 static cudaError_t fa3_launch_ex(void (*kern)(E...), unsigned grid, unsigned threads, size_t smem,
                                  const nb_cuda_ctx *ctx, A &&...args) {
-  const char *e = getenv("NABLA_ATTENTION_SM90_PDL");
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = ctx->stream;
   cfg.attrs = at;
-  cfg.numAttrs = e && !strcmp(e, "0") ? 0 : 1;
+  cfg.numAttrs = fa3_switch("NABLA_ATTENTION_SM90_PDL");
   return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
 }
 

@@ -827,8 +827,7 @@ nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *
                 int64_t per_b, int persistent, const char *what) {
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention_bwd (sm90): shared memory attribute");
-  const int hg = nb_fa3_section(ctx, p.B, per_b);
-  fa3_set_order(p, nblk, hg, nb_fa3_tail(ctx, p.B, nblk, hg, p.causal));
+  fa3_set_order(p, ctx, nblk, per_b, p.causal);
   const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
   NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FB_THREADS, smem, ctx, m[0], m[1], m[2], m[3], m[4], p),
               "attention_bwd (sm90): launch");
@@ -947,9 +946,9 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
    * (fb_q_fold's D 64; o by TMA: its map implies the pre-pass's 16-byte
    * path, whose bits it gives); NABLA_ATTENTION_SM90_BWD_FOLD=0 (read at
    * every call): the pre-pass */
-  const char *fe = getenv("NABLA_ATTENTION_SM90_BWD_FOLD");
   memset(&maps[4], 0, sizeof maps[4]);
-  p.fold = !fused && fb_q_fold((int)D) && !(fe && !strcmp(fe, "0")) && nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
+  p.fold = !fused && fb_q_fold((int)D) && fa3_switch("NABLA_ATTENTION_SM90_BWD_FOLD") &&
+           nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
   const size_t half = (size_t)B * Lp * sizeof(float), bytes = 2 * half + (fused ? half * (size_t)D : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);
   if (!scratch) {
