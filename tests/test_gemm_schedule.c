@@ -16,7 +16,9 @@
  * more than r (else data-parallel); sk-heads: with fewer tiles T than SMs P, T
  * head CTAs of head_k >= T kt / P k-tiles (leaving a rest of at least 4),
  * tile rows in groups of 1 when the rows are at least the columns in
- * elements, else all together, on P CTAs (else data-parallel); and every
+ * elements, else all together, on P CTAs (else data-parallel); split-sync:
+ * with T < P tiles not dividing P, P / T main parts of L >= T kt / P k-tiles
+ * per tile on P CTAs, rests of at least 4 (else data-parallel); and every
  * CTA's walk (nb_cuda_gemm_own_walk) for the split candidates: each
  * (tile, k-tile) once, each partial in a slot of its own, taken in k order
  * by its tile's one head; pingpong: 128 x 128 tiles (tile_n 128),
@@ -32,8 +34,8 @@
 #ifdef NABLA_HAVE_CUDA
 #include "backend/cuda/cuda_gemm.h"
 
-enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, SK_HEADS, PINGPONG,
-       LAST = PINGPONG };
+enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, SK_HEADS, SPLIT_SYNC,
+       PINGPONG, LAST = PINGPONG };
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -133,6 +135,18 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
               (long long)lo, (long long)kt, (long long)sh.grid);
   else
     NBT_CHECK(!sh.stream_k && sh.sk_heads == 0 && sh.grid == dp.grid, "%s sk-heads: data-parallel", what);
+  /* split-sync: with T < P tiles not dividing P, q = P / T main parts per tile of L >= T kt / P
+   * k-tiles on P CTAs, a rest of at least 4 (the leftover tiles' mains L2 <= L); else
+   * data-parallel (the walk is checked below) */
+  nb_gemm_own_schedule sy = sched_of(f8, SPLIT_SYNC, M, N, K, n_sm);
+  if (sy.sync_q)
+    NBT_CHECK(tiles < n_sm && n_sm % tiles != 0 && sy.sync_q == n_sm / tiles && sy.sync_l >= lo &&
+                  sy.sync_q * sy.sync_l <= kt - 4 && sy.sync_l2 >= 1 && sy.sync_l2 <= sy.sync_l &&
+                  sy.grid == n_sm && !sy.stream_k && sy.splits == 1 && sy.cluster == 1,
+              "%s split-sync: %d mains of %d (%d) k-tiles (share %lld of %lld), grid %lld", what, sy.sync_q,
+              sy.sync_l, sy.sync_l2, (long long)lo, (long long)kt, (long long)sy.grid);
+  else
+    NBT_CHECK(sy.grid == dp.grid && sy.splits == 1 && !sy.stream_k, "%s split-sync: data-parallel", what);
   nb_gemm_own_schedule pt = sched_of(f8, CTA_PER_TILE, M, N, K, n_sm);
   NBT_CHECK(pt.grid == tiles, "%s cta-per-tile grid %lld", what, (long long)pt.grid);
   nb_gemm_own_schedule cl = sched_of(f8, CLUSTER2, M, N, K, n_sm);
@@ -225,7 +239,7 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
 static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
   check_rules_of(0, M, N, K, n_sm);
   check_rules_of(1, M, N, K, n_sm);
-  const int walked[] = {DEFAULT, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, DPSK, SK_HEADS};
+  const int walked[] = {DEFAULT, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, DPSK, SK_HEADS, SPLIT_SYNC};
   for (size_t i = 0; i < sizeof walked / sizeof *walked; i++) check_walk(walked[i], M, N, K, n_sm);
 }
 
@@ -279,6 +293,17 @@ static void test_documented(void) {
             "2304x768x16384 sk-heads: 54 heads of %d k-tiles", s.head_k);
   s = sched(DPSK, 1024, 1024, 64, 132);
   NBT_CHECK(!s.stream_k && s.grid == 32, "1024x1024x64 dpsk: one k-tile, data-parallel");
+  /* split-sync on the weight gradients (the layouts its planner's comment works out): 72 tiles
+   * of 256 k-tiles, one main of 143 per tile (131 for the 12 whose rests go in 5 pieces); 54
+   * tiles, two mains of 107 (98); 2048^3 (128 tiles of 32 k-tiles: no room for rests) none */
+  s = sched(SPLIT_SYNC, 3072, 768, 16384, 132);
+  NBT_CHECK(s.sync_q == 1 && s.sync_l == 143 && s.sync_l2 == 131 && s.grid == 132,
+            "3072x768x16384 split-sync: q %d, L %d, L2 %d", s.sync_q, s.sync_l, s.sync_l2);
+  s = sched(SPLIT_SYNC, 2304, 768, 16384, 132);
+  NBT_CHECK(s.sync_q == 2 && s.sync_l == 107 && s.sync_l2 == 98 && s.grid == 132,
+            "2304x768x16384 split-sync: q %d, L %d, L2 %d", s.sync_q, s.sync_l, s.sync_l2);
+  s = sched(SPLIT_SYNC, 2048, 2048, 2048, 132);
+  NBT_CHECK(s.sync_q == 0 && s.grid == 128, "2048^3 split-sync: data-parallel");
   /* pingpong: the fc forward 16384 x 3072 x 768 is 128 x 24 = 3072 tiles of 128 x 128 on 132 CTAs */
   s = sched(PINGPONG, 16384, 3072, 768, 132);
   NBT_CHECK(s.tiles == 3072 && s.tile_n == 128 && s.grid == 132 && s.splits == 1 && !s.stream_k && s.group == 8,

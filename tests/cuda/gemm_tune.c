@@ -294,6 +294,10 @@ void test_gemm_tune(void) {
    * splits the 12 tail tiles (the first two tile columns, the partial last tile row among
    * them) over 48 CTAs */
   gt_case(1000, 4400, 1000, NB_BF16, 1, 0, 0, seed += 2);
+  /* 6 x 12 = 72 tiles of 62 k-tiles, as many tiles as the MLP weight gradients (tails in M, N,
+   * K): split-sync runs one main per tile, 60 spares with one whole rest each and the last 12
+   * tiles' rests in 5 pieces (on 132 SMs) */
+  gt_case(760, 3000, 3950, NB_BF16, 1, 0, 0, seed += 2);
   if (!quick) {
     gt_case(1000, 1000, 64, NB_F16, 0, 0, 0, seed += 2); /* one k-tile: forced stream-K has empty ranges */
     gt_case(2304, 768, 4096, NB_F16, 1, 1, 0, seed += 2); /* TT, 18 tile rows: every raster group differs */

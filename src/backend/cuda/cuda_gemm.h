@@ -48,6 +48,8 @@ typedef struct {
   int tile_n;       /* tile width: 256, or 128 for the ping-pong kernel (128 x 128 tiles) */
   int sk_heads;     /* stream-K with heads: CTAs 0 .. sk_heads - 1 run one tile's first head_k k-tiles */
   int head_k;
+  int sync_q;       /* split-sync: main parts per tile (0: not split-sync), of sync_l k-tiles */
+  int sync_l, sync_l2; /* (sync_l2 for the tiles whose rests are cut into pieces) */
 } nb_gemm_own_schedule;
 int nb_cuda_gemm_own_schedule(int i, int64_t rows, int64_t N, int64_t K, int n_sm,
                               nb_gemm_own_schedule *out);

@@ -33,6 +33,7 @@ static void sm90_shape(nb_sm90_params *p, int64_t rows, int64_t N, int64_t K, in
 static void sm90_split_params(nb_sm90_params *p, const nb_sm90_sched &s, int64_t tiles) {
   p->sk = s.sk;
   p->splits = s.splits;
+  p->sy = s.sy;
   p->dp_first = tiles - s.dp_tiles;
   p->sk_ctas = s.sk_ctas;
   p->sk_heads = s.sk_heads;
@@ -49,6 +50,7 @@ static void sm90_unsplit_params(nb_sm90_params *p, const nb_sm90_sched &s) {
   p->cluster = s.cluster;
   p->sk = 0;
   p->splits = 1;
+  p->sy = nb_sm90_sync();
 }
 
 /* Sets p's schedule to s and returns the grid; a split schedule without its
@@ -56,11 +58,12 @@ static void sm90_unsplit_params(nb_sm90_params *p, const nb_sm90_sched &s) {
 static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm90_sched &s) {
   sm90_unsplit_params(p, s);
   int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
-  if ((s.sk || s.splits > 1) && nb_sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
+  int split = s.sk || s.splits > 1 || s.sy.q;
+  if (split && nb_sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
     sm90_split_params(p, s, tiles);
     return s.grid;
   }
-  return s.sk || s.splits > 1 ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
+  return split ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
 }
 
 /* Counts a head's takes into its segment (the first NB_GEMM_OWN_TAKES stored). */

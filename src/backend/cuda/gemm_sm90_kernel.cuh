@@ -101,6 +101,7 @@ struct nb_sm90_params {
   int sk_heads;    /* stream-K with heads: CTA t < sk_heads runs tile t's k-tiles [0, head_k) */
   int head_k;      /* ... and the other CTAs split the tiles' k-tiles [head_k, ktiles) (work) */
   int splits;      /* split-K: k parts per tile, one CTA each (1: no split-K) */
+  nb_sm90_sync sy; /* split-sync (sy.q > 0; gemm_sm90_plan.h) */
   int cluster;     /* CTAs per cluster (1, or 2: pairs of tile rows share B by multicast) */
   float alpha, beta;
   int gelu;
@@ -174,6 +175,8 @@ __host__ __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &
  * heads t + c - T (a CTA's tiles and the CTAs on a tile both ascend, so no
  * two partials share it; below T + P - T = P slots). */
 __host__ __device__ __forceinline__ int sm90_slot(const nb_sm90_params &p, int t, int c) {
+  if (p.sy.q) /* split-sync: a whole rest's slot follows the grid's (q T + E); others the CTA's */
+    return c >= p.sy.mains && t < p.sy.whole ? p.sy.mains + p.sy.spares + t : c;
   return p.sk_heads ? t + c - p.sk_heads : c;
 }
 /* (it, end): whole tiles (units) it, + grid, ... below end; or in a
@@ -184,6 +187,12 @@ __host__ __device__ __forceinline__ int sm90_slot(const nb_sm90_params &p, int t
 struct sm90_walk {
   int64_t it, end;
   __host__ __device__ __forceinline__ sm90_walk(const nb_sm90_params &p, int cta) {
+    if (p.sy.q) { /* split-sync: segments 0 .. end - 1 (sync_next) */
+      int s = cta - p.sy.mains;
+      it = 0;
+      end = s < 0 ? 1 : p.sy.a + (s < p.sy.n * p.sy.left);
+      return;
+    }
     int sk = p.sk && cta < p.sk_ctas;
     end = sk ? sm90_sk_begin(p, cta + 1)
           : p.splits > 1 ? cta / p.cluster + 1 : (int64_t)((p.tiles_m + p.cluster - 1) / p.cluster) * p.tiles_n;
@@ -197,6 +206,7 @@ struct sm90_walk {
       end = (int64_t)p.tiles_m * p.tiles_n;
     }
     if (it >= end) return false;
+    if (p.sy.q) return sync_next(p, cta, tile, kb, ke, role);
     if (p.splits > 1) {
       /* the last part is the head: a CTA waits only on lower-numbered ones */
       int tiles = p.tiles_m * p.tiles_n, part = (int)it / tiles;
@@ -232,6 +242,42 @@ struct sm90_walk {
     it += *ke - *kb;
     return true;
   }
+  /* Split-sync (gemm_sm90_plan.cu): CTA u < q T runs main part u / T of
+   * tile u % T, k-tiles [j L, (j + 1) L) (L2 for the tiles past the whole
+   * rests), the last part the tile's head; spare s = u - q T runs first
+   * piece s % n of leftover tile a E + s / n, if s < n left, then the whole
+   * rests [q L, ktiles) of tiles s, s + E, ... (a of them). The pieces
+   * cut the leftover rest's r k-tiles into n parts of r / n, the first
+   * r % n one more. */
+  __host__ __device__ __forceinline__ bool sync_next(const nb_sm90_params &p, int cta, int *tile, int *kb,
+                                                     int *ke, int *role) {
+    const nb_sm90_sync &y = p.sy;
+    int i = (int)it++;
+    *role = SM90_PUT;
+    if (cta < y.mains) {
+      int j = cta / y.tiles, t = cta - j * y.tiles, L = t < y.whole ? y.L : y.L2;
+      *tile = t;
+      *kb = j * L;
+      *ke = *kb + L;
+      if (j == y.q - 1) *role = SM90_HEAD;
+      return true;
+    }
+    int s = cta - y.mains;
+    if (s < y.n * y.left) {
+      if (i == 0) {
+        int u = s / y.n, j = s - u * y.n;
+        *tile = y.whole + u;
+        *kb = y.k_piece + j * y.step + min(j, y.rem);
+        *ke = *kb + y.step + (j < y.rem);
+        return true;
+      }
+      i--;
+    }
+    *tile = s + i * y.spares;
+    *kb = y.k_rest;
+    *ke = p.ktiles;
+    return true;
+  }
 };
 
 /* The CTAs after `cta` that put partials of tile (this CTA its head) are,
@@ -262,6 +308,13 @@ __host__ __device__ __forceinline__ void sm90_takes(const nb_sm90_params &p, int
   if (p.splits > 1) {
     int tiles = p.tiles_m * p.tiles_n;
     for (int s = 0; s < p.splits - 1; s++) f(tile + s * tiles);
+    return;
+  }
+  if (p.sy.q) { /* split-sync: the other main parts, then the rest or its pieces */
+    for (int j = 0; j < p.sy.q - 1; j++) f(j * p.sy.tiles + tile);
+    if (tile < p.sy.whole) f(p.sy.mains + p.sy.spares + tile);
+    else
+      for (int i = 0; i < p.sy.n; i++) f(p.sy.mains + (tile - p.sy.whole) * p.sy.n + i);
     return;
   }
   int64_t end;

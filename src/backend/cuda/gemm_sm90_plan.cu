@@ -188,8 +188,8 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
                                               "stream-k",     "cta-per-tile", "cluster2", "dpsk",
-                                              "sk-heads",     "pingpong"};
-enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK, SM90_SK_HEADS };
+                                              "sk-heads",     "split-sync",   "pingpong"};
+enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK, SM90_SK_HEADS, SM90_SYNC };
 static const struct {
   int group;          /* tile rows per raster group */
   sm90_split split;   /* split-K as sm90_splits says, no split, or stream-K */
@@ -200,7 +200,8 @@ static const struct {
                   {16, SM90_SPLIT_K, 0, 1, 0},       {kGroupM, SM90_NO_SPLIT, 0, 1, 0},
                   {kGroupM, SM90_STREAM_K, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0},
                   {kGroupM, SM90_NO_SPLIT, 0, 2, 0}, {kGroupM, SM90_DPSK, 0, 1, 0},
-                  {kGroupM, SM90_SK_HEADS, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
+                  {kGroupM, SM90_SK_HEADS, 0, 1, 0}, {kGroupM, SM90_SYNC, 0, 1, 0},
+                  {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -295,6 +296,66 @@ static void sm90_sk_heads(nb_sm90_sched *s, int tiles_m, int64_t tiles, int ktil
   s->grid = n_sm;
 }
 
+/* ---- split-sync: split-K in step, with spares --------------------------------
+ * T < P tiles of K k-tiles. Split-K into S equal parts runs whole waves of
+ * parts (72 tiles x 3 parts on 132 SMs: 216 CTAs, the second wave 84) and
+ * stream-K staggers the CTAs over k (sk-heads above: its rests start at as
+ * many k offsets as their shares' remainder makes). Split-sync keeps every
+ * CTA on one of a few k ranges at a time on one wave of P CTAs: q = P / T
+ * main parts per tile of L k-tiles each ([0, q L), one CTA each, all tiles
+ * at once; the last part's CTA is the tile's head), and the E = P - q T
+ * spare CTAs run the rests [q L, K): a = T / E whole rests each (spare s
+ * the tiles s, s + E, ...: at any time E consecutive tiles at one k), the
+ * left = T - a E tiles after those with their rests cut in n = E / left
+ * pieces, which the first n left spares run before their whole rests (all
+ * leftover tiles' piece j at one k). Heads add, in k order, the other main
+ * parts' partials, then the rest's or its pieces'. The leftover tiles'
+ * mains are L2 = L - kPartCost (n - 1) long, since their heads read n - 1
+ * partials more. L is searched upward from the even share T K / P, each
+ * side timed in k-tiles with kPartCost a partial read or put: a normal head
+ * waits for the later of its main and its spare, then reads q partials; a
+ * leftover head for its main and its pieces, then reads q - 1 + n. On 132
+ * SMs 72 x 256 (3072x768x16384): q 1, E 60, a 1, left 12, n 5, L ~143
+ * against split-K's two waves of 86; 54 x 256: q 2, E 24, a 2, left 6, n 4,
+ * L ~107 against one wave of 128. No schedule (data-parallel) when T >= P,
+ * E = 0 (plain split-K), or pieces or rests would be under kMinShare. */
+static double sm90_sync_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t L, nb_sm90_sync *y) {
+  int64_t q = n_sm / tiles, E = n_sm - q * tiles, a = tiles / E, left = tiles - a * E, n = left ? E / left : 0;
+  int64_t L2 = left ? L - (int64_t)(kPartCost * (double)(n - 1)) : L, R = ktiles - q * L, R2 = ktiles - q * L2;
+  if (L2 < 1 || R < kMinShare || (left && R2 < n * kMinShare)) return -1.0;
+  double piece = left ? (double)((R2 + n - 1) / n) + kPartCost : 0.0;
+  double spare = piece + (double)a * ((double)R + kPartCost), main = (double)L + (q > 1 ? kPartCost : 0.0);
+  double normal = (main > spare ? main : spare) + kPartCost * (double)q;
+  double late = (double)L2 > piece ? (double)L2 : piece;
+  double leftover = left ? late + kPartCost * (double)(q - 1 + n) : 0.0;
+  *y = nb_sm90_sync{(int)q,         (int)E,         (int)a,          (int)left,        (int)n,       (int)L,
+                    (int)L2,        (int)tiles,     (int)(q * tiles), (int)(a * E),     (int)(q * L),  (int)(q * L2),
+                    (int)(n ? R2 / n : 0), (int)(n ? R2 % n : 0)};
+  return normal > leftover ? normal : leftover;
+}
+
+/* The best split-sync layout for T tiles of ktiles on n_sm SMs into *y, its
+ * cost in k-tiles returned; -1 (and y->q 0) when it does not apply. */
+static double sm90_sync_plan(int64_t tiles, int64_t ktiles, int n_sm, nb_sm90_sync *y) {
+  *y = nb_sm90_sync();
+  if (tiles < 1 || tiles >= n_sm || n_sm % tiles == 0) return -1.0;
+  int64_t q = n_sm / tiles, lo = (tiles * ktiles + n_sm - 1) / n_sm;
+  double best = -1.0;
+  for (int64_t L = lo; L * q < ktiles && L < lo + 512; L++) {
+    nb_sm90_sync c;
+    double cost = sm90_sync_cost(tiles, ktiles, n_sm, L, &c);
+    if (cost >= 0.0 && (best < 0.0 || cost < best)) best = cost, *y = c;
+  }
+  return best;
+}
+
+/* s: resolved as the data-parallel candidate, which it stays when
+ * split-sync does not apply. */
+static void sm90_split_sync(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
+  if (sm90_sync_plan(tiles, ktiles, n_sm, &s->sy) < 0.0) return;
+  s->grid = n_sm;
+}
+
 /* ---- the heuristic's kernel ------------------------------------------------
  * Candidate 0 runs the ping-pong kernel (candidate pingpong's launch) when a
  * tile has at most kPPMaxKtiles k-tiles (bf16/f16: K <= 768; FP8's 128-deep
@@ -311,7 +372,7 @@ static void sm90_sk_heads(nb_sm90_sched *s, int tiles_m, int64_t tiles, int ktil
  * shared-memory and L2 reads per flop dominate. Below a wave the
  * cooperative kernel's split-K and fewer, wider tiles stay. */
 constexpr int kPPMaxKtiles = 12;
-constexpr int kCandPingpong = 9; /* sm90_cands[kCandPingpong], the last */
+constexpr int kCandPingpong = 10; /* sm90_cands[kCandPingpong], the last */
 static_assert(kCandPingpong == kCands - 1, "pingpong is the last candidate");
 
 static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm) {
@@ -327,6 +388,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   s.dp_tiles = 0;
   s.sk_ctas = 0;
   s.sk_heads = s.head_k = 0;
+  s.sy = nb_sm90_sync();
   s.pingpong = pp;
   s.tiles_n = tiles_n;
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
@@ -344,13 +406,15 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
              : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   if (sm90_cands[i].split == SM90_DPSK) sm90_dpsk(&s, tiles, ktiles, n_sm);
   if (sm90_cands[i].split == SM90_SK_HEADS) sm90_sk_heads(&s, tiles_m, tiles, ktiles, n_sm);
+  if (sm90_cands[i].split == SM90_SYNC) sm90_split_sync(&s, tiles, ktiles, n_sm);
   return s;
 }
 
 int nb_sm90_same(const nb_sm90_sched &a, const nb_sm90_sched &b) {
   return a.group == b.group && a.sk == b.sk && a.splits == b.splits && a.cluster == b.cluster &&
          a.grid == b.grid && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&
-         a.pingpong == b.pingpong && a.tiles_n == b.tiles_n && a.sk_heads == b.sk_heads && a.head_k == b.head_k;
+         a.pingpong == b.pingpong && a.tiles_n == b.tiles_n && a.sk_heads == b.sk_heads && a.head_k == b.head_k &&
+         a.sy.q == b.sy.q && a.sy.L == b.sy.L && a.sy.L2 == b.sy.L2;
 }
 
 int nb_sm90_args_ok(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm) {
@@ -374,6 +438,9 @@ int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n
   out->sk_ctas = s.sk_ctas;
   out->sk_heads = s.sk_heads;
   out->head_k = s.head_k;
+  out->sync_q = s.sy.q;
+  out->sync_l = s.sy.L;
+  out->sync_l2 = s.sy.L2;
   return 1;
 }
 

@@ -17,6 +17,20 @@
  * the heuristic's raster walks N with NB_SM90_GROUP_M tile rows together. */
 enum { NB_SM90_BM = 128, NB_SM90_BN = 256, NB_SM90_BK = 64, NB_SM90_GROUP_M = 8 };
 
+/* Split-sync's layout (gemm_sm90_plan.cu; q = 0: not this schedule): every
+ * tile's k-tiles [0, q L) in q main parts of L, one CTA each, the last the
+ * tile's head; spares = grid - q T CTAs, each running a whole rests
+ * [q L, ktiles) of tiles s, s + spares, ...; the left = T - a spares tiles
+ * after those have mains of L2 and their rests cut into n pieces, one for
+ * each of the first n left spares, which run it first. */
+struct nb_sm90_sync {
+  int q, spares, a, left, n, L, L2;
+  /* derived, so the kernel's walk needs no more registers: T, q T, a spares,
+   * the rests' first k-tile q L, the pieces' q L2, and r / n, r % n for the
+   * pieces' r = ktiles - q L2 k-tiles */
+  int tiles, mains, whole, k_rest, k_piece, step, rem;
+};
+
 /* What schedule candidate i launches for a problem (nb_sm90_resolve). Two
  * candidates with the same schedule run the same kernel the same way. */
 struct nb_sm90_sched {
@@ -28,6 +42,7 @@ struct nb_sm90_sched {
   int head_k;
   int pingpong;     /* the ping-pong kernel (128 x 128 tiles, one per consumer warpgroup) */
   int tiles_n;      /* tile columns: of NB_SM90_BN, or of NB_SM90_BN / 2 with pingpong */
+  nb_sm90_sync sy;  /* split-sync (sy.q > 0) */
 };
 
 /* The number of schedule candidates (nb_sm90_candidate names them). */
