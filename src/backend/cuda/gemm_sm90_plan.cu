@@ -7,6 +7,7 @@
 #include <cudaTypedefs.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/gemm_sm90.h"
@@ -353,6 +354,23 @@ static double sm90_sync_plan(int64_t tiles, int64_t ktiles, int n_sm, nb_sm90_sy
  * split-sync does not apply. */
 static void sm90_split_sync(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
   if (sm90_sync_plan(tiles, ktiles, n_sm, &s->sy) < 0.0) return;
+  /* NABLA_GEMM_SYNC_L=dL,D: mains of the planned L + dL k-tiles, the leftover tiles' L - D
+   * (for measurements) */
+  const char *e = getenv("NABLA_GEMM_SYNC_L");
+  long L, D;
+  if (e && sscanf(e, "%ld,%ld", &L, &D) == 2 && (L += s->sy.L) >= 1 && L * s->sy.q < ktiles) {
+    nb_sm90_sync y;
+    if (sm90_sync_cost(tiles, ktiles, n_sm, L, &y) >= 0.0) {
+      int64_t L2 = y.left ? L - D : L, R2 = ktiles - (int64_t)y.q * L2;
+      if (L2 >= 1 && L2 <= L && (!y.left || R2 >= (int64_t)y.n * kMinShare)) {
+        y.L2 = (int)L2;
+        y.k_piece = (int)(y.q * L2);
+        y.step = y.n ? (int)(R2 / y.n) : 0;
+        y.rem = y.n ? (int)(R2 % y.n) : 0;
+        s->sy = y;
+      }
+    }
+  }
   s->grid = n_sm;
 }
 
