@@ -8,9 +8,10 @@
  * here independently: tiles of 128 x 256; split-K only when the tiles fill
  * fewer than all SMs, with S minimising waves x ceil(ktiles / S) + 3 (S - 1)
  * over 1 <= S <= min(16, ktiles / 8) with (S - 1) tiles within the 2 slots
- * per SM, taking the fewest parts within 5% of the best; the documented
- * cases (768 x 3072 x 16384: 3 parts, 216 CTAs; 2304 x 768 x 16384: 2
- * parts); each candidate's grid; clusters of 2 only with two tile rows;
+ * per SM, taking the fewest parts within 5% of the best, and split-sync
+ * instead where its model (below) is shorter: the documented cases 768 x
+ * 3072 x 16384 (split-K's 3 parts on 216 CTAs: one main of 143 k-tiles per
+ * tile on 132) and 2304 x 768 x 16384 (2 parts: two mains of 107); each candidate's grid; clusters of 2 only with two tile rows;
  * dpsk: W = tiles / SMs full waves data-parallel, the r = tiles % SMs tail
  * tiles' k-iterations split over min(SMs, r ktiles / 4) CTAs, when that is
  * more than r (else data-parallel); sk-heads: with fewer tiles T than SMs P, T
@@ -55,6 +56,25 @@ static int splits(int64_t tiles, int64_t kt, int n_sm) {
   return 1;
 }
 
+/* The documented split-sync time model, written out again: q = P / T mains of L per tile, E = P
+ * - q T spares with a = T / E whole rests each, the left = T - a E tiles' rests in n = E / left
+ * pieces and their mains L - 3 (n - 1); the best L from the even share up, or -1. */
+static double sync_cost(int64_t T, int64_t kt, int P) {
+  if (T < 1 || T >= P || P % T == 0) return -1.0;
+  int64_t q = P / T, E = P - q * T, a = T / E, left = T - a * E, n = left ? E / left : 0;
+  double best = -1.0;
+  for (int64_t L = cdiv(T * kt, P); L * q < kt && L < cdiv(T * kt, P) + 512; L++) {
+    int64_t L2 = left ? L - 3 * (n - 1) : L, R = kt - q * L, R2 = kt - q * L2;
+    if (L2 < 1 || R < 4 || (left && R2 < 4 * n)) continue;
+    double piece = left ? (double)cdiv(R2, n) + 3.0 : 0.0, spare = piece + (double)a * (double)(R + 3);
+    double main = (double)L + (q > 1 ? 3.0 : 0.0), normal = (main > spare ? main : spare) + 3.0 * (double)q;
+    double late = (double)L2 > piece ? (double)L2 : piece, lo = left ? late + 3.0 * (double)(q - 1 + n) : 0.0;
+    double c = normal > lo ? normal : lo;
+    if (best < 0.0 || c < best) best = c;
+  }
+  return best;
+}
+
 /* f8: the FP8 product's schedule (nb_scaled_mm) */
 static nb_gemm_own_schedule sched_of(int f8, int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
   nb_gemm_own_schedule s = {0};
@@ -82,11 +102,16 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   for (int c = DEFAULT; c <= GROUP16; c++) { /* split-K as the heuristic */
     if (c == DEFAULT && heur_pp) continue; /* below, with pingpong */
     nb_gemm_own_schedule s = sched_of(f8, c, M, N, K, n_sm);
-    int S = splits(tiles, kt, n_sm);
-    NBT_CHECK(s.tiles == tiles && s.splits == S && !s.stream_k && s.cluster == 1,
-              "%s cand %d: %lld tiles (want %lld), %d parts (want %d)", what, c, (long long)s.tiles,
-              (long long)tiles, s.splits, S);
-    int64_t grid = S > 1 ? tiles * S : tiles < n_sm ? tiles : n_sm;
+    int S = splits(tiles, kt, n_sm), sync = 0;
+    if (S > 1) { /* split-sync where its model is shorter */
+      double y = sync_cost(tiles, kt, n_sm);
+      if (y >= 0.0 && y < cost(tiles, kt, n_sm, S)) S = 1, sync = 1;
+    }
+    NBT_CHECK(s.tiles == tiles && s.splits == S && !s.stream_k && s.cluster == 1 &&
+                  (sync ? s.sync_q == n_sm / tiles : s.sync_q == 0),
+              "%s cand %d: %lld tiles (want %lld), %d parts (want %d), split-sync %d (want %d)", what, c,
+              (long long)s.tiles, (long long)tiles, s.splits, S, s.sync_q, sync);
+    int64_t grid = sync ? n_sm : S > 1 ? tiles * S : tiles < n_sm ? tiles : n_sm;
     NBT_CHECK(s.grid == grid, "%s cand %d: grid %lld, want %lld", what, c, (long long)s.grid, (long long)grid);
     int g = c == GROUP4 ? 4 : c == GROUP16 ? 16 : 8;
     NBT_CHECK(s.group == (g < tm ? g : tm), "%s cand %d: group %d", what, c, s.group);
@@ -245,9 +270,11 @@ static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
 
 static void test_documented(void) {
   nb_gemm_own_schedule s = sched(DEFAULT, 768, 3072, 16384, 132);
-  NBT_CHECK(s.tiles == 72 && s.splits == 3 && s.grid == 216, "768x3072x16384: 72 tiles, 3 parts, 216 CTAs");
+  NBT_CHECK(s.tiles == 72 && s.splits == 1 && s.sync_q == 1 && s.sync_l == 143 && s.grid == 132,
+            "768x3072x16384: 72 tiles, split-sync (model 147 k-tiles against split-K's 3 parts, 178)");
   s = sched(DEFAULT, 2304, 768, 16384, 132);
-  NBT_CHECK(s.tiles == 54 && s.splits == 2 && s.grid == 108, "2304x768x16384: 54 tiles, 2 parts");
+  NBT_CHECK(s.tiles == 54 && s.splits == 1 && s.sync_q == 2 && s.sync_l == 107 && s.grid == 132,
+            "2304x768x16384: 54 tiles, split-sync (116 against split-K's 2 parts, 131)");
   s = sched(DEFAULT, 1000, 520, 4136, 132);
   NBT_CHECK(s.tiles == 24 && s.splits == 4, "1000x520x4136: 24 tiles, 4 parts (the gemm tune case)");
   s = sched(DEFAULT, 4096, 4096, 4096, 132);
@@ -344,8 +371,9 @@ static void test_documented(void) {
   NBT_CHECK(s.tiles == 9 && s.splits == 2 && s8.tiles == 9 && s8.splits == 1 && s8.grid == 9,
             "300x700x1024: bf16 2 parts (%d), fp8 unsplit (%d, grid %lld)", s.splits, s8.splits,
             (long long)s8.grid);
-  s8 = sched8(DEFAULT, 768, 3072, 16384, 132); /* 72 tiles of 128 k-tiles: 3 parts as bf16's 256 */
-  NBT_CHECK(s8.tiles == 72 && s8.splits == 3 && s8.grid == 216, "fp8 768x3072x16384: 3 parts (%d)", s8.splits);
+  s8 = sched8(DEFAULT, 768, 3072, 16384, 132); /* 72 tiles of 128 k-tiles: split-sync as bf16's 256 */
+  NBT_CHECK(s8.tiles == 72 && s8.splits == 1 && s8.sync_q == 1 && s8.sync_l == 74 && s8.grid == 132,
+            "fp8 768x3072x16384: split-sync, one main of %d k-tiles", s8.sync_l);
   /* an FP8 product of K has the schedule of a 16-bit one of K/2 rounded up (same k-tiles) */
   const int64_t ks[] = {1, 16, 130, 1040, 4136, 16384, 40001};
   for (int c = DEFAULT; c <= LAST; c++)

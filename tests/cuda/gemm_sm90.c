@@ -268,6 +268,7 @@ void test_gemm_sm90(void) {
   if (quick) gs_case(1000, 520, 4136, NB_BF16, 1, 0, seed++); /* split schedule under the sanitizer */
   gs_repeat(1000, 520, 4136, 1, seed++);
   gs_repeat(136, 264, 65536, 0, seed++);
+  gs_repeat(760, 3000, 3950, 1, seed++); /* split-sync: 72 tiles, 12 rests in pieces (132 SMs) */
   /* batched rows folded into M: (3, M, K) @ (K, N) with b broadcast, NT and NN */
   for (int tb = 0; tb < 2; tb++) {
     nb_scope_begin();

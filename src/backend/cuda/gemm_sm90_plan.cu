@@ -170,7 +170,9 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * heuristic, the choice when tuning is off: pingpong's launch where
  * sm90_heuristic_pingpong says so (few k-tiles, a full wave of 128 x 128
  * tiles; below), else raster groups of 8 tile rows, split-K when
- * sm90_splits says so, else a persistent grid of min(tiles, SMs) CTAs. The
+ * sm90_splits says so (or split-sync, below, where its time model is
+ * shorter than that split-K's), else a persistent grid of min(tiles, SMs)
+ * CTAs. The
  * others: groups of 4
  * or 16 tile rows (split-K as the heuristic); data-parallel (never split);
  * stream-K whenever the workspace can be had (also for several waves of
@@ -412,6 +414,11 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
   if (s.sk) s.sk_ctas = n_sm;
   s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, ktiles, n_sm) : 1;
+  if (s.splits > 1) { /* split-sync instead where its time model is shorter */
+    nb_sm90_sync y;
+    double c = sm90_sync_plan(tiles, ktiles, n_sm, &y);
+    if (c >= 0.0 && c < sm90_split_cost(tiles, ktiles, n_sm, s.splits)) s.splits = 1, s.sy.q = -1;
+  }
   s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
   int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
@@ -424,7 +431,10 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
              : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   if (sm90_cands[i].split == SM90_DPSK) sm90_dpsk(&s, tiles, ktiles, n_sm);
   if (sm90_cands[i].split == SM90_SK_HEADS) sm90_sk_heads(&s, tiles_m, tiles, ktiles, n_sm);
-  if (sm90_cands[i].split == SM90_SYNC) sm90_split_sync(&s, tiles, ktiles, n_sm);
+  if (sm90_cands[i].split == SM90_SYNC || s.sy.q < 0) {
+    s.sy = nb_sm90_sync();
+    sm90_split_sync(&s, tiles, ktiles, n_sm);
+  }
   return s;
 }
 
