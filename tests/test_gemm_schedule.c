@@ -22,7 +22,8 @@
  * per tile on P CTAs, rests of at least 4 (else data-parallel); and every
  * CTA's walk (nb_cuda_gemm_own_walk) for the split candidates: each
  * (tile, k-tile) once, each partial in a slot of its own, taken in k order
- * by its tile's one head; pingpong: 128 x 128 tiles (tile_n 128),
+ * by its tile's one head, which under the heuristic and split-sync is
+ * numbered after every CTA whose partial it waits for; pingpong: 128 x 128 tiles (tile_n 128),
  * data-parallel on min(tiles, SMs) CTAs, groups of 8 tile rows; every other
  * candidate 128 x 256 (tile_n 256), except that the heuristic (candidate 0)
  * launches what pingpong does when a tile has at most 12 k-tiles (bf16 K <=
@@ -196,6 +197,7 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
   unsigned char *cov = calloc((size_t)(tiles * kt), 1);
   int *head = malloc(sizeof(int) * (size_t)tiles), nslot = 2 * n_sm, bad = 0;
   int *slot_tile = malloc(sizeof(int) * (size_t)nslot), *slot_kb = malloc(sizeof(int) * (size_t)nslot);
+  int *slot_cta = malloc(sizeof(int) * (size_t)nslot), *tk_cta = malloc(sizeof(int) * 16);
   int *puts = calloc((size_t)tiles, sizeof(int)), cap = 64;
   nb_gemm_own_segment *seg = malloc(sizeof *seg * (size_t)cap);
   for (int64_t t = 0; t < tiles; t++) head[t] = -1;
@@ -230,7 +232,7 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
                     g->slot, g->slot >= 0 && g->slot < nslot ? slot_tile[g->slot] : -2);
           bad = 1;
         } else {
-          slot_tile[g->slot] = g->tile, slot_kb[g->slot] = g->kb, puts[g->tile]++;
+          slot_tile[g->slot] = g->tile, slot_kb[g->slot] = g->kb, slot_cta[g->slot] = (int)c, puts[g->tile]++;
         }
       } else {
         if ((g->kb == 0 && g->ke == kt) || head[g->tile] >= 0) {
@@ -238,7 +240,11 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
           bad = 1;
         }
         head[g->tile] = (int)c;
-        if (ntk == tk_cap) tk = realloc(tk, sizeof *tk * (size_t)(tk_cap *= 2));
+        if (ntk == tk_cap) {
+          tk = realloc(tk, sizeof *tk * (size_t)(tk_cap *= 2));
+          tk_cta = realloc(tk_cta, sizeof *tk_cta * (size_t)tk_cap);
+        }
+        tk_cta[ntk] = (int)c;
         tk[ntk++] = *g;
       }
     }
@@ -255,10 +261,16 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
       if (ok) kb = slot_kb[sl];
     }
     NBT_CHECK(ok, "%s: tile %d's head takes %d partials in k order (%d put)", what, g->tile, g->ntakes, puts[g->tile]);
+    /* the heuristic's splits and split-sync: a head waits only on CTAs launched before it */
+    for (int j = 0; ok && (cand == DEFAULT || cand == SPLIT_SYNC) && j < g->ntakes && j < NB_GEMM_OWN_TAKES; j++)
+      if (slot_cta[g->takes[j]] >= tk_cta[i]) {
+        NBT_CHECK(0, "%s: tile %d's head (CTA %d) waits on CTA %d", what, g->tile, tk_cta[i], slot_cta[g->takes[j]]);
+        break;
+      }
   }
   for (int64_t t = 0; t < tiles && !bad; t++)
     if (puts[t]) NBT_CHECK(head[t] >= 0, "%s: tile %lld has partials and a head", what, (long long)t);
-  free(cov), free(head), free(slot_tile), free(slot_kb), free(puts), free(seg), free(tk);
+  free(cov), free(head), free(slot_tile), free(slot_kb), free(slot_cta), free(puts), free(seg), free(tk), free(tk_cta);
 }
 
 static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {

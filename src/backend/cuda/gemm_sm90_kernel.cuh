@@ -165,6 +165,14 @@ template <int EA, int EB> struct sm90_in<sm90_f8<EA, EB>> {
  * The segment arithmetic is __host__ too: gemm_sm90.cu enumerates every
  * CTA's segments for the schedule tests (nb_sm90_walk). */
 enum { SM90_WHOLE, SM90_PUT, SM90_HEAD };
+/* x / f.d for 0 <= x < 2^31 (a multiply and a shift on the device) */
+__host__ __device__ __forceinline__ int sm90_div(const nb_fastdiv &f, int x) {
+#ifdef __CUDA_ARCH__
+  return (int)nb_fastdiv_div(f, (uint32_t)x);
+#else
+  return (int)((uint32_t)x / f.d);
+#endif
+}
 /* Where CTA c's stream-K range begins (c = sk_ctas: where the last ends). */
 __host__ __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &p, int c) {
   if (c < p.sk_heads) return (int64_t)c * p.head_k;
@@ -175,8 +183,8 @@ __host__ __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &
  * heads t + c - T (a CTA's tiles and the CTAs on a tile both ascend, so no
  * two partials share it; below T + P - T = P slots). */
 __host__ __device__ __forceinline__ int sm90_slot(const nb_sm90_params &p, int t, int c) {
-  if (p.sy.q) /* split-sync: a whole rest's slot follows the grid's (q T + E); others the CTA's */
-    return c >= p.sy.mains && t < p.sy.whole ? p.sy.mains + p.sy.spares + t : c;
+  if (p.sy.q) /* split-sync: a whole rest's slot follows the grid's (E + q T); others the CTA's */
+    return c < p.sy.spares && t < p.sy.whole ? p.sy.mains + p.sy.spares + t : c;
   return p.sk_heads ? t + c - p.sk_heads : c;
 }
 /* (it, end): whole tiles (units) it, + grid, ... below end; or in a
@@ -188,9 +196,8 @@ struct sm90_walk {
   int64_t it, end;
   __host__ __device__ __forceinline__ sm90_walk(const nb_sm90_params &p, int cta) {
     if (p.sy.q) { /* split-sync: segments 0 .. end - 1 (sync_next) */
-      int s = cta - p.sy.mains;
       it = 0;
-      end = s < 0 ? 1 : p.sy.a + (s < p.sy.n * p.sy.left);
+      end = cta >= p.sy.spares ? 1 : p.sy.a + (cta < p.sy.n * p.sy.left);
       return;
     }
     int sk = p.sk && cta < p.sk_ctas;
@@ -242,11 +249,13 @@ struct sm90_walk {
     it += *ke - *kb;
     return true;
   }
-  /* Split-sync (gemm_sm90_plan.cu): CTA u < q T runs main part u / T of
-   * tile u % T, k-tiles [j L, (j + 1) L) (L2 for the tiles past the whole
-   * rests), the last part the tile's head; spare s = u - q T runs first
-   * piece s % n of leftover tile a E + s / n, if s < n left, then the whole
-   * rests [q L, ktiles) of tiles s, s + E, ... (a of them). The pieces
+  /* Split-sync (gemm_sm90_plan.cu): spare CTA s < E runs first piece s % n
+   * of leftover tile a E + s / n, if s < n left, then the whole rests
+   * [q L, ktiles) of tiles s, s + E, ... (a of them); CTA E + u runs main
+   * part j = u / T of tile u % T, k-tiles [j L, (j + 1) L) (L2 for the
+   * leftover tiles), the last part the tile's head. The spares come first,
+   * so a head waits only on lower-numbered CTAs (launched before it: a
+   * grid that does not fit on the GPU at once still finishes). The pieces
    * cut the leftover rest's r k-tiles into n parts of r / n, the first
    * r % n one more. */
   __host__ __device__ __forceinline__ bool sync_next(const nb_sm90_params &p, int cta, int *tile, int *kb,
@@ -254,18 +263,18 @@ struct sm90_walk {
     const nb_sm90_sync &y = p.sy;
     int i = (int)it++;
     *role = SM90_PUT;
-    if (cta < y.mains) {
-      int j = cta / y.tiles, t = cta - j * y.tiles, L = t < y.whole ? y.L : y.L2;
+    if (cta >= y.spares) {
+      int u = cta - y.spares, j = sm90_div(y.dtiles, u), t = u - j * y.tiles, L = t < y.whole ? y.L : y.L2;
       *tile = t;
       *kb = j * L;
       *ke = *kb + L;
       if (j == y.q - 1) *role = SM90_HEAD;
       return true;
     }
-    int s = cta - y.mains;
+    int s = cta;
     if (s < y.n * y.left) {
       if (i == 0) {
-        int u = s / y.n, j = s - u * y.n;
+        int u = sm90_div(y.dn, s), j = s - u * y.n;
         *tile = y.whole + u;
         *kb = y.k_piece + j * y.step + min(j, y.rem);
         *ke = *kb + y.step + (j < y.rem);
@@ -305,16 +314,18 @@ __host__ __device__ __forceinline__ bool sm90_sk_puts(const nb_sm90_params &p, i
  * onto the last part's; stream-K: as sm90_sk_first says. */
 template <class F>
 __host__ __device__ __forceinline__ void sm90_takes(const nb_sm90_params &p, int cta, int tile, F f) {
-  if (p.splits > 1) {
-    int tiles = p.tiles_m * p.tiles_n;
-    for (int s = 0; s < p.splits - 1; s++) f(tile + s * tiles);
-    return;
-  }
-  if (p.sy.q) { /* split-sync: the other main parts, then the rest or its pieces */
-    for (int j = 0; j < p.sy.q - 1; j++) f(j * p.sy.tiles + tile);
-    if (tile < p.sy.whole) f(p.sy.mains + p.sy.spares + tile);
-    else
-      for (int i = 0; i < p.sy.n; i++) f(p.sy.mains + (tile - p.sy.whole) * p.sy.n + i);
+  if (p.splits > 1 || p.sy.q) {
+    /* two runs of slots: split-K's parts tile + s T; split-sync's other main
+     * parts E + j T + tile, then its whole rest's slot or its n pieces' */
+    int tiles = p.tiles_m * p.tiles_n, a0 = tile, an = p.splits - 1, b0 = 0, bn = 0;
+    if (p.sy.q) {
+      a0 = p.sy.spares + tile;
+      an = p.sy.q - 1;
+      int whole = tile < p.sy.whole;
+      b0 = whole ? p.sy.mains + p.sy.spares + tile : (tile - p.sy.whole) * p.sy.n;
+      bn = whole ? 1 : p.sy.n;
+    }
+    for (int s = 0; s < an + bn; s++) f(s < an ? a0 + s * tiles : b0 + s - an);
     return;
   }
   int64_t end;

@@ -307,7 +307,8 @@ static void sm90_sk_heads(nb_sm90_sched *s, int tiles_m, int64_t tiles, int ktil
  * CTA on one of a few k ranges at a time on one wave of P CTAs: q = P / T
  * main parts per tile of L k-tiles each ([0, q L), one CTA each, all tiles
  * at once; the last part's CTA is the tile's head), and the E = P - q T
- * spare CTAs run the rests [q L, K): a = T / E whole rests each (spare s
+ * spare CTAs (numbered first, so that heads wait only on CTAs launched
+ * before them) run the rests [q L, K): a = T / E whole rests each (spare s
  * the tiles s, s + E, ...: at any time E consecutive tiles at one k), the
  * left = T - a E tiles after those with their rests cut in n = E / left
  * pieces, which the first n left spares run before their whole rests (all
@@ -333,7 +334,8 @@ static double sm90_sync_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t L,
   double leftover = left ? late + kPartCost * (double)(q - 1 + n) : 0.0;
   *y = nb_sm90_sync{(int)q,         (int)E,         (int)a,          (int)left,        (int)n,       (int)L,
                     (int)L2,        (int)tiles,     (int)(q * tiles), (int)(a * E),     (int)(q * L),  (int)(q * L2),
-                    (int)(n ? R2 / n : 0), (int)(n ? R2 % n : 0)};
+                    (int)(n ? R2 / n : 0), (int)(n ? R2 % n : 0), nb_fastdiv_make((uint32_t)tiles),
+                    nb_fastdiv_make((uint32_t)(n ? n : 1))};
   return normal > leftover ? normal : leftover;
 }
 

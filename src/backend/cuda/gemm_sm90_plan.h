@@ -29,6 +29,7 @@ struct nb_sm90_sync {
    * the rests' first k-tile q L, the pieces' q L2, and r / n, r % n for the
    * pieces' r = ktiles - q L2 k-tiles */
   int tiles, mains, whole, k_rest, k_piece, step, rem;
+  nb_fastdiv dtiles, dn; /* division by T and by n */
 };
 
 /* What schedule candidate i launches for a problem (nb_sm90_resolve). Two
