@@ -121,6 +121,14 @@ static void test_file(void) {
   nb_tune_reset();
   NBT_CHECK(nb_tune_pick("f/c", 3, names, fake_time, &f, 2) == 1 && f.calls == 0,
             "repeated header and key");
+  /* a choice is its name's candidate (a list that gained candidates keeps it); a name no
+   * longer listed is no choice; a line without a name goes by its index */
+  write_file("nabla-autotune 1\nf/d\t0\ty\nf/e\t1\tgone\nf/g\t2\t\nf/h\t1\n");
+  nb_tune_reset();
+  NBT_CHECK(nb_tune_pick("f/d", 3, names, fake_time, &f, 2) == 1 && f.calls == 0, "by name, not index 0");
+  NBT_CHECK(nb_tune_pick("f/e", 3, names, fake_time, &f, 2) == 2 && f.calls == 0, "unknown name: heuristic");
+  NBT_CHECK(nb_tune_pick("f/g", 3, names, fake_time, &f, 0) == 2 && f.calls == 0, "empty name: index");
+  NBT_CHECK(nb_tune_pick("f/h", 3, names, fake_time, &f, 0) == 1 && f.calls == 0, "no name field: index");
   /* a new choice replaces an ignored file */
   write_file("garbage\n");
   setenv("NABLA_AUTOTUNE", "1", 1);

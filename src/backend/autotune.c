@@ -24,6 +24,7 @@
 typedef struct {
   char key[NBT_KEYMAX];
   int index;
+  char name[64]; /* the candidate's name when the line had one: it wins over index */
 } nbt_entry;
 
 static pthread_mutex_t nbt_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -105,8 +106,9 @@ static nbt_entry *nbt_find(const char *key) {
   return NULL;
 }
 
-/* Sets key's choice in the table (the later line wins). 0 on no memory. */
-static int nbt_set(const char *key, int index) {
+/* Sets key's choice in the table (the later line wins); name may be NULL or
+ * "". 0 on no memory. */
+static int nbt_set(const char *key, int index, const char *name) {
   nbt_entry *e = nbt_find(key);
   if (!e) {
     if (nbt_n == nbt_cap) {
@@ -120,11 +122,26 @@ static int nbt_set(const char *key, int index) {
     snprintf(e->key, sizeof e->key, "%s", key);
   }
   e->index = index;
+  snprintf(e->name, sizeof e->name, "%s", name && strlen(name) < sizeof e->name ? name : "");
   return 1;
 }
 
-/* Parses "key\tindex\tname"; 0 when malformed. */
-static int nbt_parse(char *line, char **key, int *index) {
+/* The candidate e chose among names[0..n): the one of its name when the
+ * line had one (a list that gained or lost candidates since keeps the
+ * choice; a name no longer listed is no choice), else its index; -1 for
+ * none. */
+static int nbt_choice(const nbt_entry *e, int n, const char *const *names) {
+  if (!e) return -1;
+  if (e->name[0] && names) {
+    for (int i = 0; i < n; i++)
+      if (names[i] && strcmp(names[i], e->name) == 0) return i;
+    return -1;
+  }
+  return e->index < n ? e->index : -1;
+}
+
+/* Parses "key\tindex\tname" (name may be empty or absent); 0 when malformed. */
+static int nbt_parse(char *line, char **key, int *index, char **name) {
   char *t1 = strchr(line, '\t');
   if (!t1 || t1 == line || t1 - line >= NBT_KEYMAX) return 0;
   *t1 = 0;
@@ -135,6 +152,8 @@ static int nbt_parse(char *line, char **key, int *index) {
     return 0;
   *key = line;
   *index = (int)v;
+  *name = *end == '\t' ? end + 1 : end;
+  (*name)[strcspn(*name, "\n")] = 0;
   return 1;
 }
 
@@ -155,12 +174,12 @@ static void nbt_load_file(void) {
   if (!f) return; /* absent: nothing cached yet */
   int bad = !fgets(line, sizeof line, f) || strncmp(line, NBT_VERSION "\n", sizeof NBT_VERSION) != 0;
   while (!bad && fgets(line, sizeof line, f)) {
-    char *key;
+    char *key, *name;
     int index;
     if (strcmp(line, NBT_VERSION "\n") == 0) continue; /* two first writers raced */
     if (!strchr(line, '\n') && !feof(f)) bad = 1; /* over-long line */
-    else if (!nbt_parse(line, &key, &index)) bad = 1;
-    else if (!nbt_set(key, index)) break;
+    else if (!nbt_parse(line, &key, &index, &name)) bad = 1;
+    else if (!nbt_set(key, index, name)) break;
   }
   fclose(f);
   if (bad) {
@@ -224,8 +243,7 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
     pthread_mutex_unlock(&nbt_mu);
     return named;
   }
-  nbt_entry *e = nbt_find(key);
-  int pick = e && e->index < n ? e->index : -1;
+  int pick = nbt_choice(nbt_find(key), n, names);
   pthread_mutex_unlock(&nbt_mu);
   if (pick >= 0) return pick;
   if (!nb_tune_enabled() || !time_fn) return heuristic;
@@ -237,9 +255,9 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
     if (t >= 0 && (best < 0 || t < best)) best = t, pick = i;
   }
   pthread_mutex_lock(&nbt_mu);
-  e = nbt_find(key);
-  if (e && e->index < n) pick = e->index; /* another thread was first */
-  else if (best >= 0 && nbt_set(key, pick)) nbt_append(key, pick, names ? names[pick] : NULL);
+  int first = nbt_choice(nbt_find(key), n, names);
+  if (first >= 0) pick = first; /* another thread was first */
+  else if (best >= 0 && nbt_set(key, pick, names ? names[pick] : NULL)) nbt_append(key, pick, names ? names[pick] : NULL);
   pthread_mutex_unlock(&nbt_mu);
   return pick;
 }

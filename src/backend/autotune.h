@@ -11,8 +11,11 @@
  * kernels are unaffected): for comparing schedules in separate runs of a
  * benchmark. The cache file is NABLA_AUTOTUNE_CACHE, else
  * $XDG_CACHE_HOME/nabla/autotune.txt, else $HOME/.cache/nabla/autotune.txt;
- * its lines are "key<TAB>index<TAB>name" after a version header. A bad file
- * is ignored with one warning. All functions are thread-safe. */
+ * its lines are "key<TAB>index<TAB>name" after a version header. A cached
+ * choice is the candidate of its name (so it survives candidates added to or
+ * removed from a kernel's list; a name no longer listed is no choice), or of
+ * its index where the line has no name. A bad file is ignored with one
+ * warning. All functions are thread-safe. */
 #ifndef NB_BACKEND_AUTOTUNE_H
 #define NB_BACKEND_AUTOTUNE_H
 #include <stddef.h>
