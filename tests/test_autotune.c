@@ -123,12 +123,20 @@ static void test_file(void) {
             "repeated header and key");
   /* a choice is its name's candidate (a list that gained candidates keeps it); a name no
    * longer listed is no choice; a line without a name goes by its index */
-  write_file("nabla-autotune 1\nf/d\t0\ty\nf/e\t1\tgone\nf/g\t2\t\nf/h\t1\n");
+  write_file("nabla-autotune 1\nf/d\t0\ty\nf/e\t1\tgone\nf/g\t2\t\nf/h\t1\nf/i\t7\n"
+             "f/j\t0\tz\r\nf/k\t0\ty\textra\n"
+             "f/l\t1\tyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\n");
   nb_tune_reset();
   NBT_CHECK(nb_tune_pick("f/d", 3, names, fake_time, &f, 2) == 1 && f.calls == 0, "by name, not index 0");
   NBT_CHECK(nb_tune_pick("f/e", 3, names, fake_time, &f, 2) == 2 && f.calls == 0, "unknown name: heuristic");
   NBT_CHECK(nb_tune_pick("f/g", 3, names, fake_time, &f, 0) == 2 && f.calls == 0, "empty name: index");
   NBT_CHECK(nb_tune_pick("f/h", 3, names, fake_time, &f, 0) == 1 && f.calls == 0, "no name field: index");
+  NBT_CHECK(nb_tune_pick("f/i", 3, names, fake_time, &f, 1) == 1 && f.calls == 0,
+            "no name, index out of range: heuristic");
+  NBT_CHECK(nb_tune_pick("f/j", 3, names, fake_time, &f, 1) == 2 && f.calls == 0, "a CRLF line's name");
+  NBT_CHECK(nb_tune_pick("f/k", 3, names, fake_time, &f, 0) == 1 && f.calls == 0, "a further field");
+  NBT_CHECK(nb_tune_pick("f/l", 3, names, fake_time, &f, 0) == 0 && f.calls == 0,
+            "an over-long name: no choice, not index 1");
   /* a new choice replaces an ignored file */
   write_file("garbage\n");
   setenv("NABLA_AUTOTUNE", "1", 1);

@@ -60,7 +60,7 @@ static int splits(int64_t tiles, int64_t kt, int n_sm) {
 /* The documented split-sync time model, written out again: q = P / T mains of L per tile, E = P
  * - q T spares with a = T / E whole rests each, the left = T - a E tiles' rests in n = E / left
  * pieces and their mains L - 3 (n - 1); the best L from the even share up, or -1. */
-static double sync_cost(int64_t T, int64_t kt, int P) {
+static double sync_cost(int64_t T, int64_t kt, int P, int64_t *bestL) {
   if (T < 1 || T >= P || P % T == 0) return -1.0;
   int64_t q = P / T, E = P - q * T, a = T / E, left = T - a * E, n = left ? E / left : 0;
   double best = -1.0;
@@ -71,7 +71,7 @@ static double sync_cost(int64_t T, int64_t kt, int P) {
     double main = (double)L + (q > 1 ? 3.0 : 0.0), normal = (main > spare ? main : spare) + 3.0 * (double)q;
     double late = (double)L2 > piece ? (double)L2 : piece, lo = left ? late + 3.0 * (double)(q - 1 + n) : 0.0;
     double c = normal > lo ? normal : lo;
-    if (best < 0.0 || c < best) best = c;
+    if (best < 0.0 || c < best) best = c, *bestL = L;
   }
   return best;
 }
@@ -104,14 +104,15 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
     if (c == DEFAULT && heur_pp) continue; /* below, with pingpong */
     nb_gemm_own_schedule s = sched_of(f8, c, M, N, K, n_sm);
     int S = splits(tiles, kt, n_sm), sync = 0;
+    int64_t L = 0;
     if (S > 1) { /* split-sync where its model is shorter */
-      double y = sync_cost(tiles, kt, n_sm);
+      double y = sync_cost(tiles, kt, n_sm, &L);
       if (y >= 0.0 && y < cost(tiles, kt, n_sm, S)) S = 1, sync = 1;
     }
     NBT_CHECK(s.tiles == tiles && s.splits == S && !s.stream_k && s.cluster == 1 &&
-                  (sync ? s.sync_q == n_sm / tiles : s.sync_q == 0),
-              "%s cand %d: %lld tiles (want %lld), %d parts (want %d), split-sync %d (want %d)", what, c,
-              (long long)s.tiles, (long long)tiles, s.splits, S, s.sync_q, sync);
+                  (sync ? s.sync_q == n_sm / tiles && s.sync_l == L : s.sync_q == 0),
+              "%s cand %d: %lld tiles (want %lld), %d parts (want %d), split-sync %d of %d (want %d of %lld)", what,
+              c, (long long)s.tiles, (long long)tiles, s.splits, S, s.sync_q, s.sync_l, sync, (long long)L);
     int64_t grid = sync ? n_sm : S > 1 ? tiles * S : tiles < n_sm ? tiles : n_sm;
     NBT_CHECK(s.grid == grid, "%s cand %d: grid %lld, want %lld", what, c, (long long)s.grid, (long long)grid);
     int g = c == GROUP4 ? 4 : c == GROUP16 ? 16 : 8;
@@ -393,8 +394,8 @@ static void test_documented(void) {
       nb_gemm_own_schedule a = sched8(c, 1000, 520, ks[k], 132), b = sched(c, 1000, 520, cdiv(ks[k], 2), 132);
       NBT_CHECK(a.tiles == b.tiles && a.grid == b.grid && a.splits == b.splits && a.stream_k == b.stream_k &&
                     a.cluster == b.cluster && a.group == b.group && a.dp_tiles == b.dp_tiles && a.sk_ctas == b.sk_ctas &&
-                    a.sk_heads == b.sk_heads && a.head_k == b.head_k &&
-                    a.tile_n == b.tile_n,
+                    a.sk_heads == b.sk_heads && a.head_k == b.head_k && a.sync_q == b.sync_q &&
+                    a.sync_l == b.sync_l && a.sync_l2 == b.sync_l2 && a.tile_n == b.tile_n,
                 "fp8 1000x520x%lld cand %d: the schedule of bf16 K = %lld", (long long)ks[k], c,
                 (long long)cdiv(ks[k], 2));
     }

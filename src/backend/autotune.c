@@ -25,6 +25,7 @@ typedef struct {
   char key[NBT_KEYMAX];
   int index;
   char name[64]; /* the candidate's name when the line had one: it wins over index */
+  int long_name;  /* the line's name did not fit: no candidate has it */
 } nbt_entry;
 
 static pthread_mutex_t nbt_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -122,7 +123,8 @@ static int nbt_set(const char *key, int index, const char *name) {
     snprintf(e->key, sizeof e->key, "%s", key);
   }
   e->index = index;
-  snprintf(e->name, sizeof e->name, "%s", name && strlen(name) < sizeof e->name ? name : "");
+  e->long_name = name && strlen(name) >= sizeof e->name;
+  snprintf(e->name, sizeof e->name, "%s", name && !e->long_name ? name : "");
   return 1;
 }
 
@@ -131,7 +133,7 @@ static int nbt_set(const char *key, int index, const char *name) {
  * choice; a name no longer listed is no choice), else its index; -1 for
  * none. */
 static int nbt_choice(const nbt_entry *e, int n, const char *const *names) {
-  if (!e) return -1;
+  if (!e || e->long_name) return -1;
   if (e->name[0] && names) {
     for (int i = 0; i < n; i++)
       if (names[i] && strcmp(names[i], e->name) == 0) return i;
@@ -153,7 +155,7 @@ static int nbt_parse(char *line, char **key, int *index, char **name) {
   *key = line;
   *index = (int)v;
   *name = *end == '\t' ? end + 1 : end;
-  (*name)[strcspn(*name, "\n")] = 0;
+  (*name)[strcspn(*name, "\t\r\n")] = 0; /* up to a further field or a CRLF ending */
   return 1;
 }
 

@@ -269,6 +269,15 @@ void test_gemm_sm90(void) {
   gs_repeat(1000, 520, 4136, 1, seed++);
   gs_repeat(136, 264, 65536, 0, seed++);
   gs_repeat(760, 3000, 3950, 1, seed++); /* split-sync: 72 tiles, 12 rests in pieces (132 SMs) */
+#ifdef NABLA_HAVE_CUDA
+  { /* ... which is what the heuristic runs there on a 132-SM device (the H100) */
+    nb_cuda_info info;
+    nb_gemm_own_schedule sc;
+    if (G.type != NB_CPU && nb_cuda_device_info(G.index, &info) == NB_OK && info.n_sm == 132 &&
+        nb_cuda_gemm_own_schedule(0, 760, 3000, 3950, info.n_sm, &sc))
+      NBT_CHECK(sc.sync_q == 1 && sc.grid == 132, "gemm sm90 760x3000x3950 on 132 SMs: split-sync (q %d)", sc.sync_q);
+  }
+#endif
   /* batched rows folded into M: (3, M, K) @ (K, N) with b broadcast, NT and NN */
   for (int tb = 0; tb < 2; tb++) {
     nb_scope_begin();

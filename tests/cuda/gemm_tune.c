@@ -298,6 +298,18 @@ void test_gemm_tune(void) {
    * K): split-sync runs one main per tile, 60 spares with one whole rest each and the last 12
    * tiles' rests in 5 pieces (on 132 SMs) */
   gt_case(760, 3000, 3950, NB_BF16, 1, 0, 0, seed += 2);
+#ifdef NABLA_HAVE_CUDA
+  { /* the split-sync candidate ran split-sync there (not its data-parallel fallback) */
+    nb_cuda_info info;
+    nb_gemm_own_schedule sc;
+    int sy = -1;
+    for (int i = 0; i < gt_ncand(); i++)
+      if (strcmp(gt_name(i), "split-sync") == 0) sy = i;
+    if (G.type != NB_CPU && nb_cuda_device_info(G.index, &info) == NB_OK && info.n_sm == 132)
+      NBT_CHECK(sy > 0 && nb_cuda_gemm_own_schedule(sy, 760, 3000, 3950, info.n_sm, &sc) && sc.sync_q == 1,
+                "gemm tune 760x3000x3950 on 132 SMs: split-sync's layout (q 1)");
+  }
+#endif
   if (!quick) {
     gt_case(1000, 1000, 64, NB_F16, 0, 0, 0, seed += 2); /* one k-tile: forced stream-K has empty ranges */
     gt_case(2304, 768, 4096, NB_F16, 1, 1, 0, seed += 2); /* TT, 18 tile rows: every raster group differs */

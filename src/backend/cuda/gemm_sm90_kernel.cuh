@@ -111,7 +111,7 @@ struct nb_sm90_params {
   void *aux; int64_t ldaux;      /* NULL: no pre-activation output */
   const void *cin; int64_t ldcin; /* read when beta != 0 */
   const void *bias;               /* NULL: none */
-  float *ws;                      /* split partial tiles, one slot per CTA */
+  float *ws;                      /* split partial tiles, 2 slots per SM (sm90_slot) */
   unsigned *flags;                /* split tiles: per (CTA, consumer) epoch */
   unsigned epoch;
   const float *scale_a, *scale_b; /* FP8: the per-tensor scales (one f32 each, on the device) */
@@ -179,9 +179,10 @@ __host__ __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &
   uint32_t r = (uint32_t)(c - p.sk_heads), n = (uint32_t)(p.sk_ctas - p.sk_heads);
   return (int64_t)p.sk_heads * p.head_k + (int64_t)((uint64_t)r * (uint64_t)p.work / n); /* all >= 0 */
 }
-/* The workspace slot of CTA c's partial of tile t: the CTA's own, or with
+/* The workspace slot of CTA c's partial of tile t: the CTA's own; with
  * heads t + c - T (a CTA's tiles and the CTAs on a tile both ascend, so no
- * two partials share it; below T + P - T = P slots). */
+ * two partials share it; below T + P - T = P slots); split-sync: a whole
+ * rest's E + q T + t (below 2 P), any other the CTA's. */
 __host__ __device__ __forceinline__ int sm90_slot(const nb_sm90_params &p, int t, int c) {
   if (p.sy.q) /* split-sync: a whole rest's slot follows the grid's (E + q T); others the CTA's */
     return c < p.sy.spares && t < p.sy.whole ? p.sy.mains + p.sy.spares + t : c;

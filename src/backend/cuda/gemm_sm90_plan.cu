@@ -342,15 +342,27 @@ static double sm90_sync_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t L,
 /* The best split-sync layout for T tiles of ktiles on n_sm SMs into *y, its
  * cost in k-tiles returned; -1 (and y->q 0) when it does not apply. */
 static double sm90_sync_plan(int64_t tiles, int64_t ktiles, int n_sm, nb_sm90_sync *y) {
-  *y = nb_sm90_sync();
-  if (tiles < 1 || tiles >= n_sm || n_sm % tiles == 0) return -1.0;
-  int64_t q = n_sm / tiles, lo = (tiles * ktiles + n_sm - 1) / n_sm;
-  double best = -1.0;
-  for (int64_t L = lo; L * q < ktiles && L < lo + 512; L++) {
-    nb_sm90_sync c;
-    double cost = sm90_sync_cost(tiles, ktiles, n_sm, L, &c);
-    if (cost >= 0.0 && (best < 0.0 || cost < best)) best = cost, *y = c;
+  /* the last problem's plan, per thread: a product asks twice (the heuristic's comparison,
+   * then the schedule), and a training step repeats its shapes */
+  static thread_local int64_t memo_tiles = -1, memo_ktiles = -1;
+  static thread_local int memo_sm = -1;
+  static thread_local double memo_cost;
+  static thread_local nb_sm90_sync memo_y;
+  if (tiles == memo_tiles && ktiles == memo_ktiles && n_sm == memo_sm) {
+    *y = memo_y;
+    return memo_cost;
   }
+  *y = nb_sm90_sync();
+  double best = -1.0;
+  if (tiles >= 1 && tiles < n_sm && n_sm % tiles != 0) {
+    int64_t q = n_sm / tiles, lo = (tiles * ktiles + n_sm - 1) / n_sm;
+    for (int64_t L = lo; L * q < ktiles && L < lo + 512; L++) {
+      nb_sm90_sync c;
+      double cost = sm90_sync_cost(tiles, ktiles, n_sm, L, &c);
+      if (cost >= 0.0 && (best < 0.0 || cost < best)) best = cost, *y = c;
+    }
+  }
+  memo_tiles = tiles, memo_ktiles = ktiles, memo_sm = n_sm, memo_cost = best, memo_y = *y;
   return best;
 }
 
@@ -360,7 +372,7 @@ static void sm90_split_sync(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_s
   if (sm90_sync_plan(tiles, ktiles, n_sm, &s->sy) < 0.0) return;
   /* NABLA_GEMM_SYNC_L=dL,D: mains of the planned L + dL k-tiles, the leftover tiles' L - D
    * (for measurements) */
-  const char *e = getenv("NABLA_GEMM_SYNC_L");
+  static const char *e = getenv("NABLA_GEMM_SYNC_L"); /* read once */
   long L, D;
   if (e && sscanf(e, "%ld,%ld", &L, &D) == 2 && (L += s->sy.L) >= 1 && L * s->sy.q < ktiles) {
     nb_sm90_sync y;
