@@ -191,8 +191,7 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
                                               "stream-k",     "cta-per-tile", "cluster2", "dpsk",
-                                              "sk-heads",     "split-sync",   "split-sync2",
-                                              "pingpong"};
+                                              "sk-heads",     "split-sync",   "pingpong"};
 enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK, SM90_SK_HEADS, SM90_SYNC };
 static const struct {
   int group;          /* tile rows per raster group */
@@ -205,7 +204,7 @@ static const struct {
                   {kGroupM, SM90_STREAM_K, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0},
                   {kGroupM, SM90_NO_SPLIT, 0, 2, 0}, {kGroupM, SM90_DPSK, 0, 1, 0},
                   {kGroupM, SM90_SK_HEADS, 0, 1, 0}, {kGroupM, SM90_SYNC, 0, 1, 0},
-                  {kGroupM, SM90_SYNC, 0, 2, 0},     {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
+                  {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -369,11 +368,7 @@ static double sm90_sync_plan(int64_t tiles, int64_t ktiles, int n_sm, nb_sm90_sy
 
 /* s: resolved as the data-parallel candidate, which it stays when
  * split-sync does not apply. */
-static void sm90_split_sync(nb_sm90_sched *s, int tiles_m, int ktiles, int n_sm) {
-  /* clusters of 2 (split-sync2): the units are pairs of tile rows, one cluster each */
-  int c = s->cluster;
-  int64_t tiles = (int64_t)((tiles_m + c - 1) / c) * s->tiles_n;
-  n_sm /= c;
+static void sm90_split_sync(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
   if (sm90_sync_plan(tiles, ktiles, n_sm, &s->sy) < 0.0) return;
   /* NABLA_GEMM_SYNC_L=dL,D: mains of the planned L + dL k-tiles, the leftover tiles' L - D
    * (for measurements) */
@@ -392,7 +387,7 @@ static void sm90_split_sync(nb_sm90_sched *s, int tiles_m, int ktiles, int n_sm)
       }
     }
   }
-  s->grid = (int64_t)n_sm * c;
+  s->grid = n_sm;
 }
 
 /* ---- the heuristic's kernel ------------------------------------------------
@@ -411,7 +406,7 @@ static void sm90_split_sync(nb_sm90_sched *s, int tiles_m, int ktiles, int n_sm)
  * shared-memory and L2 reads per flop dominate. Below a wave the
  * cooperative kernel's split-K and fewer, wider tiles stay. */
 constexpr int kPPMaxKtiles = 12;
-constexpr int kCandPingpong = 11; /* sm90_cands[kCandPingpong], the last */
+constexpr int kCandPingpong = 10; /* sm90_cands[kCandPingpong], the last */
 static_assert(kCandPingpong == kCands - 1, "pingpong is the last candidate");
 
 static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm) {
@@ -438,7 +433,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
     double c = sm90_sync_plan(tiles, ktiles, n_sm, &y);
     if (c >= 0.0 && c < sm90_split_cost(tiles, ktiles, n_sm, s.splits)) s.splits = 1, s.sy.q = -1;
   }
-  s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 && n_sm >= 2 ? sm90_cands[i].cluster : 1;
+  s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
   int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
   s.group = sm90_cands[i].group / s.cluster < rows ? sm90_cands[i].group / s.cluster : (int)rows;
@@ -452,7 +447,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   if (sm90_cands[i].split == SM90_SK_HEADS) sm90_sk_heads(&s, tiles_m, tiles, ktiles, n_sm);
   if (sm90_cands[i].split == SM90_SYNC || s.sy.q < 0) {
     s.sy = nb_sm90_sync();
-    sm90_split_sync(&s, tiles_m, ktiles, n_sm);
+    sm90_split_sync(&s, tiles, ktiles, n_sm);
   }
   return s;
 }
