@@ -178,11 +178,11 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
   NBT_CHECK(pt.grid == tiles, "%s cta-per-tile grid %lld", what, (long long)pt.grid);
   nb_gemm_own_schedule cl = sched_of(f8, CLUSTER2, M, N, K, n_sm);
   int64_t units = cdiv(tm, 2) * tn;
-  if (tm >= 2)
+  if (tm >= 2 && n_sm >= 2)
     NBT_CHECK(cl.cluster == 2 && cl.grid % 2 == 0 && cl.grid == 2 * (units < n_sm / 2 ? units : n_sm / 2),
               "%s cluster2: cluster %d grid %lld", what, cl.cluster, (long long)cl.grid);
   else
-    NBT_CHECK(cl.cluster == 1 && cl.grid == dp.grid, "%s cluster2 with one tile row: unclustered", what);
+    NBT_CHECK(cl.cluster == 1 && cl.grid == dp.grid, "%s cluster2 with one tile row or one SM: unclustered", what);
 }
 /* Candidate cand's walk over every CTA (the cooperative kernel's segments,
  * nb_cuda_gemm_own_walk): each (tile, k-tile) exactly once; whole tiles

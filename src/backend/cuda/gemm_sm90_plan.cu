@@ -433,7 +433,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
     double c = sm90_sync_plan(tiles, ktiles, n_sm, &y);
     if (c >= 0.0 && c < sm90_split_cost(tiles, ktiles, n_sm, s.splits)) s.splits = 1, s.sy.q = -1;
   }
-  s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 ? sm90_cands[i].cluster : 1;
+  s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 && n_sm >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
   int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
   s.group = sm90_cands[i].group / s.cluster < rows ? sm90_cands[i].group / s.cluster : (int)rows;
