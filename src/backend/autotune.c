@@ -258,8 +258,9 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
   }
   pthread_mutex_lock(&nbt_mu);
   int first = nbt_choice(nbt_find(key), n, names);
+  const char *name = names ? names[pick] : NULL;
   if (first >= 0) pick = first; /* another thread was first */
-  else if (best >= 0 && nbt_set(key, pick, names ? names[pick] : NULL)) nbt_append(key, pick, names ? names[pick] : NULL);
+  else if (best >= 0 && nbt_set(key, pick, name)) nbt_append(key, pick, name);
   pthread_mutex_unlock(&nbt_mu);
   return pick;
 }

@@ -323,71 +323,64 @@ static void sm90_sk_heads(nb_sm90_sched *s, int tiles_m, int64_t tiles, int ktil
  * against split-K's two waves of 86; 54 x 256: q 2, E 24, a 2, left 6, n 4,
  * L ~107 against one wave of 128. No schedule (data-parallel) when T >= P,
  * E = 0 (plain split-K), or pieces or rests would be under kMinShare. */
-static double sm90_sync_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t L, nb_sm90_sync *y) {
+/* The layout for mains of L k-tiles (L2 for the leftover tiles) into *y,
+ * with the derived fields the kernel's walk reads; 0 when a main, a rest or
+ * a piece would be too short. */
+static int sm90_sync_make(int64_t tiles, int64_t ktiles, int n_sm, int64_t L, int64_t L2, nb_sm90_sync *y) {
   int64_t q = n_sm / tiles, E = n_sm - q * tiles, a = tiles / E, left = tiles - a * E, n = left ? E / left : 0;
-  int64_t L2 = left ? L - (int64_t)(kPartCost * (double)(n - 1)) : L, R = ktiles - q * L, R2 = ktiles - q * L2;
-  if (L2 < 1 || R < kMinShare || (left && R2 < n * kMinShare)) return -1.0;
-  double piece = left ? (double)((R2 + n - 1) / n) + kPartCost : 0.0;
-  double spare = piece + (double)a * ((double)R + kPartCost), main = (double)L + (q > 1 ? kPartCost : 0.0);
-  double normal = (main > spare ? main : spare) + kPartCost * (double)q;
-  double late = (double)L2 > piece ? (double)L2 : piece;
-  double leftover = left ? late + kPartCost * (double)(q - 1 + n) : 0.0;
+  if (!left) L2 = L;
+  int64_t R = ktiles - q * L, R2 = ktiles - q * L2;
+  if (L2 < 1 || L2 > L || R < kMinShare || (left && R2 < n * kMinShare)) return 0;
   *y = nb_sm90_sync{(int)q,         (int)E,         (int)a,          (int)left,        (int)n,       (int)L,
                     (int)L2,        (int)tiles,     (int)(q * tiles), (int)(a * E),     (int)(q * L),  (int)(q * L2),
                     (int)(n ? R2 / n : 0), (int)(n ? R2 % n : 0), nb_fastdiv_make((uint32_t)tiles),
                     nb_fastdiv_make((uint32_t)(n ? n : 1))};
+  return 1;
+}
+
+/* The time model of the layout with mains of L (the leftover tiles' L2 =
+ * L - kPartCost (n - 1)) into *y: the later of a normal and a leftover
+ * head, in k-tile times; -1 when that layout cannot be made. */
+static double sm90_sync_cost(int64_t tiles, int64_t ktiles, int n_sm, int64_t L, nb_sm90_sync *y) {
+  int64_t E = n_sm - n_sm / tiles * tiles, left = tiles - tiles / E * E, n = left ? E / left : 0;
+  if (!sm90_sync_make(tiles, ktiles, n_sm, L, L - (int64_t)(kPartCost * (double)(n - 1)), y)) return -1.0;
+  double piece = left ? (double)((ktiles - (int64_t)y->k_piece + n - 1) / n) + kPartCost : 0.0;
+  double spare = piece + (double)y->a * ((double)(ktiles - y->k_rest) + kPartCost);
+  double main = (double)L + (y->q > 1 ? kPartCost : 0.0);
+  double normal = (main > spare ? main : spare) + kPartCost * (double)y->q;
+  double late = (double)y->L2 > piece ? (double)y->L2 : piece;
+  double leftover = left ? late + kPartCost * (double)(y->q - 1 + n) : 0.0;
   return normal > leftover ? normal : leftover;
 }
 
 /* The best split-sync layout for T tiles of ktiles on n_sm SMs into *y, its
  * cost in k-tiles returned; -1 (and y->q 0) when it does not apply. */
 static double sm90_sync_plan(int64_t tiles, int64_t ktiles, int n_sm, nb_sm90_sync *y) {
-  /* the last problem's plan, per thread: a product asks twice (the heuristic's comparison,
-   * then the schedule), and a training step repeats its shapes */
-  static thread_local int64_t memo_tiles = -1, memo_ktiles = -1;
-  static thread_local int memo_sm = -1;
-  static thread_local double memo_cost;
-  static thread_local nb_sm90_sync memo_y;
-  if (tiles == memo_tiles && ktiles == memo_ktiles && n_sm == memo_sm) {
-    *y = memo_y;
-    return memo_cost;
-  }
   *y = nb_sm90_sync();
+  if (tiles < 1 || tiles >= n_sm || n_sm % tiles == 0) return -1.0;
+  int64_t q = n_sm / tiles, lo = (tiles * ktiles + n_sm - 1) / n_sm;
   double best = -1.0;
-  if (tiles >= 1 && tiles < n_sm && n_sm % tiles != 0) {
-    int64_t q = n_sm / tiles, lo = (tiles * ktiles + n_sm - 1) / n_sm;
-    for (int64_t L = lo; L * q < ktiles && L < lo + 512; L++) {
-      nb_sm90_sync c;
-      double cost = sm90_sync_cost(tiles, ktiles, n_sm, L, &c);
-      if (cost >= 0.0 && (best < 0.0 || cost < best)) best = cost, *y = c;
-    }
+  for (int64_t L = lo; L * q < ktiles && L < lo + 512; L++) {
+    nb_sm90_sync c;
+    double cost = sm90_sync_cost(tiles, ktiles, n_sm, L, &c);
+    if (cost >= 0.0 && (best < 0.0 || cost < best)) best = cost, *y = c;
   }
-  memo_tiles = tiles, memo_ktiles = ktiles, memo_sm = n_sm, memo_cost = best, memo_y = *y;
   return best;
 }
 
-/* s: resolved as the data-parallel candidate, which it stays when
- * split-sync does not apply. */
-static void sm90_split_sync(nb_sm90_sched *s, int64_t tiles, int ktiles, int n_sm) {
-  if (sm90_sync_plan(tiles, ktiles, n_sm, &s->sy) < 0.0) return;
-  /* NABLA_GEMM_SYNC_L=dL,D: mains of the planned L + dL k-tiles, the leftover tiles' L - D
-   * (for measurements) */
-  static const char *e = getenv("NABLA_GEMM_SYNC_L"); /* read once */
-  long L, D;
-  if (e && sscanf(e, "%ld,%ld", &L, &D) == 2 && (L += s->sy.L) >= 1 && L * s->sy.q < ktiles) {
-    nb_sm90_sync y;
-    if (sm90_sync_cost(tiles, ktiles, n_sm, L, &y) >= 0.0) {
-      int64_t L2 = y.left ? L - D : L, R2 = ktiles - (int64_t)y.q * L2;
-      if (L2 >= 1 && L2 <= L && (!y.left || R2 >= (int64_t)y.n * kMinShare)) {
-        y.L2 = (int)L2;
-        y.k_piece = (int)(y.q * L2);
-        y.step = y.n ? (int)(R2 / y.n) : 0;
-        y.rem = y.n ? (int)(R2 % y.n) : 0;
-        s->sy = y;
-      }
-    }
-  }
+/* s: resolved as the data-parallel candidate, now the split-sync layout y
+ * (sm90_sync_plan's), which NABLA_GEMM_SYNC_L=dL,D moves to mains of
+ * y.L + dL k-tiles, the leftover tiles' L - D (for measurements). */
+static void sm90_split_sync(nb_sm90_sched *s, const nb_sm90_sync &y, int64_t tiles, int ktiles, int n_sm) {
+  s->sy = y;
   s->grid = n_sm;
+  static const char *e = getenv("NABLA_GEMM_SYNC_L"); /* read once */
+  long dL, D;
+  nb_sm90_sync m;
+  if (!e || sscanf(e, "%ld,%ld", &dL, &D) != 2) return;
+  int64_t L = y.L + dL; /* a layout the model takes at L, then its leftover mains moved */
+  if (L >= 1 && sm90_sync_cost(tiles, ktiles, n_sm, L, &m) >= 0.0 && sm90_sync_make(tiles, ktiles, n_sm, L, L - D, &m))
+    s->sy = m;
 }
 
 /* ---- the heuristic's kernel ------------------------------------------------
@@ -428,11 +421,14 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   s.sk = sm90_cands[i].split == SM90_STREAM_K;
   if (s.sk) s.sk_ctas = n_sm;
   s.splits = sm90_cands[i].split == SM90_SPLIT_K ? sm90_splits(tiles, ktiles, n_sm) : 1;
-  if (s.splits > 1) { /* split-sync instead where its time model is shorter */
-    nb_sm90_sync y;
+  /* split-sync: its candidate, or the heuristic's split where its time model is shorter */
+  nb_sm90_sync y;
+  int sync = sm90_cands[i].split == SM90_SYNC || s.splits > 1;
+  if (sync) {
     double c = sm90_sync_plan(tiles, ktiles, n_sm, &y);
-    if (c >= 0.0 && c < sm90_split_cost(tiles, ktiles, n_sm, s.splits)) s.splits = 1, s.sy.q = -1;
+    sync = c >= 0.0 && (s.splits == 1 || c < sm90_split_cost(tiles, ktiles, n_sm, s.splits));
   }
+  if (sync) s.splits = 1;
   s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 && n_sm >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
   int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
@@ -445,10 +441,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
              : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   if (sm90_cands[i].split == SM90_DPSK) sm90_dpsk(&s, tiles, ktiles, n_sm);
   if (sm90_cands[i].split == SM90_SK_HEADS) sm90_sk_heads(&s, tiles_m, tiles, ktiles, n_sm);
-  if (sm90_cands[i].split == SM90_SYNC || s.sy.q < 0) {
-    s.sy = nb_sm90_sync();
-    sm90_split_sync(&s, tiles, ktiles, n_sm);
-  }
+  if (sync) sm90_split_sync(&s, y, tiles, ktiles, n_sm);
   return s;
 }
 
