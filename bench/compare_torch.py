@@ -76,7 +76,7 @@ def do_bench(run, sets, timer, opts):
         spent += est
         runs += 1
         i += 1
-        if not (runs < 1000 and (spent < opts.warm_ms or (runs < 2 and est < 1000.0))):
+        if not (runs < 100000 and (spent < opts.warm_ms or (runs < 2 and est < 1000.0))):
             break
     reps = int(math.ceil(opts.target_ms / max(est, 1e-4)))
     reps = max(opts.min_reps, min(opts.max_reps, reps))
@@ -296,13 +296,15 @@ def main():
                     help="torch.compile mode (default: the default mode, no CUDA graphs)")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 in f32 matmuls")
     opts = ap.parse_args()
-    opts.warm_ms = 20.0 if opts.quick else 100.0
-    opts.target_ms = 100.0 if opts.quick else 500.0
-    opts.min_reps = 3 if opts.quick else 10
-    opts.max_reps = 50 if opts.quick else 500
-
     with open(opts.nabla_json) as fh:
         nab = json.load(fh)
+    # warm-up and timed runs as long as nabla's (its --warmup and --seconds):
+    # a GPU's clock falls to its power-limited steady value within about a
+    # second of full load, so both sides must be timed in the same state
+    opts.warm_ms = 20.0 if opts.quick else float(nab.get("warm_ms") or 100.0)
+    opts.target_ms = 100.0 if opts.quick else float(nab.get("target_ms") or 500.0)
+    opts.min_reps = 3 if opts.quick else 10
+    opts.max_reps = 50 if opts.quick else 500
     device = torch.device(nab.get("device") or "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         print("compare_torch: nabla ran on %s but torch sees no CUDA device" % device,

@@ -279,6 +279,9 @@ static void test_programs(void) {
   NBT_CHECK(st == 2 && strstr(out, "nabla bench: cannot write --json"), "bench checks --json first:\n%s", out);
   st = run(wrap, "--seconds=abc");
   NBT_CHECK(st == 2 && strstr(out, "nabla bench: --seconds expects a number"), "bench --seconds=abc:\n%s", out);
+  st = run(wrap, "--warmup=-1");
+  NBT_CHECK(st == 2 && strstr(out, "nabla bench: --warmup expects a number in [0, 3600], got '-1'"),
+            "bench --warmup=-1:\n%s", out);
   /* the op table as markdown: one row per entry with its autocast class */
   snprintf(wrap, sizeof wrap, "%s/nabla-info.sh", dir);
   st = run(wrap, "--ops");

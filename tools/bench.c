@@ -102,7 +102,7 @@ static nb_status bench_measure(bench_case *c, const bench_opts *o) {
     st = bench_time_one(c, o->dev, &est);
     spent += est;
     runs++;
-  } while (!st && runs < 1000 &&
+  } while (!st && runs < 100000 &&
            (spent < o->warm_ms || (runs < 2 && (est < 1000.0 || o->tuning))));
   if (st) return st;
   int reps = (int)ceil(o->target_ms / (est > 1e-4 ? est : 1e-4));
@@ -221,7 +221,8 @@ static void bench_meta_init(bench_meta *m, const bench_opts *o) {
 static void bench_usage(FILE *f) {
   fprintf(f,
           "usage: nabla bench [--device cpu|cuda[:N]] [--json FILE] [--md FILE] [--quick]\n"
-          "                   [--only NAME,...] [--list] [--seconds S] [--rotate-mb MB]\n"
+          "                   [--only NAME,...] [--list] [--seconds S] [--warmup S]\n"
+          "                   [--rotate-mb MB]\n"
           "\n"
           "Times every kernel at stated shapes (the issue's GPU shapes on CUDA, smaller\n"
           "ones on the CPU) and reports GB/s, TFLOP/s and the fraction of the copy\n"
@@ -238,6 +239,9 @@ static void bench_usage(FILE *f) {
           "                 (nabla info --ops lists the table) and list the entries\n"
           "                 without one; --only op selects them alone\n"
           "  --seconds S    timed runs per case fill about S seconds (default 0.5, quick 0.1)\n"
+          "  --warmup S     untimed runs first, for at least S seconds (default 0.1, quick\n"
+          "                 0.02); 1 or more reaches a GPU's power-limited steady clock\n"
+          "                 (bench/compare_torch.py warms torch up as long)\n"
           "  --rotate-mb MB input sets per case total at least MB (default 256, CPU quick 64)\n"
           "Values go as --opt VALUE or --opt=VALUE; output files are checked first.\n"
           "\n"
@@ -254,7 +258,7 @@ static void bench_usage(FILE *f) {
 
 /* Returns 0, or an exit status for a bad command line (or --help: -1). */
 static int bench_parse(int argc, char **argv, bench_opts *o) {
-  double seconds = -1, rotate_mb = -1;
+  double seconds = -1, warmup = -1, rotate_mb = -1;
   const char *device = "cpu";
   int help = 0, rc;
   const cli_opt rows[] = {
@@ -262,7 +266,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       CLI_OPT_STR("md", &o->md_path, 0), CLI_OPT_STR("only", &o->only, 0),
       CLI_OPT_FLAG("quick", 0, &o->quick), CLI_OPT_FLAG("list", 0, &o->list),
       CLI_OPT_FLAG("ops", 0, &o->ops),
-      CLI_OPT_REAL("seconds", &seconds, 0, 3600, 1, 0),
+      CLI_OPT_REAL("seconds", &seconds, 0, 3600, 1, 0), CLI_OPT_REAL("warmup", &warmup, 0, 3600, 0, 0),
       CLI_OPT_REAL("rotate-mb", &rotate_mb, 0, 1 << 20, 0, 0), CLI_OPT_FLAG("help", 'h', &help)};
   cli_spec spec = {.prog = "nabla bench", .opts = rows, .n_opts = sizeof rows / sizeof *rows};
   if ((rc = cli_parse(&spec, argc, argv))) return rc;
@@ -277,7 +281,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     return rc;
   int cuda = o->dev.type == NB_CUDA;
   o->target_ms = 1e3 * (seconds > 0 ? seconds : o->quick ? 0.1 : 0.5);
-  o->warm_ms = o->quick ? 20 : 100;
+  o->warm_ms = 1e3 * (warmup >= 0 ? warmup : o->quick ? 0.02 : 0.1);
   o->min_reps = o->quick ? 3 : cuda ? 10 : 5;
   o->max_reps = o->quick ? 50 : 500;
   o->rotate_bytes = BENCH_MIB * (rotate_mb >= 0 ? rotate_mb : (!cuda && o->quick) ? 64 : 256);

@@ -136,6 +136,7 @@ int bench_write_json(const char *path, const bench_meta *m, const bench_opts *o,
   else fputs("null", f);
   fputs(", ", f);
   bench_json_num(f, "rotate_bytes", o->rotate_bytes, ", ");
+  bench_json_num(f, "warm_ms", o->warm_ms, ", ");
   bench_json_num(f, "target_ms", o->target_ms, ",\n  ");
   fputs("\"timing\": \"device events around each run (CPU: host clock); median of reps after "
         "warm-up; each run in its own scope, nabla's host overhead included\",\n  ", f);
