@@ -13,7 +13,9 @@
 #   e.g. scripts/gemm-compare.sh build-gpu heuristic,data-parallel,cluster2
 #        ONLY=scaled_mm scripts/gemm-compare.sh build-gpu heuristic,stream-k,cluster2,cta-per-tile
 # ONLY: the bench's --only list (default matmul; e.g. matmul,scaled_mm).
-# QUICK=1 passes --quick to the bench. Files: $OUT/gemm-<schedule>.json/.log
+# QUICK=1 passes --quick to the bench, WARMUP=S --warmup S (1 or more: every
+# case timed at the GPU's power-limited steady clock, bench/README.md).
+# Files: $OUT/gemm-<schedule>.json/.log
 # ('/' in a name becomes '_').
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +27,7 @@ ONLY=${ONLY:-matmul}
 mkdir -p "$OUT"
 bench() { # bench NAME ENV...: one run into $OUT/gemm-NAME.json
   local name=$1 file=${1//\//_}; shift
-  env "$@" "$BUILD/nabla" bench --device "$DEVICE" --only "$ONLY" ${QUICK:+--quick} \
+  env "$@" "$BUILD/nabla" bench --device "$DEVICE" --only "$ONLY" ${QUICK:+--quick} ${WARMUP:+--warmup "$WARMUP"} \
     --json "$OUT/gemm-$file.json" >"$OUT/gemm-$file.log" 2>&1 ||
     { echo "gemm-compare: $name failed:" >&2; tail -5 "$OUT/gemm-$file.log" >&2; exit 1; }
 }
