@@ -61,6 +61,41 @@ class Timer:
         return 1e3 * (b - a)
 
 
+class GpuState:
+    """The GPU's SM clock and mean power while a case's timed runs execute,
+    through NVML (the driver's libnvidia-ml, by ctypes: no package needed);
+    every method returns None where NVML is missing. A heavy case on a GPU
+    at its power limit runs at a lower clock than its boost: a torch time
+    at the boost clock next to nabla's at the steady one is no comparison,
+    and the table says which it was."""
+
+    def __init__(self, device):
+        self.nv = self.h = None
+        if device.type != "cuda":
+            return
+        try:
+            import ctypes
+            nv = ctypes.CDLL("libnvidia-ml.so.1")
+            h = ctypes.c_void_p()
+            idx = device.index if device.index is not None else torch.cuda.current_device()
+            if nv.nvmlInit_v2() == 0 and nv.nvmlDeviceGetHandleByIndex_v2(idx, ctypes.byref(h)) == 0:
+                self.nv, self.h, self.ct = nv, h, ctypes
+        except (OSError, AttributeError, RuntimeError):  # no NVML, or no such device
+            pass
+
+    def energy_mj(self):
+        if not self.nv:
+            return None
+        e = self.ct.c_ulonglong()
+        return e.value if self.nv.nvmlDeviceGetTotalEnergyConsumption(self.h, self.ct.byref(e)) == 0 else None
+
+    def sm_mhz(self):
+        if not self.nv:
+            return None
+        c = self.ct.c_uint()
+        return c.value if self.nv.nvmlDeviceGetClockInfo(self.h, 1, self.ct.byref(c)) == 0 else None
+
+
 def do_bench(run, sets, timer, opts):
     """Median ms of run(set) over rotated sets: warm-up (at least two runs
     unless one is slow, then until warm_ms), then as many timed runs as fill
@@ -80,13 +115,17 @@ def do_bench(run, sets, timer, opts):
             break
     reps = int(math.ceil(opts.target_ms / max(est, 1e-4)))
     reps = max(opts.min_reps, min(opts.max_reps, reps))
-    marks = []
+    marks, gpu = [], opts.gpu
+    e0, t0 = gpu.energy_mj(), time.perf_counter()
     for _ in range(reps):
         a = timer.mark()
         run(sets[i % len(sets)])
         marks.append((a, timer.mark()))
         i += 1
+    mhz = gpu.sm_mhz()  # while the queued runs execute
     timer.sync()
+    e1, t1 = gpu.energy_mj(), time.perf_counter()
+    opts.state = None if mhz is None or e0 is None or e1 is None else (mhz, (e1 - e0) / 1e3 / (t1 - t0))
     return statistics.median(timer.ms(a, b) for a, b in marks), reps
 
 
@@ -240,18 +279,20 @@ def n_sets_for(spec, rotate_bytes):
 
 
 def run_case(spec, device, opts, rotate_bytes):
-    """Returns (eager_ms, compile_ms, eager_label, compile_label, error)."""
+    """Returns (eager_ms, compile_ms, eager_label, compile_label, error,
+    (SM MHz, W) during eager's timed runs or None)."""
     case = Case(spec, device, opts.compile_mode)
     torch._dynamo.reset()  # a fresh cache: no recompile limits across cases
     if case.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     timer = Timer(device)
-    res = [None, None, None, None, None]
+    res = [None, None, None, None, None, None]
     try:
         sets = [case.make_set() for _ in range(n_sets_for(spec, rotate_bytes))]
         eager, comp = case.bodies()
         res[2], res[3] = case.eager_label, case.compile_label
         res[0], _ = do_bench(eager, sets, timer, opts)
+        res[5] = opts.state
         if comp is not None and not opts.no_compile:
             res[1], _ = do_bench(comp, sets, timer, opts)
     except Exception as e:  # out of memory, a compile failure: report it, go on
@@ -310,6 +351,7 @@ def main():
         print("compare_torch: nabla ran on %s but torch sees no CUDA device" % device,
               file=sys.stderr)
         return 2
+    opts.gpu, opts.state = GpuState(device), None
     if device.type == "cuda":
         torch.cuda.set_device(device)
         name = torch.cuda.get_device_name(device)
@@ -337,8 +379,10 @@ def main():
     rows, out = [], []
     for spec in cases:
         nabla_ms = spec.get("ms_median") if spec.get("status") == "ok" else None
-        e_ms, c_ms, e_lab, c_lab, err = run_case(spec, device, opts, rotate_bytes)
+        e_ms, c_ms, e_lab, c_lab, err, state = run_case(spec, device, opts, rotate_bytes)
         note = spec.get("note") or ""
+        if state:
+            note += " [eager at %d MHz, %.0f W]" % state
         if e_lab:
             note += " (eager: %s, compile: %s)" % (e_lab, c_lab)
         if err:
@@ -349,7 +393,9 @@ def main():
                fmt_ms(c_ms), fmt_ratio(e_ms, nabla_ms), fmt_ratio(c_ms, nabla_ms), note]
         rows.append(row)
         out.append(dict(id=spec["id"], nabla_ms=nabla_ms, eager_ms=e_ms, compile_ms=c_ms,
-                        eager=e_lab or "eager", compile=c_lab or "torch.compile", error=err))
+                        eager=e_lab or "eager", compile=c_lab or "torch.compile", error=err,
+                        eager_sm_mhz=state[0] if state else None,
+                        eager_watts=state[1] if state else None))
         print(" ".join(str(v).ljust(w) for v, w in zip(row, widths)), flush=True)
 
     ge = geomean([r["eager_ms"] / r["nabla_ms"] for r in out if r["eager_ms"] and r["nabla_ms"]])
