@@ -37,7 +37,7 @@
 #include "backend/cuda/cuda_gemm.h"
 
 enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, SK_HEADS, SPLIT_SYNC,
-       PINGPONG, LAST = PINGPONG };
+       SPLIT_SYNC2, PINGPONG, LAST = PINGPONG };
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -183,6 +183,22 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
               "%s cluster2: cluster %d grid %lld", what, cl.cluster, (long long)cl.grid);
   else
     NBT_CHECK(cl.cluster == 1 && cl.grid == dp.grid, "%s cluster2 with one tile row or one SM: unclustered", what);
+  /* split-sync2: split-sync over units of two tile rows on n_sm / 2 clusters of 2; with one
+   * tile row split-sync's launch; where it does not apply, cluster2's */
+  nb_gemm_own_schedule y2 = sched_of(f8, SPLIT_SYNC2, M, N, K, n_sm);
+  int64_t ulo = n_sm >= 2 ? cdiv(units * kt, n_sm / 2) : 0;
+  if (tm < 2 || n_sm < 2)
+    NBT_CHECK(y2.cluster == 1 && y2.grid == sy.grid && y2.sync_q == sy.sync_q && y2.sync_l == sy.sync_l,
+              "%s split-sync2 with one tile row or SM: split-sync's launch", what);
+  else if (y2.sync_q)
+    NBT_CHECK(y2.cluster == 2 && units < n_sm / 2 && (n_sm / 2) % units != 0 &&
+                  y2.sync_q == (n_sm / 2) / units && y2.sync_l >= ulo && y2.sync_q * y2.sync_l <= kt - 4 &&
+                  y2.grid == 2 * (n_sm / 2) && y2.splits == 1 && !y2.stream_k,
+              "%s split-sync2: %d mains of %d k-tiles per unit (share %lld), grid %lld", what, y2.sync_q, y2.sync_l,
+              (long long)ulo, (long long)y2.grid);
+  else
+    NBT_CHECK(y2.cluster == 2 && y2.grid == cl.grid && y2.splits == 1 && !y2.stream_k,
+              "%s split-sync2: cluster2's launch", what);
 }
 /* Candidate cand's walk over every CTA (the cooperative kernel's segments,
  * nb_cuda_gemm_own_walk): each (tile, k-tile) exactly once; whole tiles
@@ -191,7 +207,7 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
 static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
   nb_gemm_own_schedule s = sched(cand, M, N, K, n_sm);
   int64_t kt = cdiv(K, 64), tiles = s.tiles;
-  if (s.tile_n != 256 || s.cluster != 1 || tiles * kt > ((int64_t)1 << 24)) return;
+  if (s.tile_n != 256 || (s.cluster != 1 && cand != SPLIT_SYNC2) || tiles * kt > ((int64_t)1 << 24)) return;
   char what[96];
   snprintf(what, sizeof what, "walk %s %lldx%lldx%lld on %d SMs", nb_cuda_gemm_own_candidate(cand), (long long)M,
            (long long)N, (long long)K, n_sm);
@@ -263,7 +279,9 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
     }
     NBT_CHECK(ok, "%s: tile %d's head takes %d partials in k order (%d put)", what, g->tile, g->ntakes, puts[g->tile]);
     /* the heuristic's splits and split-sync: a head waits only on CTAs launched before it */
-    for (int j = 0; ok && (cand == DEFAULT || cand == SPLIT_SYNC) && j < g->ntakes && j < NB_GEMM_OWN_TAKES; j++)
+    for (int j = 0; ok && (cand == DEFAULT || cand == SPLIT_SYNC || cand == SPLIT_SYNC2) && j < g->ntakes &&
+                    j < NB_GEMM_OWN_TAKES;
+         j++)
       if (slot_cta[g->takes[j]] >= tk_cta[i]) {
         NBT_CHECK(0, "%s: tile %d's head (CTA %d) waits on CTA %d", what, g->tile, tk_cta[i], slot_cta[g->takes[j]]);
         break;
@@ -277,7 +295,7 @@ static void check_walk(int cand, int64_t M, int64_t N, int64_t K, int n_sm) {
 static void check_rules(int64_t M, int64_t N, int64_t K, int n_sm) {
   check_rules_of(0, M, N, K, n_sm);
   check_rules_of(1, M, N, K, n_sm);
-  const int walked[] = {DEFAULT, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, DPSK, SK_HEADS, SPLIT_SYNC};
+  const int walked[] = {DEFAULT, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, DPSK, SK_HEADS, SPLIT_SYNC, SPLIT_SYNC2};
   for (size_t i = 0; i < sizeof walked / sizeof *walked; i++) check_walk(walked[i], M, N, K, n_sm);
 }
 
@@ -344,6 +362,10 @@ static void test_documented(void) {
             "2304x768x16384 split-sync: q %d, L %d, L2 %d", s.sync_q, s.sync_l, s.sync_l2);
   s = sched(SPLIT_SYNC, 2048, 2048, 2048, 132);
   NBT_CHECK(s.sync_q == 0 && s.grid == 128, "2048^3 split-sync: data-parallel");
+  /* split-sync2 on 3072 x 768 x 16384: 36 units of two tile rows on 66 clusters */
+  s = sched(SPLIT_SYNC2, 3072, 768, 16384, 132);
+  NBT_CHECK(s.sync_q == 1 && s.cluster == 2 && s.grid == 132, "3072x768x16384 split-sync2: q %d, cluster %d",
+            s.sync_q, s.cluster);
   /* pingpong: the fc forward 16384 x 3072 x 768 is 128 x 24 = 3072 tiles of 128 x 128 on 132 CTAs */
   s = sched(PINGPONG, 16384, 3072, 768, 132);
   NBT_CHECK(s.tiles == 3072 && s.tile_n == 128 && s.grid == 132 && s.splits == 1 && !s.stream_k && s.group == 8,

@@ -63,7 +63,12 @@ static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm
     sm90_split_params(p, s, tiles);
     return s.grid;
   }
-  return split ? (tiles < ctx->n_sm ? tiles : ctx->n_sm) : s.grid;
+  if (!split) return s.grid;
+  if (p->cluster > 1) { /* split-sync2: clusters of 2 over units of two tile rows */
+    int64_t units = (int64_t)((p->tiles_m + 1) / 2) * p->tiles_n;
+    return 2 * (units < ctx->n_sm / 2 ? units : ctx->n_sm / 2);
+  }
+  return tiles < ctx->n_sm ? tiles : ctx->n_sm;
 }
 
 /* Counts a head's takes into its segment (the first NB_GEMM_OWN_TAKES stored). */
@@ -85,17 +90,26 @@ int nb_sm90_walk(int i, int64_t rows, int64_t N, int64_t K, int n_sm, int cta, n
   sm90_split_params(&p, s, (int64_t)p.tiles_m * p.tiles_n);
   if (s.pingpong || cta >= s.grid) return s.pingpong ? -1 : 0; /* the ping-pong kernel has its own walk */
   sm90_walk w(p, cta);
-  int n = 0, tile, kb, ke, role;
-  while (w.next(p, cta, (int)s.grid, &tile, &kb, &ke, &role)) {
+  int n = 0, unit, kb, ke, role;
+  while (w.next(p, cta, (int)s.grid, &unit, &kb, &ke, &role)) {
+    /* with clusters the walk is over units: this CTA's tile of the unit, in the unclustered
+     * numbering (none past the last tile row) */
+    int tile = unit;
+    if (p.cluster > 1) {
+      int m0, n0;
+      sm90_tile(unit, p, (uint32_t)(cta % p.cluster), &m0, &n0);
+      if (m0 / kBM >= p.tiles_m) continue;
+      tile = (m0 / kBM) * p.tiles_n + n0 / kBN;
+    }
     if (n < cap) {
       nb_gemm_own_segment *g = &seg[n];
       g->tile = tile;
       g->kb = kb;
       g->ke = ke;
       g->role = role;
-      g->slot = role == SM90_PUT ? sm90_slot(p, tile, cta) : -1;
+      g->slot = role == SM90_PUT ? sm90_slot(p, unit, cta) : -1;
       g->ntakes = 0;
-      if (role == SM90_HEAD) sm90_takes(p, cta, tile, sm90_take_rec{g}); /* as sm90_partial_add */
+      if (role == SM90_HEAD) sm90_takes(p, cta, unit, sm90_take_rec{g}); /* as sm90_partial_add */
     }
     n++;
   }

@@ -184,8 +184,11 @@ __host__ __device__ __forceinline__ int64_t sm90_sk_begin(const nb_sm90_params &
  * two partials share it; below T + P - T = P slots); split-sync: a whole
  * rest's E + q T + t (below 2 P), any other the CTA's. */
 __host__ __device__ __forceinline__ int sm90_slot(const nb_sm90_params &p, int t, int c) {
-  if (p.sy.q) /* split-sync: a whole rest's slot follows the grid's (E + q T); others the CTA's */
-    return c < p.sy.spares && t < p.sy.whole ? p.sy.mains + p.sy.spares + t : c;
+  if (p.sy.q) { /* split-sync, per unit: a whole rest's slot follows the grid's (E + q T), others
+                  the unit CTA's; times the cluster size, plus the rank */
+    int cu = c / p.cluster;
+    return (cu < p.sy.spares && t < p.sy.whole ? p.sy.mains + p.sy.spares + t : cu) * p.cluster + c % p.cluster;
+  }
   return p.sk_heads ? t + c - p.sk_heads : c;
 }
 /* (it, end): whole tiles (units) it, + grid, ... below end; or in a
@@ -196,9 +199,10 @@ __host__ __device__ __forceinline__ int sm90_slot(const nb_sm90_params &p, int t
 struct sm90_walk {
   int64_t it, end;
   __host__ __device__ __forceinline__ sm90_walk(const nb_sm90_params &p, int cta) {
-    if (p.sy.q) { /* split-sync: segments 0 .. end - 1 (sync_next) */
+    if (p.sy.q) { /* split-sync: segments 0 .. end - 1 (sync_next), per unit CTA */
+      int cu = cta / p.cluster;
       it = 0;
-      end = cta >= p.sy.spares ? 1 : p.sy.a + (cta < p.sy.n * p.sy.left);
+      end = cu >= p.sy.spares ? 1 : p.sy.a + (cu < p.sy.n * p.sy.left);
       return;
     }
     int sk = p.sk && cta < p.sk_ctas;
@@ -214,7 +218,7 @@ struct sm90_walk {
       end = (int64_t)p.tiles_m * p.tiles_n;
     }
     if (it >= end) return false;
-    if (p.sy.q) return sync_next(p, cta, tile, kb, ke, role);
+    if (p.sy.q) return sync_next(p, cta / p.cluster, tile, kb, ke, role);
     if (p.splits > 1) {
       /* the last part is the head: a CTA waits only on lower-numbered ones */
       int tiles = p.tiles_m * p.tiles_n, part = (int)it / tiles;
@@ -250,7 +254,9 @@ struct sm90_walk {
     it += *ke - *kb;
     return true;
   }
-  /* Split-sync (gemm_sm90_plan.cu): spare CTA s < E runs first piece s % n
+  /* Split-sync (gemm_sm90_plan.cu), over units (tiles, or with clusters of
+   * 2 the pairs of tiles whose two CTAs run the same k ranges, cta here the
+   * cluster's index): spare CTA s < E runs first piece s % n
    * of leftover tile a E + s / n, if s < n left, then the whole rests
    * [q L, ktiles) of tiles s, s + E, ... (a of them); CTA E + u runs main
    * part j = u / T of tile u % T, k-tiles [j L, (j + 1) L) (L2 for the
@@ -317,21 +323,38 @@ template <class F>
 __host__ __device__ __forceinline__ void sm90_takes(const nb_sm90_params &p, int cta, int tile, F f) {
   if (p.splits > 1 || p.sy.q) {
     /* two runs of slots: split-K's parts tile + s T; split-sync's other main
-     * parts E + j T + tile, then its whole rest's slot or its n pieces' */
+     * parts E + j T + tile, then its whole rest's slot or its n pieces' (in
+     * units: times the cluster size, plus this CTA's rank) */
     int tiles = p.tiles_m * p.tiles_n, a0 = tile, an = p.splits - 1, b0 = 0, bn = 0;
     if (p.sy.q) {
+      tiles = p.sy.tiles;
       a0 = p.sy.spares + tile;
       an = p.sy.q - 1;
       int whole = tile < p.sy.whole;
       b0 = whole ? p.sy.mains + p.sy.spares + tile : (tile - p.sy.whole) * p.sy.n;
       bn = whole ? 1 : p.sy.n;
     }
-    for (int s = 0; s < an + bn; s++) f(s < an ? a0 + s * tiles : b0 + s - an);
+    for (int s = 0; s < an + bn; s++) f((s < an ? a0 + s * tiles : b0 + s - an) * p.cluster + cta % p.cluster);
     return;
   }
   int64_t end;
   for (int o = sm90_sk_first(p, cta, tile, &end); o < p.sk_ctas && sm90_sk_begin(p, o) < end; o++)
     if (sm90_sk_puts(p, o)) f(sm90_slot(p, tile, o));
+}
+
+/* Unit t of the grid in the raster order: p.group unit rows walk N together
+ * so that their A rows and B columns stay in L2. A unit is a tile, or with
+ * clusters of 2 a pair of vertically adjacent tiles sharing their B tile,
+ * of which cluster rank r takes the r-th (past the last tile row when
+ * tiles_m is odd: that tile loads zeros and stores nothing). */
+template <int BN = kBN>
+__host__ __device__ __forceinline__ void sm90_tile(int t, const nb_sm90_params &p, uint32_t rank, int *m0, int *n0) {
+  int rows = (p.tiles_m + p.cluster - 1) / p.cluster;
+  int per_group = p.group * p.tiles_n;
+  int first_m = (t / per_group) * p.group;
+  int gsize = rows - first_m < p.group ? rows - first_m : p.group;
+  *m0 = ((first_m + (t % per_group) % gsize) * p.cluster + (int)rank) * kBM;
+  *n0 = ((t % per_group) / gsize) * BN;
 }
 
 #ifdef NB_SM90A_DEVICE
@@ -378,20 +401,6 @@ template <int EA, int EB> struct sm90_mma<sm90_f8<EA, EB>, 0, 0> {
   }
 };
 
-/* Unit t of the grid in the raster order: p.group unit rows walk N together
- * so that their A rows and B columns stay in L2. A unit is a tile, or with
- * clusters of 2 a pair of vertically adjacent tiles sharing their B tile,
- * of which cluster rank r takes the r-th (past the last tile row when
- * tiles_m is odd: that tile loads zeros and stores nothing). */
-template <int BN = kBN>
-__device__ __forceinline__ void sm90_tile(int t, const nb_sm90_params &p, uint32_t rank, int *m0, int *n0) {
-  int rows = (p.tiles_m + p.cluster - 1) / p.cluster;
-  int per_group = p.group * p.tiles_n;
-  int first_m = (t / per_group) * p.group;
-  int gsize = min(rows - first_m, p.group);
-  *m0 = ((first_m + (t % per_group) % gsize) * p.cluster + (int)rank) * kBM;
-  *n0 = ((t % per_group) / gsize) * BN;
-}
 
 /* The A tile of one k-tile (kBM rows from m0, k from k0) into stage sa:
  * K-major one box; transposed (TA) kBM / 64 blocks of 64 rows. */
@@ -695,8 +704,11 @@ nb_status sm90_launch(const nb_cuda_ctx *ctx, const nb_sm90_maps &m, const nb_sm
     int64_t most = (int64_t)p.cluster * nb_sm90_max_clusters(ctx, (const void *)kern, &cfg);
     if (grid > most) grid = most;
   }
+  nb_sm90_params q = p;
+  if (q.sy.q && grid < (int64_t)q.cluster * (q.sy.mains + q.sy.spares))
+    q.sy = nb_sm90_sync(); /* split-sync needs its whole grid at once: data-parallel instead */
   cfg.gridDim = dim3((unsigned)grid);
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kern, m.a, m.b, m.c, m.aux, p);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kern, m.a, m.b, m.c, m.aux, q);
   __atomic_add_fetch(count, 1, __ATOMIC_RELAXED);
   if (e != cudaSuccess) return nb_cuda_status(e, "sm90_gemm_kernel launch");
   return nb_cuda_launch_check("sm90_gemm_kernel");

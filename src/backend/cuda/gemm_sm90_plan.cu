@@ -191,7 +191,8 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
                                               "stream-k",     "cta-per-tile", "cluster2", "dpsk",
-                                              "sk-heads",     "split-sync",   "pingpong"};
+                                              "sk-heads",     "split-sync",   "split-sync2",
+                                              "pingpong"};
 enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK, SM90_SK_HEADS, SM90_SYNC };
 static const struct {
   int group;          /* tile rows per raster group */
@@ -204,7 +205,7 @@ static const struct {
                   {kGroupM, SM90_STREAM_K, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0},
                   {kGroupM, SM90_NO_SPLIT, 0, 2, 0}, {kGroupM, SM90_DPSK, 0, 1, 0},
                   {kGroupM, SM90_SK_HEADS, 0, 1, 0}, {kGroupM, SM90_SYNC, 0, 1, 0},
-                  {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
+                  {kGroupM, SM90_SYNC, 0, 2, 0},     {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -399,7 +400,7 @@ static void sm90_split_sync(nb_sm90_sched *s, const nb_sm90_sync &y, int64_t til
  * shared-memory and L2 reads per flop dominate. Below a wave the
  * cooperative kernel's split-K and fewer, wider tiles stay. */
 constexpr int kPPMaxKtiles = 12;
-constexpr int kCandPingpong = 10; /* sm90_cands[kCandPingpong], the last */
+constexpr int kCandPingpong = 11; /* sm90_cands[kCandPingpong], the last */
 static_assert(kCandPingpong == kCands - 1, "pingpong is the last candidate");
 
 static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm) {
@@ -441,7 +442,15 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
              : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   if (sm90_cands[i].split == SM90_DPSK) sm90_dpsk(&s, tiles, ktiles, n_sm);
   if (sm90_cands[i].split == SM90_SK_HEADS) sm90_sk_heads(&s, tiles_m, tiles, ktiles, n_sm);
-  if (sync) sm90_split_sync(&s, y, tiles, ktiles, n_sm);
+  if (sync && s.cluster > 1) { /* split-sync2: the units are pairs of tile rows, a cluster each */
+    const int64_t units2 = (int64_t)((tiles_m + 1) / 2) * tiles_n;
+    if (sm90_sync_plan(units2, ktiles, n_sm / 2, &y) >= 0.0) {
+      sm90_split_sync(&s, y, units2, ktiles, n_sm / 2);
+      s.grid *= 2;
+    }
+  } else if (sync) {
+    sm90_split_sync(&s, y, tiles, ktiles, n_sm);
+  }
   return s;
 }
 
