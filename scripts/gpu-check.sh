@@ -16,7 +16,8 @@ JOBS=${JOBS:-16}
 
 # STEPS selects parts (default all but gemm): cpu (the CPU ctest suite), cuda
 # (test_cuda), sanitize (memcheck + racecheck; or memcheck, racecheck alone), train (the main job, `make
-# run`, on the GPU, and a kernel profile of 10 steps of train-compare's model), bench (nabla bench + torch), gemm (scripts/gemm-compare.sh: the own
+# run`, on the GPU, and a kernel profile of 10 steps of train-compare's model), bench (nabla bench + torch,
+# each case after BENCH_WARMUP seconds of warm-up, default 1), gemm (scripts/gemm-compare.sh: the own
 # GEMM's schedules GEMM_SCHEDULES, default heuristic,data-parallel,cluster2, against cuBLASLt).
 STEPS=${STEPS:-cpu,cuda,sanitize,train,bench}
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
@@ -163,9 +164,15 @@ if [ "$built" -eq 0 ]; then
       --layers 12 --heads 12 --dim 768 --context 1024 --batch 16 --steps 5 --eval-every 0 \
       --no-svg --log-every 1
   fi
-  if want bench; then step bench 0 "$BUILD/nabla" bench --device cuda --json "$OUT/bench.json"; fi
+  # every case (nabla's, then torch's: compare_torch.py reads the same
+  # warm-up from the JSON) timed after BENCH_WARMUP seconds of its own load,
+  # at the GPU's power-limited steady clock (bench/README.md)
+  if want bench; then
+    step bench 0 "$BUILD/nabla" bench --device cuda --warmup "${BENCH_WARMUP:-1}" --json "$OUT/bench.json"
+  fi
   if want gemm; then
-    step gemm-compare 0 scripts/gemm-compare.sh "$BUILD" "${GEMM_SCHEDULES:-heuristic,data-parallel,cluster2}"
+    step gemm-compare 0 env WARMUP="${BENCH_WARMUP:-1}" scripts/gemm-compare.sh "$BUILD" \
+      "${GEMM_SCHEDULES:-heuristic,data-parallel,cluster2}"
   fi
   if ! want bench; then :
   elif [ -f bench/compare_torch.py ] && [ -f "$OUT/bench.json" ]; then
