@@ -10,7 +10,11 @@ cache does not serve them) and prints
     case | nabla | eager | compile | nabla/eager | nabla/compile
 
 where the three timings are medians in ms and the ratios are throughput
-ratios (torch time / nabla time): above 1 means nabla is faster.
+ratios (torch time / nabla time): above 1 means nabla is faster. On CUDA
+the note says the SM clock and mean power of nabla's timed runs (from its
+JSON) and of eager torch's (NVML, read here): a GPU at its power limit
+runs heavy kernels below its boost clock, and two timings compare only
+when both ran in the same state.
 
 The adamw case compares with torch.optim.AdamW: 'eager' is the default
 multi-tensor (foreach) implementation, 'compile' is the fused CUDA kernel
@@ -381,6 +385,9 @@ def main():
         nabla_ms = spec.get("ms_median") if spec.get("status") == "ok" else None
         e_ms, c_ms, e_lab, c_lab, err, state = run_case(spec, device, opts, rotate_bytes)
         note = spec.get("note") or ""
+        if spec.get("sm_mhz"):  # nabla's state, from its JSON
+            note += " [nabla at %d MHz%s]" % (spec["sm_mhz"], ", %.0f W" % spec["watts"]
+                                              if spec.get("watts") is not None else "")
         if state:
             note += " [eager at %d MHz, %.0f W]" % state
         if e_lab:

@@ -68,6 +68,61 @@ static int bench_cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+static double bench_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* CUDA: the GPU's state while the timed runs execute, from NVML
+ * (nb_cuda_gpu_state_read): the SM clock once they are all queued, the
+ * energy counter before and after them. */
+typedef struct {
+  double t0;
+  long long e0;
+} bench_state;
+
+static void bench_state_begin(const bench_opts *o, bench_state *b) {
+  b->e0 = -1;
+#ifdef NABLA_HAVE_CUDA
+  nb_cuda_gpu_state g;
+  if (o->dev.type == NB_CUDA) {
+    nb_cuda_gpu_state_read(o->dev.index, &g);
+    b->e0 = g.energy_mj;
+  }
+#else
+  (void)o;
+#endif
+  b->t0 = bench_seconds();
+}
+
+static void bench_state_mid(const bench_opts *o, bench_case *c) {
+  c->sm_mhz = NAN;
+#ifdef NABLA_HAVE_CUDA
+  nb_cuda_gpu_state g;
+  if (o->dev.type == NB_CUDA) {
+    nb_cuda_gpu_state_read(o->dev.index, &g);
+    if (g.sm_mhz > 0) c->sm_mhz = g.sm_mhz;
+  }
+#else
+  (void)o;
+#endif
+}
+
+static void bench_state_end(const bench_opts *o, const bench_state *b, bench_case *c) {
+  c->watts = NAN;
+#ifdef NABLA_HAVE_CUDA
+  nb_cuda_gpu_state g;
+  double t = bench_seconds() - b->t0;
+  if (o->dev.type == NB_CUDA && b->e0 >= 0 && t > 0) {
+    nb_cuda_gpu_state_read(o->dev.index, &g);
+    if (g.energy_mj >= b->e0) c->watts = 1e-3 * (double)(g.energy_mj - b->e0) / t;
+  }
+#else
+  (void)o, (void)b;
+#endif
+}
+
 /* Queues reps iterations, each between its own pair of events, and reads
  * the times only at the end, so the device never waits for the host's
  * reading of a previous result. */
@@ -75,13 +130,17 @@ static nb_status bench_timed_runs(bench_case *c, const bench_opts *o, int reps, 
   nb_event **ev = calloc((size_t)2 * reps, sizeof *ev);
   if (!ev) return NB_ERR_OOM; /* host memory; reported as an allocation failure */
   nb_status st = NB_OK;
+  bench_state gs;
+  bench_state_begin(o, &gs);
   for (int r = 0; r < reps && !st; r++) {
     ev[2 * r] = nb_event_record(o->dev);
     st = ev[2 * r] ? bench_iter(c) : bench_fail();
     if (!st) ev[2 * r + 1] = nb_event_record(o->dev);
     if (!st && !ev[2 * r + 1]) st = bench_fail();
   }
+  bench_state_mid(o, c);
   if (!st) st = nb_device_synchronize(o->dev);
+  bench_state_end(o, &gs, c);
   for (int r = 0; r < reps && !st; r++) {
     ms[r] = nb_event_elapsed_ms(ev[2 * r], ev[2 * r + 1]);
     if (ms[r] < 0) st = bench_fail();

@@ -73,6 +73,7 @@ typedef struct {
   nb_status status;
   char error[512];
   double ms_median, ms_min, ms_mean, gbs, tflops, frac_bw, frac_gemm;
+  double sm_mhz, watts; /* CUDA: the SM clock during the timed runs and their mean power (NAN: unknown) */
 } bench_case;
 
 typedef struct {

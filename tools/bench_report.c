@@ -36,7 +36,12 @@ static void bench_row_cells(const bench_case *c, char cells[9][96]) {
   bench_cell(cells[5], 96, c->flops > 0 ? c->tflops : NAN, "%.2f");
   bench_cell(cells[6], 96, 100 * c->frac_bw, "%.1f");
   bench_cell(cells[7], 96, 100 * c->frac_gemm, "%.1f");
-  snprintf(cells[8], 96, "%s", c->spec->note);
+  if (c->sm_mhz > 0 && !isnan(c->watts)) /* CUDA with NVML: the state the timed runs ran in */
+    snprintf(cells[8], 96, "%s [%.0f MHz, %.0f W]", c->spec->note, c->sm_mhz, c->watts);
+  else if (c->sm_mhz > 0)
+    snprintf(cells[8], 96, "%s [%.0f MHz]", c->spec->note, c->sm_mhz);
+  else
+    snprintf(cells[8], 96, "%s", c->spec->note);
 }
 
 void bench_print_header(FILE *f) {
@@ -112,7 +117,9 @@ static void bench_json_case(FILE *f, const bench_case *c) {
   bench_json_num(f, "gb_per_s", ok ? c->gbs : NAN, ", ");
   bench_json_num(f, "tflop_per_s", ok && c->flops > 0 ? c->tflops : NAN, ", ");
   bench_json_num(f, "frac_copy_bw", c->frac_bw, ", ");
-  bench_json_num(f, "frac_gemm", c->frac_gemm, "}");
+  bench_json_num(f, "frac_gemm", c->frac_gemm, ", ");
+  bench_json_num(f, "sm_mhz", ok ? c->sm_mhz : NAN, ", ");
+  bench_json_num(f, "watts", ok ? c->watts : NAN, "}");
 }
 
 int bench_write_json(const char *path, const bench_meta *m, const bench_opts *o,
