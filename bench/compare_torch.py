@@ -389,7 +389,9 @@ def main():
             note += " [nabla at %d MHz%s]" % (spec["sm_mhz"], ", %.0f W" % spec["watts"]
                                               if spec.get("watts") is not None else "")
         if state:
-            note += " [eager at %d MHz, %.0f W]" % state
+            note += " [eager at %d MHz, %.0f W%s]" % (state + (
+                ": NVML saw no power, the GPU did not throttle; not comparable with a "
+                "timing at the power limit" if state[1] < 50.0 and e_ms and e_ms >= 0.1 else "",))
         if e_lab:
             note += " (eager: %s, compile: %s)" % (e_lab, c_lab)
         if err:
