@@ -82,7 +82,21 @@ class GpuState:
             nv = ctypes.CDLL("libnvidia-ml.so.1")
             h = ctypes.c_void_p()
             idx = device.index if device.index is not None else torch.cuda.current_device()
-            if nv.nvmlInit_v2() == 0 and nv.nvmlDeviceGetHandleByIndex_v2(idx, ctypes.byref(h)) == 0:
+            if nv.nvmlInit_v2() != 0:
+                return
+            # the device by its PCI bus id, as nabla finds it (NVML numbers GPUs in PCI
+            # order, CUDA by CUDA_DEVICE_ORDER and CUDA_VISIBLE_DEVICES); by index only
+            # where both see one GPU
+            p = torch.cuda.get_device_properties(idx)
+            found = False
+            if hasattr(p, "pci_bus_id") and hasattr(p, "pci_device_id"):
+                bus = "%08x:%02x:%02x.0" % (getattr(p, "pci_domain_id", 0), p.pci_bus_id, p.pci_device_id)
+                found = nv.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(h)) == 0
+            n = ctypes.c_uint()
+            if not found and torch.cuda.device_count() == 1 and \
+                    nv.nvmlDeviceGetCount_v2(ctypes.byref(n)) == 0 and n.value == 1:
+                found = nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+            if found:
                 self.nv, self.h, self.ct = nv, h, ctypes
         except (OSError, AttributeError, RuntimeError):  # no NVML, or no such device
             pass
@@ -346,8 +360,11 @@ def main():
     # warm-up and timed runs as long as nabla's (its --warmup and --seconds):
     # a GPU's clock falls to its power-limited steady value within about a
     # second of full load, so both sides must be timed in the same state
-    opts.warm_ms = 20.0 if opts.quick else float(nab.get("warm_ms") or 100.0)
-    opts.target_ms = 100.0 if opts.quick else float(nab.get("target_ms") or 500.0)
+    def nab_ms(key, default):
+        v = nab.get(key)
+        return float(default if v is None else v)
+    opts.warm_ms = 20.0 if opts.quick else nab_ms("warm_ms", 100.0)
+    opts.target_ms = 100.0 if opts.quick else nab_ms("target_ms", 500.0)
     opts.min_reps = 3 if opts.quick else 10
     opts.max_reps = 50 if opts.quick else 500
     device = torch.device(nab.get("device") or "cuda")

@@ -187,18 +187,25 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
    * tile row split-sync's launch; where it does not apply, cluster2's */
   nb_gemm_own_schedule y2 = sched_of(f8, SPLIT_SYNC2, M, N, K, n_sm);
   int64_t ulo = n_sm >= 2 ? cdiv(units * kt, n_sm / 2) : 0;
-  if (tm < 2 || n_sm < 2)
+  if (tm < 2 || n_sm < 2) {
     NBT_CHECK(y2.cluster == 1 && y2.grid == sy.grid && y2.sync_q == sy.sync_q && y2.sync_l == sy.sync_l,
               "%s split-sync2 with one tile row or SM: split-sync's launch", what);
-  else if (y2.sync_q)
-    NBT_CHECK(y2.cluster == 2 && units < n_sm / 2 && (n_sm / 2) % units != 0 &&
-                  y2.sync_q == (n_sm / 2) / units && y2.sync_l >= ulo && y2.sync_q * y2.sync_l <= kt - 4 &&
-                  y2.grid == 2 * (n_sm / 2) && y2.splits == 1 && !y2.stream_k,
-              "%s split-sync2: %d mains of %d k-tiles per unit (share %lld), grid %lld", what, y2.sync_q, y2.sync_l,
-              (long long)ulo, (long long)y2.grid);
-  else
-    NBT_CHECK(y2.cluster == 2 && y2.grid == cl.grid && y2.splits == 1 && !y2.stream_k,
-              "%s split-sync2: cluster2's launch", what);
+  } else {
+    /* the layout split-sync plans for ceil(tm / 2) tile rows on n_sm / 2 SMs, or none */
+    nb_gemm_own_schedule u = sched_of(f8, SPLIT_SYNC, cdiv(tm, 2) * 128, N, K, n_sm / 2);
+    NBT_CHECK(y2.sync_q == u.sync_q && y2.sync_l == u.sync_l && y2.sync_l2 == u.sync_l2,
+              "%s split-sync2: %d mains of %d (%d), split-sync's for %lld tile rows on %d SMs %d of %d (%d)", what,
+              y2.sync_q, y2.sync_l, y2.sync_l2, (long long)cdiv(tm, 2), n_sm / 2, u.sync_q, u.sync_l, u.sync_l2);
+    if (y2.sync_q)
+      NBT_CHECK(y2.cluster == 2 && units < n_sm / 2 && (n_sm / 2) % units != 0 &&
+                    y2.sync_q == (n_sm / 2) / units && y2.sync_l >= ulo && y2.sync_q * y2.sync_l <= kt - 4 &&
+                    y2.grid == 2 * (n_sm / 2) && y2.splits == 1 && !y2.stream_k,
+                "%s split-sync2: %d mains of %d k-tiles per unit (share %lld), grid %lld", what, y2.sync_q,
+                y2.sync_l, (long long)ulo, (long long)y2.grid);
+    else
+      NBT_CHECK(y2.cluster == 2 && y2.grid == cl.grid && y2.splits == 1 && !y2.stream_k,
+                "%s split-sync2: cluster2's launch", what);
+  }
 }
 /* Candidate cand's walk over every CTA (the cooperative kernel's segments,
  * nb_cuda_gemm_own_walk): each (tile, k-tile) exactly once; whole tiles

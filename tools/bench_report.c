@@ -22,26 +22,29 @@ static void bench_cell(char *buf, size_t n, double v, const char *fmt) {
 static const char *const bench_hdr[9] = {"case", "shape", "dtype", "ms (median)", "GB/s",
                                          "TFLOP/s", "% copy BW", "% GEMM", "note"};
 
-static void bench_row_cells(const bench_case *c, char cells[9][96]) {
-  snprintf(cells[0], 96, "%s", c->name);
-  snprintf(cells[1], 96, "%s", c->shape);
-  snprintf(cells[2], 96, "%s", nb_dtype_name(c->spec->dt));
+#define BENCH_CELL 160 /* a table cell's bytes (the note with the GPU state the longest) */
+
+static void bench_row_cells(const bench_case *c, char cells[9][BENCH_CELL]) {
+  snprintf(cells[0], BENCH_CELL, "%s", c->name);
+  snprintf(cells[1], BENCH_CELL, "%s", c->shape);
+  snprintf(cells[2], BENCH_CELL, "%s", nb_dtype_name(c->spec->dt));
   if (c->status || !c->ran) {
-    for (int i = 3; i < 8; i++) snprintf(cells[i], 96, "-");
-    snprintf(cells[8], 96, "%s", c->ran ? "FAILED (see below)" : "not run");
+    for (int i = 3; i < 8; i++) snprintf(cells[i], BENCH_CELL, "-");
+    snprintf(cells[8], BENCH_CELL, "%s", c->ran ? "FAILED (see below)" : "not run");
     return;
   }
-  bench_cell(cells[3], 96, c->ms_median, "%.4f");
-  bench_cell(cells[4], 96, c->gbs, "%.1f");
-  bench_cell(cells[5], 96, c->flops > 0 ? c->tflops : NAN, "%.2f");
-  bench_cell(cells[6], 96, 100 * c->frac_bw, "%.1f");
-  bench_cell(cells[7], 96, 100 * c->frac_gemm, "%.1f");
+  bench_cell(cells[3], BENCH_CELL, c->ms_median, "%.4f");
+  bench_cell(cells[4], BENCH_CELL, c->gbs, "%.1f");
+  bench_cell(cells[5], BENCH_CELL, c->flops > 0 ? c->tflops : NAN, "%.2f");
+  bench_cell(cells[6], BENCH_CELL, 100 * c->frac_bw, "%.1f");
+  bench_cell(cells[7], BENCH_CELL, 100 * c->frac_gemm, "%.1f");
   if (c->sm_mhz > 0 && !isnan(c->watts)) /* CUDA with NVML: the state the timed runs ran in */
-    snprintf(cells[8], 96, "%s [%.0f MHz, %.0f W]", c->spec->note, c->sm_mhz, c->watts);
+    snprintf(cells[8], BENCH_CELL, "%s [%.0f MHz, %.0f W%s]", c->spec->note, c->sm_mhz, c->watts,
+             c->watts < 50 && c->ms_median * c->reps >= 100 ? ": power not seen, unthrottled?" : "");
   else if (c->sm_mhz > 0)
-    snprintf(cells[8], 96, "%s [%.0f MHz]", c->spec->note, c->sm_mhz);
+    snprintf(cells[8], BENCH_CELL, "%s [%.0f MHz]", c->spec->note, c->sm_mhz);
   else
-    snprintf(cells[8], 96, "%s", c->spec->note);
+    snprintf(cells[8], BENCH_CELL, "%s", c->spec->note);
 }
 
 void bench_print_header(FILE *f) {
@@ -51,7 +54,7 @@ void bench_print_header(FILE *f) {
 }
 
 void bench_print_row(FILE *f, const bench_case *c) {
-  char cells[9][96];
+  char cells[9][BENCH_CELL];
   bench_row_cells(c, cells);
   fprintf(f, "%-22s %-18s %-5s %12s %9s %8s %9s %7s  %s\n", cells[0], cells[1], cells[2],
           cells[3], cells[4], cells[5], cells[6], cells[7], cells[8]);
@@ -174,7 +177,7 @@ int bench_write_md(const char *path, const bench_meta *m, bench_case **run, int 
   for (int i = 0; i < 9; i++) fprintf(f, " %s |", bench_hdr[i]);
   fputs("\n|---|---|---|--:|--:|--:|--:|--:|---|\n", f);
   for (int i = 0; i < n; i++) {
-    char cells[9][96];
+    char cells[9][BENCH_CELL];
     bench_row_cells(run[i], cells);
     fputs("|", f);
     for (int j = 0; j < 9; j++) fprintf(f, " %s |", cells[j]);
