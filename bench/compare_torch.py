@@ -90,7 +90,7 @@ class GpuState:
             p = torch.cuda.get_device_properties(idx)
             found = False
             if hasattr(p, "pci_bus_id") and hasattr(p, "pci_device_id"):
-                bus = "%08x:%02x:%02x.0" % (getattr(p, "pci_domain_id", 0), p.pci_bus_id, p.pci_device_id)
+                bus = "%04x:%02x:%02x.0" % (getattr(p, "pci_domain_id", 0), p.pci_bus_id, p.pci_device_id)
                 found = nv.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(h)) == 0
             n = ctypes.c_uint()
             if not found and torch.cuda.device_count() == 1 and \
