@@ -115,7 +115,9 @@ class GpuState:
 
 
 def do_bench(run, sets, timer, opts):
-    """Median ms of run(set) over rotated sets: warm-up (at least two runs
+    """Median ms of run(set) over rotated sets, the runs, and the GPU's
+    state over them (GpuState: SM MHz, mean W, seconds; None without NVML):
+    warm-up (at least two runs
     unless one is slow, then until warm_ms), then as many timed runs as fill
     target_ms, clamped to [min_reps, max_reps], each between its own events,
     read only after all are queued."""
@@ -142,9 +144,9 @@ def do_bench(run, sets, timer, opts):
         i += 1
     mhz = gpu.sm_mhz()  # while the queued runs execute
     timer.sync()
-    e1, t1 = gpu.energy_mj(), time.perf_counter()
-    opts.state = None if mhz is None or e0 is None or e1 is None else (mhz, (e1 - e0) / 1e3 / (t1 - t0))
-    return statistics.median(timer.ms(a, b) for a, b in marks), reps
+    e1, t = gpu.energy_mj(), time.perf_counter() - t0
+    state = None if None in (mhz, e0, e1) else (mhz, (e1 - e0) / 1e3 / t, t)
+    return statistics.median(timer.ms(a, b) for a, b in marks), reps, state
 
 
 # ---- the cases ----------------------------------------------------------
@@ -298,7 +300,7 @@ def n_sets_for(spec, rotate_bytes):
 
 def run_case(spec, device, opts, rotate_bytes):
     """Returns (eager_ms, compile_ms, eager_label, compile_label, error,
-    (SM MHz, W) during eager's timed runs or None)."""
+    the GPU's state over eager's timed runs: do_bench's)."""
     case = Case(spec, device, opts.compile_mode)
     torch._dynamo.reset()  # a fresh cache: no recompile limits across cases
     if case.deterministic:
@@ -309,10 +311,9 @@ def run_case(spec, device, opts, rotate_bytes):
         sets = [case.make_set() for _ in range(n_sets_for(spec, rotate_bytes))]
         eager, comp = case.bodies()
         res[2], res[3] = case.eager_label, case.compile_label
-        res[0], _ = do_bench(eager, sets, timer, opts)
-        res[5] = opts.state
+        res[0], _, res[5] = do_bench(eager, sets, timer, opts)
         if comp is not None and not opts.no_compile:
-            res[1], _ = do_bench(comp, sets, timer, opts)
+            res[1], _, _ = do_bench(comp, sets, timer, opts)
     except Exception as e:  # out of memory, a compile failure: report it, go on
 
         lines = str(e).strip().splitlines()
@@ -372,7 +373,7 @@ def main():
         print("compare_torch: nabla ran on %s but torch sees no CUDA device" % device,
               file=sys.stderr)
         return 2
-    opts.gpu, opts.state = GpuState(device), None
+    opts.gpu = GpuState(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         name = torch.cuda.get_device_name(device)
@@ -406,9 +407,12 @@ def main():
             note += " [nabla at %d MHz%s]" % (spec["sm_mhz"], ", %.0f W" % spec["watts"]
                                               if spec.get("watts") is not None else "")
         if state:
-            note += " [eager at %d MHz, %.0f W%s]" % (state + (
-                ": NVML saw no power, the GPU did not throttle; not comparable with a "
-                "timing at the power limit" if state[1] < 50.0 and e_ms and e_ms >= 0.1 else "",))
+            mhz, watts, secs = state
+            note += " [eager at %d MHz, %.0f W" % (mhz, watts)
+            if watts < 50.0 and secs >= 0.1:  # as nabla's rows say it (bench_report.c)
+                note += ": NVML saw no power, the GPU did not throttle; not comparable with a " \
+                        "timing at the power limit"
+            note += "]"
         if e_lab:
             note += " (eager: %s, compile: %s)" % (e_lab, c_lab)
         if err:
@@ -420,8 +424,7 @@ def main():
         rows.append(row)
         out.append(dict(id=spec["id"], nabla_ms=nabla_ms, eager_ms=e_ms, compile_ms=c_ms,
                         eager=e_lab or "eager", compile=c_lab or "torch.compile", error=err,
-                        eager_sm_mhz=state[0] if state else None,
-                        eager_watts=state[1] if state else None))
+                        eager_sm_mhz=state and state[0], eager_watts=state and state[1]))
         print(" ".join(str(v).ljust(w) for v, w in zip(row, widths)), flush=True)
 
     ge = geomean([r["eager_ms"] / r["nabla_ms"] for r in out if r["eager_ms"] and r["nabla_ms"]])

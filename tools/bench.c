@@ -74,53 +74,25 @@ static double bench_seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* CUDA: the GPU's state while the timed runs execute, from NVML
- * (nb_cuda_gpu_state_read): the SM clock once they are all queued, the
- * energy counter before and after them. */
+/* CUDA: the GPU's SM clock (MHz) and energy counter (mJ) now, from NVML
+ * (nb_cuda_gpu_state_read); -1 each where unknown (the CPU, no NVML). */
 typedef struct {
-  double t0;
-  long long e0;
-} bench_state;
+  int sm_mhz;
+  long long energy_mj;
+} bench_gpu;
 
-static void bench_state_begin(const bench_opts *o, bench_state *b) {
-  b->e0 = -1;
+static bench_gpu bench_gpu_read(const bench_opts *o) {
+  bench_gpu g = {-1, -1};
 #ifdef NABLA_HAVE_CUDA
-  nb_cuda_gpu_state g;
   if (o->dev.type == NB_CUDA) {
-    nb_cuda_gpu_state_read(o->dev.index, &g);
-    b->e0 = g.energy_mj;
+    nb_cuda_gpu_state s;
+    nb_cuda_gpu_state_read(o->dev.index, &s);
+    g.sm_mhz = s.sm_mhz, g.energy_mj = s.energy_mj;
   }
 #else
   (void)o;
 #endif
-  b->t0 = bench_seconds();
-}
-
-static void bench_state_mid(const bench_opts *o, bench_case *c) {
-  c->sm_mhz = NAN;
-#ifdef NABLA_HAVE_CUDA
-  nb_cuda_gpu_state g;
-  if (o->dev.type == NB_CUDA) {
-    nb_cuda_gpu_state_read(o->dev.index, &g);
-    if (g.sm_mhz > 0) c->sm_mhz = g.sm_mhz;
-  }
-#else
-  (void)o;
-#endif
-}
-
-static void bench_state_end(const bench_opts *o, const bench_state *b, bench_case *c) {
-  c->watts = NAN;
-#ifdef NABLA_HAVE_CUDA
-  nb_cuda_gpu_state g;
-  double t = bench_seconds() - b->t0;
-  if (o->dev.type == NB_CUDA && b->e0 >= 0 && t > 0) {
-    nb_cuda_gpu_state_read(o->dev.index, &g);
-    if (g.energy_mj >= b->e0) c->watts = 1e-3 * (double)(g.energy_mj - b->e0) / t;
-  }
-#else
-  (void)o, (void)b;
-#endif
+  return g;
 }
 
 /* Queues reps iterations, each between its own pair of events, and reads
@@ -130,17 +102,24 @@ static nb_status bench_timed_runs(bench_case *c, const bench_opts *o, int reps, 
   nb_event **ev = calloc((size_t)2 * reps, sizeof *ev);
   if (!ev) return NB_ERR_OOM; /* host memory; reported as an allocation failure */
   nb_status st = NB_OK;
-  bench_state gs;
-  bench_state_begin(o, &gs);
+  /* the GPU's state over the timed runs: the clock once they are all queued
+   * (they run meanwhile), the energy counter before and after them */
+  const bench_gpu g0 = bench_gpu_read(o);
+  const double t0 = bench_seconds();
   for (int r = 0; r < reps && !st; r++) {
     ev[2 * r] = nb_event_record(o->dev);
     st = ev[2 * r] ? bench_iter(c) : bench_fail();
     if (!st) ev[2 * r + 1] = nb_event_record(o->dev);
     if (!st && !ev[2 * r + 1]) st = bench_fail();
   }
-  bench_state_mid(o, c);
+  const bench_gpu g1 = bench_gpu_read(o);
   if (!st) st = nb_device_synchronize(o->dev);
-  bench_state_end(o, &gs, c);
+  const bench_gpu g2 = bench_gpu_read(o);
+  const double t = bench_seconds() - t0;
+  c->sm_mhz = g1.sm_mhz > 0 ? g1.sm_mhz : NAN;
+  c->watts = g0.energy_mj >= 0 && g2.energy_mj >= g0.energy_mj && t > 0
+                 ? 1e-3 * (double)(g2.energy_mj - g0.energy_mj) / t
+                 : NAN;
   for (int r = 0; r < reps && !st; r++) {
     ms[r] = nb_event_elapsed_ms(ev[2 * r], ev[2 * r + 1]);
     if (ms[r] < 0) st = bench_fail();

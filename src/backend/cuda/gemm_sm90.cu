@@ -57,18 +57,15 @@ static void sm90_unsplit_params(nb_sm90_params *p, const nb_sm90_sched &s) {
  * workspace falls back to the persistent data-parallel grid. */
 static int64_t sm90_apply(const nb_cuda_ctx *ctx, nb_sm90_params *p, const nb_sm90_sched &s) {
   sm90_unsplit_params(p, s);
-  int64_t tiles = (int64_t)p->tiles_m * p->tiles_n;
   int split = s.sk || s.splits > 1 || s.sy.q;
   if (split && nb_sm90_ws_get(ctx, &p->ws, &p->flags, &p->epoch)) {
-    sm90_split_params(p, s, tiles);
+    sm90_split_params(p, s, (int64_t)p->tiles_m * p->tiles_n);
     return s.grid;
   }
   if (!split) return s.grid;
-  if (p->cluster > 1) { /* split-sync2: clusters of 2 over units of two tile rows */
-    int64_t units = (int64_t)((p->tiles_m + 1) / 2) * p->tiles_n;
-    return 2 * (units < ctx->n_sm / 2 ? units : ctx->n_sm / 2);
-  }
-  return tiles < ctx->n_sm ? tiles : ctx->n_sm;
+  /* one unit (a tile, or with clusters a pair of tile rows' tiles) per cluster */
+  int64_t units = (int64_t)((p->tiles_m + p->cluster - 1) / p->cluster) * p->tiles_n, clusters = ctx->n_sm / p->cluster;
+  return p->cluster * (units < clusters ? units : clusters);
 }
 
 /* Counts a head's takes into its segment (the first NB_GEMM_OWN_TAKES stored). */

@@ -426,13 +426,11 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
    * split-sync2 (in clusters of 2, given two tile rows and two SMs): over units of two
    * tile rows, a cluster each, on n_sm / 2 clusters */
   nb_sm90_sync y;
-  const int sync2 = sm90_cands[i].split == SM90_SYNC && sm90_cands[i].cluster > 1 && tiles_m >= 2 && n_sm >= 2;
-  const int64_t units2 = (int64_t)((tiles_m + 1) / 2) * tiles_n;
+  const int sc = sm90_cands[i].split == SM90_SYNC && tiles_m >= 2 && n_sm >= 2 ? sm90_cands[i].cluster : 1;
+  const int64_t su = (int64_t)((tiles_m + sc - 1) / sc) * tiles_n; /* the units split-sync plans over */
   int sync = sm90_cands[i].split == SM90_SYNC || s.splits > 1;
-  if (sync2) {
-    sync = sm90_sync_plan(units2, ktiles, n_sm / 2, &y) >= 0.0;
-  } else if (sync) {
-    double c = sm90_sync_plan(tiles, ktiles, n_sm, &y);
+  if (sync) {
+    double c = sm90_sync_plan(su, ktiles, n_sm / sc, &y);
     sync = c >= 0.0 && (s.splits == 1 || c < sm90_split_cost(tiles, ktiles, n_sm, s.splits));
   }
   if (sync) s.splits = 1;
@@ -448,11 +446,9 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
              : tiles <= n_sm || (sm90_cands[i].per_tile && tiles <= INT32_MAX) ? tiles : n_sm;
   if (sm90_cands[i].split == SM90_DPSK) sm90_dpsk(&s, tiles, ktiles, n_sm);
   if (sm90_cands[i].split == SM90_SK_HEADS) sm90_sk_heads(&s, tiles_m, tiles, ktiles, n_sm);
-  if (sync && sync2) { /* s.cluster == 2 */
-    sm90_split_sync(&s, y, units2, ktiles, n_sm / 2);
-    s.grid *= 2;
-  } else if (sync) {
-    sm90_split_sync(&s, y, tiles, ktiles, n_sm);
+  if (sync) { /* s.cluster == sc */
+    sm90_split_sync(&s, y, su, ktiles, n_sm / sc);
+    s.grid *= sc;
   }
   return s;
 }
