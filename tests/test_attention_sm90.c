@@ -16,7 +16,9 @@
  * turns; NABLA_ATTENTION_SM90_TMA_STORE=0: o by each thread's pair stores
  * instead of through shared memory and TMA; both off;
  * NABLA_ATTENTION_SM90_PERSISTENT=0: a CTA per query block instead of one
- * per SM taking them in turn; NABLA_ATTENTION_SM90_SECTION=3: the work
+ * per SM taking them in turn; NABLA_ATTENTION_SM90_CLUSTER=0: no clusters
+ * of two CTAs sharing K and V where not causal, also with PERSISTENT=0;
+ * NABLA_ATTENTION_SM90_SECTION=3: the work
  * order in sections of 3 batch indices, the last one shorter where the
  * batch is not a multiple of 3; every variant with
  * NABLA_ATTENTION_SM90_TAIL=0.05, a causal order's last section of a few
@@ -38,9 +40,13 @@ static int64_t launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_launches); }
 
 /* The sm_90a kernel's variants besides the default: the switches' values. */
 static const struct {
-  const char *pingpong, *tma_store, *persistent, *section;
-} variants[] = {{"0", NULL, NULL, NULL}, {NULL, "0", NULL, NULL}, {"0", "0", NULL, NULL}, {NULL, NULL, "0", NULL},
-                {NULL, NULL, NULL, "3"}};
+  const char *pingpong, *tma_store, *persistent, *section, *cluster;
+} variants[] = {{"0", NULL, NULL, NULL, NULL}, {NULL, "0", NULL, NULL, NULL}, {"0", "0", NULL, NULL, NULL},
+                {NULL, NULL, "0", NULL, NULL}, {NULL, NULL, NULL, "3", NULL},   {NULL, NULL, NULL, NULL, "0"},
+                {NULL, NULL, "0", NULL, "0"}};
+static const char *const switches[] = {"NABLA_ATTENTION_SM90_PINGPONG", "NABLA_ATTENTION_SM90_TMA_STORE",
+                                       "NABLA_ATTENTION_SM90_PERSISTENT", "NABLA_ATTENTION_SM90_SECTION",
+                                       "NABLA_ATTENTION_SM90_CLUSTER", "NABLA_ATTENTION_SM90_TAIL"};
 
 static void set_switch(const char *name, const char *value) {
   if (value) setenv(name, value, 1);
@@ -55,10 +61,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   const int n = s.n;
   const int64_t l0 = launches();
   unsetenv("NABLA_ATTENTION_SM90");
-  unsetenv("NABLA_ATTENTION_SM90_PINGPONG");
-  unsetenv("NABLA_ATTENTION_SM90_TMA_STORE");
-  unsetenv("NABLA_ATTENTION_SM90_PERSISTENT");
-  unsetenv("NABLA_ATTENTION_SM90_SECTION");
+  for (size_t i = 0; i < sizeof switches / sizeof *switches; i++) unsetenv(switches[i]);
   sresult got = run(c, causal, in, n, dt, GPU), again = run(c, causal, in, n, dt, GPU);
   const int64_t l1 = launches();
   setenv("NABLA_ATTENTION_SM90", "0", 1);
@@ -77,22 +80,20 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   NBT_CHECK(same_bits(&got, &again, n), "%s: two runs differ", name);
   for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
     char vname[260];
-    snprintf(vname, sizeof vname, "%s (PINGPONG=%s TMA_STORE=%s PERSISTENT=%s SECTION=%s TAIL=0.05)", name,
-             variants[i].pingpong ? variants[i].pingpong : "1", variants[i].tma_store ? variants[i].tma_store : "1",
-             variants[i].persistent ? variants[i].persistent : "1", variants[i].section ? variants[i].section : "L2");
-    set_switch("NABLA_ATTENTION_SM90_PINGPONG", variants[i].pingpong);
-    set_switch("NABLA_ATTENTION_SM90_TMA_STORE", variants[i].tma_store);
-    set_switch("NABLA_ATTENTION_SM90_PERSISTENT", variants[i].persistent);
-    set_switch("NABLA_ATTENTION_SM90_SECTION", variants[i].section);
-    setenv("NABLA_ATTENTION_SM90_TAIL", "0.05", 1); /* causal: a last section of a few batch indices */
+    snprintf(vname, sizeof vname, "%s (PINGPONG=%s TMA_STORE=%s PERSISTENT=%s SECTION=%s CLUSTER=%s TAIL=0.05)",
+             name, variants[i].pingpong ? variants[i].pingpong : "1",
+             variants[i].tma_store ? variants[i].tma_store : "1", variants[i].persistent ? variants[i].persistent : "1",
+             variants[i].section ? variants[i].section : "L2", variants[i].cluster ? variants[i].cluster : "1");
+    set_switch(switches[0], variants[i].pingpong);
+    set_switch(switches[1], variants[i].tma_store);
+    set_switch(switches[2], variants[i].persistent);
+    set_switch(switches[3], variants[i].section);
+    set_switch(switches[4], variants[i].cluster);
+    setenv(switches[5], "0.05", 1); /* causal: a last section of a few batch indices */
     const int64_t v0 = launches();
     sresult var = run(c, causal, in, n, dt, GPU);
     const int64_t v1 = launches();
-    unsetenv("NABLA_ATTENTION_SM90_PINGPONG");
-    unsetenv("NABLA_ATTENTION_SM90_TMA_STORE");
-    unsetenv("NABLA_ATTENTION_SM90_PERSISTENT");
-    unsetenv("NABLA_ATTENTION_SM90_SECTION");
-    unsetenv("NABLA_ATTENTION_SM90_TAIL");
+    for (size_t k = 0; k < sizeof switches / sizeof *switches; k++) unsetenv(switches[k]);
     if (l0 >= 0)
       NBT_CHECK(v1 == v0 + (c->runs ? 1 : 0), "%s: the sm_90a kernel ran %lld times (%d expected)", vname,
                 (long long)(v1 - v0), c->runs ? 1 : 0);

@@ -15,7 +15,8 @@
  * tests), the heaviest query blocks of a section first, and causal, a last
  * section large enough to even out the CTAs' ends (nb_fa3_tail,
  * NABLA_ATTENTION_SM90_TAIL):
- *   - warpgroup 0, the producer (24 registers after setmaxnreg): one thread
+ *   - warpgroup 0, the producer (40 registers after setmaxnreg: at 24 the
+ *     multicast loads below spilled one register): one thread
  *     issues the TMA copies, for each item Q's 128 x D tile once into one
  *     of two Q tiles (item n's in tile n % 2, once the consumers' last S
  *     of item n - 2 has completed: an empty Q mbarrier each), then K_j
@@ -26,7 +27,7 @@
  *     its bytes there) and an empty one (each consumer warp arrives once
  *     its wgmma reading the stage has completed): K is freed as soon as S
  *     is computed, V after O += P V.
- *   - warpgroups 1 and 2, the consumers (240 registers): rows
+ *   - warpgroups 1 and 2, the consumers (232 registers): rows
  *     [64c, 64c + 64) of the block each. S = Q K^T is D / 16 wgmma
  *     m64n128k16 with both operands in shared memory (K-major); the online
  *     softmax runs in registers (row max and sum over the quad's lanes,
@@ -43,6 +44,13 @@
  *     issuing their GEMMs of a tile through two named barriers, so that one
  *     warpgroup's softmax runs while the other's products are on the tensor
  *     cores instead of both softmaxes at once with the tensor cores idle.
+ *   - Not causal, two CTAs of a cluster take query blocks 2i and 2i + 1 of
+ *     one batch index and share K and V (NABLA_ATTENTION_SM90_CLUSTER=0:
+ *     no clusters): each producer loads half of every K and V tile's rows
+ *     into both CTAs by TMA multicast, the empty barriers count both CTAs'
+ *     consumer warps, and the clusters take their items in a fixed turn
+ *     instead of tickets (fa3_load_kv, fa3_free, fa3_after). Each K/V
+ *     tile leaves L2 once per 256 query rows instead of per 128.
  *   - Items run into each other (fa3_carry): an item's last O += P V is
  *     issued with the next item's first S, and its epilogue follows that
  *     tile's softmax; an item's first P V product overwrites O (wgmma's
@@ -114,6 +122,7 @@ struct fa3_params {
   int causal;
   int pingpong; /* the consumers take turns issuing their GEMMs (NABLA_ATTENTION_SM90_PINGPONG) */
   int tma_o;    /* o staged in shared memory and stored by TMA (NABLA_ATTENTION_SM90_TMA_STORE) */
+  int cluster;  /* 2: clusters of two CTAs on two query blocks share K and V (fa3_load_kv); else 1 */
   int items;    /* B nblk (batch index, query block) pairs */
   int hg;       /* batch indices per section of the item order (fa3_item) */
   int nfull;    /* sections of hg before the last */
@@ -157,7 +166,8 @@ template <int D> struct fa3_bars {
 __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk;
   fa3_section(p, x, b, &blk);
-  *i0 = (p.nblk - 1 - blk) * FA3_BM;
+  /* clusters: item blk is query blocks 2 blk and 2 blk + 1, the CTA's rank's one */
+  *i0 = p.cluster > 1 ? (2 * (p.nblk - 1 - blk) + (int)(blockIdx.x & 1)) * FA3_BM : (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
   *ntiles = (kend + FA3_BN - 1) / FA3_BN;
@@ -176,7 +186,21 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
  * fa3_one_each) CTA c takes item c alone: no counter, no slots. The CTA
  * that ends last returns the counters to zero for the next launch (the
  * tickets and the handover: fa3_next, fa3_put, fa3_take, fa3_work_done
- * in cuda_attention_sm90.cuh, which the backward shares). */
+ * in cuda_attention_sm90.cuh, which the backward shares).
+ * Clusters of two (p.cluster, not causal: every item takes as long) take
+ * no tickets: cluster k's n-th item is k + n clusters, in both CTAs, so
+ * that both stream the same K and V tiles in the same order
+ * (fa3_load_kv). fa3_first and fa3_after give a CTA's items either way;
+ * the producer calls them, the consumers read the result (fa3_fwd_take). */
+__device__ __forceinline__ int fa3_first(const fa3_params &p) {
+  return p.cluster > 1 ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+}
+__device__ __forceinline__ int fa3_after(const fa3_params &p, int x) {
+  return p.cluster > 1 ? x + (int)(gridDim.x >> 1) : fa3_next(p);
+}
+template <int D> __device__ __forceinline__ int fa3_fwd_take(const fa3_params &p, fa3_bars<D> bar, int n) {
+  return p.cluster > 1 ? (int)(blockIdx.x >> 1) + n * (int)(gridDim.x >> 1) : fa3_take(p, bar, n);
+}
 
 /* TMA store of the staged box src to (d0, row, batch coordinates c) of a
  * map of rank 2 + nbk, in a bulk group; rows past the map's end are not
@@ -195,8 +219,25 @@ __device__ __forceinline__ void fa3_tma_store(const CUtensorMap *m, uint32_t src
                  ::"l"(mp), "r"(src), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
 }
 
+/* Key tile j of K or V (map m; the batch coordinates c) into the tile
+ * at t, completing on bar. Clusters of two: each CTA loads half of the
+ * tile's rows (rank r rows [64 r, 64 r + 64), the map's box 64 rows) into
+ * both CTAs, which so read each K and V tile from L2 once per pair of
+ * query blocks: at B4 H16 N4096 D128 the 128-row blocks' K and V reads are
+ * 4.1 GB a call, and at the power limit a kernel's clock falls with the
+ * energy it spends. Both CTAs' barriers expect the whole tile. */
+template <int D>
+__device__ __forceinline__ void fa3_load_kv(uint32_t t, const CUtensorMap *m, uint32_t bar, const fa3_params &p,
+                                            const int *c, int j) {
+  const int h = p.cluster > 1 ? 64 * (int)(blockIdx.x & 1) : 0;
+#pragma unroll
+  for (int x = 0; x < D / 64; x++)
+    fa3_tma(t + x * FA3_BN * 128 + h * 128, m, bar, 64 * x, j * FA3_BN + h, c, p.nbk, p.cluster > 1 ? 3 : 0);
+}
+
 /* K_j and V_j (key tile j of the item whose batch coordinates are c) into
- * the ring's stage it % ST once the consumers have freed it. */
+ * the ring's stage it % ST once the consumers have freed it (with
+ * clusters, both CTAs' consumers: fa3_free). */
 template <int D>
 __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUtensorMap *mv, const fa3_params &p,
                                                const int *c, int j, int it, uint32_t sk, fa3_bars<D> bar) {
@@ -205,12 +246,10 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
   const uint32_t ph = (uint32_t)(it / C::ST) & 1, kt = sk + s * 2 * C::KB, vt = kt + C::KB;
   sm90_bar_wait(bar.ek(s), ph ^ 1); /* fresh barriers pass parity 1 */
   sm90_bar_expect(bar.fk(s), C::KB);
-#pragma unroll
-  for (int x = 0; x < D / 64; x++) fa3_tma(kt + x * FA3_BN * 128, mk, bar.fk(s), 64 * x, j * FA3_BN, c, p.nbk);
+  fa3_load_kv<D>(kt, mk, bar.fk(s), p, c, j);
   sm90_bar_wait(bar.ev(s), ph ^ 1);
   sm90_bar_expect(bar.fv(s), C::KB);
-#pragma unroll
-  for (int x = 0; x < D / 64; x++) fa3_tma(vt + x * FA3_BN * 128, mv, bar.fv(s), 64 * x, j * FA3_BN, c, p.nbk);
+  fa3_load_kv<D>(vt, mv, bar.fv(s), p, c, j);
 }
 
 /* Producer (one thread), for each of the CTA's items n: Q into Q tile n % 2
@@ -225,10 +264,10 @@ template <int D>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
-  int it = 0, b, i0, ntiles, x = (int)blockIdx.x;
-  fa3_put(p, bar, 0, x);
+  int it = 0, b, i0, ntiles, x = fa3_first(p);
+  if (p.cluster == 1) fa3_put(p, bar, 0, x);
   for (int n = 0; x < p.items; n++) {
-    const int nx = fa3_next(p), qs = n % 2;
+    const int nx = fa3_after(p, x), qs = n % 2;
     fa3_item(p, x, &b, &i0, &ntiles);
     int c[FA3_MAXK];
     fa3_coords(p, b, c);
@@ -238,10 +277,11 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
     for (int xb = 0; xb < D / 64; xb++)
       fa3_tma(sq + qs * C::QB + xb * FA3_BM * 128, mq, bar.q(qs), 64 * xb, i0, c, p.nbk);
     for (int j = 0; j < ntiles; j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
-    fa3_put(p, bar, n + 1, nx);
+    if (p.cluster == 1) fa3_put(p, bar, n + 1, nx);
     x = nx;
   }
-  fa3_work_done(p);
+  if (p.cluster == 1) fa3_work_done(p);
+  else asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* fa3_work_done without tickets */
 }
 
 /* ---- wgmma ------------------------------------------------------------- */
@@ -448,6 +488,15 @@ template <int D> struct fa3_carry {
   int it;     /* the ring tile of its last V */
 };
 
+/* A consumer warp (lane 0) frees the K or V stage whose empty barrier is
+ * bar: in this CTA and, with clusters, in the other one, whose producer
+ * writes into this CTA's stage too (fa3_load_kv); each empty barrier then
+ * counts both CTAs' 8 consumer warps. */
+__device__ __forceinline__ void fa3_free(const fa3_params &p, uint32_t bar) {
+  sm90_bar_arrive(bar);
+  if (p.cluster > 1) sm90_bar_arrive_remote(sm90_mapa(bar, (blockIdx.x & 1) ^ 1));
+}
+
 /* The pending item's last O += P V: issued (V's stage awaited) ... */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_last_pv(fa3_carry<D> &c, uint32_t sk, fa3_bars<D> bar) {
@@ -466,7 +515,7 @@ __device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMa
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
   fa3_fence(c.o);
   fa3_fence(c.pa);
-  if (lane == 0) sm90_bar_arrive(bar.ev(c.it % fa3_cfg<D>::ST));
+  if (lane == 0) fa3_free(p, bar.ev(c.it % fa3_cfg<D>::ST));
   fa3_store<T, D>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l);
   c.pend = 0;
 }
@@ -508,13 +557,13 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_commit();
   auto first = [&](auto pend) { /* pend: fa3_flag<c.pend> */
     if (pend.value) fa3_last_pv<T, D>(c, sk, bar);
-    if (ntiles == 1) *nx = fa3_take(p, bar, n + 1); /* the next item (fa3_next) */
+    if (ntiles == 1) *nx = fa3_fwd_take(p, bar, n + 1); /* the next item (fa3_next) */
     if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
     if (pend.value) fa3_wait<1>();
     else fa3_wait<0>();
     fa3_fence(s);
     if (lane == 0) {
-      sm90_bar_arrive(bar.ek(it0 % C::ST));
+      fa3_free(p, bar.ek(it0 % C::ST));
       if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
     }
     fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
@@ -540,19 +589,19 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_wg_fence();
     fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB, j > 1); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
-    if (j == ntiles - 1) *nx = fa3_take(p, bar, n + 1);
+    if (j == ntiles - 1) *nx = fa3_fwd_take(p, bar, n + 1);
     if (wg == 0 || j < ntiles - 1 || *nx < p.items) fa3_turn_pass(pp, wg);
     fa3_wait<1>(); /* S_j complete; the P V product may still run */
     fa3_fence(s);
     if (lane == 0) {
-      sm90_bar_arrive(bar.ek(sj));
+      fa3_free(p, bar.ek(sj));
       if (j == ntiles - 1) sm90_bar_arrive(bar.qe(qs));
     }
     fa3_tile(s, p, j, rw, r0, t, m, l, corr);
     fa3_wait<0>();
     fa3_fence(o);
     fa3_fence(pa);
-    if (lane == 0) sm90_bar_arrive(bar.ev(sp));
+    if (lane == 0) fa3_free(p, bar.ev(sp));
     if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) fa3_rescale<D>(o, corr);
     fa3_pack<T>(pa, s);
   }
@@ -579,25 +628,28 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
   const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + 2 * C::QB, so = sk + 2 * C::ST * C::KB;
   const fa3_bars<D> bar = {so + C::QB};
   if (threadIdx.x == 0) {
-    for (int i = 0; i < C::NBAR; i++)
-      sm90_bar_init(bar.base + 8 * i,
-                    i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST ? 1 : 8);
+    for (int i = 0; i < C::NBAR; i++) /* full: the producer; empty: the consumer warps (K, V: of the cluster) */
+      sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST
+                                          ? 1
+                                          : i < 1 + 4 * C::ST ? 8 * p.cluster : 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  /* the other CTA's barriers must exist before its copies and arrivals land in them */
+  if (p.cluster > 1) sm90_cluster_sync();
   fa3_grid_wait();
   if (threadIdx.x < 128) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, sq, sk, bar);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     /* the warpgroup by a shuffle from lane 0, which ptxas knows is the same
      * in the whole warp, so that what depends on it (Q's wgmma descriptors)
      * lives in uniform registers: no per-wgmma moves into them */
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
-    int it = 0, x = fa3_take(p, bar, 0); /* it: the ring's tiles consumed so far */
+    int it = 0, x = fa3_fwd_take(p, bar, 0); /* it: the ring's tiles consumed so far */
     fa3_carry<D> c;
     c.pend = 0;
     /* defined values for the first tile's register fences (every item's
@@ -621,6 +673,9 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     /* the staging tile must stay until the last store has read it */
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
+  /* a CTA leaves only after the other one's last arrivals on its barriers */
+  __syncwarp();
+  if (p.cluster > 1) sm90_cluster_sync();
 #else
   (void)mq; (void)mk; (void)mv; (void)mo; (void)p;
 #endif
@@ -646,12 +701,18 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_par
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (sm90): shared memory attribute");
   /* persistent: one CTA per SM takes items from the ticket counter
-   * (fa3_next); NABLA_ATTENTION_SM90_PERSISTENT=0 launches one CTA per item */
-  const int grid = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT") && ctx->n_sm < p.items && ctx->n_sm <= NB_CUDA_WORK_CTAS
-                       ? ctx->n_sm
-                       : p.items;
-  NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FA3_THREADS, smem, ctx, m[0], m[1], m[2], m[3], p),
-              "attention (sm90): launch");
+   * (fa3_next), or with clusters as many clusters as fit at once take
+   * theirs in turn (fa3_after); NABLA_ATTENTION_SM90_PERSISTENT=0 launches
+   * a CTA (a cluster) per item */
+  const int persistent = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT");
+  int grid = persistent && ctx->n_sm < p.items && ctx->n_sm <= NB_CUDA_WORK_CTAS ? ctx->n_sm : p.items;
+  if (p.cluster > 1) {
+    fa3_launch_cfg l((unsigned)(2 * p.items), FA3_THREADS, smem, 2, ctx);
+    const int most = nb_sm90_max_clusters(ctx, (const void *)kern, &l.cfg);
+    grid = 2 * (persistent && most < p.items ? most : p.items);
+  }
+  fa3_launch_cfg l((unsigned)grid, FA3_THREADS, smem, (unsigned)p.cluster, ctx);
+  NB_CUDA_TRY(cudaLaunchKernelEx(&l.cfg, kern, m[0], m[1], m[2], m[3], p), "attention (sm90): launch");
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
 }
@@ -746,9 +807,16 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   const int64_t nblk = (Lq + FA3_BM - 1) / FA3_BM;
   /* items, and the tickets past them (gridDim.x + the counter: fa3_next), fit in an int */
   if (B < 1 || B > INT32_MAX || B * nblk > INT32_MAX - NB_CUDA_WORK_CTAS) return 0;
+  /* clusters of two CTAs on query blocks 2i, 2i + 1 share K and V
+   * (fa3_load_kv) when not causal (the pair's blocks take as long) and
+   * the blocks pair up (an odd count's last pair has a block past Lq,
+   * computed on zero rows and not stored: for 9 or more blocks at most a
+   * tenth more work); NABLA_ATTENTION_SM90_CLUSTER=0: none */
+  p.cluster = !causal && (nblk % 2 == 0 || nblk > 8) && fa3_switch("NABLA_ATTENTION_SM90_CLUSTER") ? 2 : 1;
   CUtensorMap maps[4];
-  if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, FA3_BN) ||
-      !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, FA3_BN))
+  const int kv_rows = FA3_BN / p.cluster;
+  if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, kv_rows) ||
+      !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, kv_rows))
     return 0;
   /* o by TMA (boxes of a warpgroup's 64 rows) when its view allows; else
    * (or NABLA_ATTENTION_SM90_TMA_STORE=0) each thread's pair stores */
@@ -762,7 +830,8 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
-  fa3_set_order(p, ctx, (int)nblk, 4 * Lk * D, causal); /* K and V of a batch index */
+  /* K and V of a batch index; with clusters an item is a pair of blocks */
+  fa3_set_order(p, ctx, (int)(nblk + p.cluster - 1) / p.cluster, 4 * Lk * D, causal);
   p.work = nb_cuda_work_counters(ctx);
   p.scale = (float)scale;
   p.sl2 = (float)(scale * 1.4426950408889634);

@@ -91,26 +91,42 @@ static inline int fa3_switch(const char *name) {
   return !(e && !strcmp(e, "0"));
 }
 
-/* Launches kern (grid CTAs of threads, smem bytes of dynamic shared
- * memory) on the context's stream as a programmatic dependent launch: its
- * CTAs may start, set up their shared memory and wait (fa3_grid_wait)
- * while the previous kernel's last CTAs finish, which signal it once
- * they take no more work (fa3_work_done). NABLA_ATTENTION_SM90_PDL=0 (read
- * at every call): an ordinary launch. */
+/* The launch of kern (grid CTAs of threads, smem bytes of dynamic shared
+ * memory, in clusters of cluster CTAs) on the context's stream as a
+ * programmatic dependent launch: its CTAs may start, set up their shared
+ * memory and wait (fa3_grid_wait) while the previous kernel's last CTAs
+ * finish, which signal it once they take no more work (fa3_work_done).
+ * NABLA_ATTENTION_SM90_PDL=0 (read at every call): an ordinary launch.
+ * at: room for the attributes cfg points to. */
+struct fa3_launch_cfg {
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute at[2];
+  fa3_launch_cfg(unsigned grid, unsigned threads, size_t smem, unsigned cluster, const nb_cuda_ctx *ctx) {
+    memset(this, 0, sizeof *this);
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx->stream;
+    cfg.attrs = at;
+    if (cluster > 1) {
+      at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      at[cfg.numAttrs].val.clusterDim.x = cluster;
+      at[cfg.numAttrs].val.clusterDim.y = at[cfg.numAttrs].val.clusterDim.z = 1;
+      cfg.numAttrs++;
+    }
+    if (fa3_switch("NABLA_ATTENTION_SM90_PDL")) {
+      at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+      cfg.numAttrs++;
+    }
+  }
+  fa3_launch_cfg(const fa3_launch_cfg &) = delete; /* cfg.attrs points into it */
+};
 template <typename... E, typename... A>
 static cudaError_t fa3_launch_ex(void (*kern)(E...), unsigned grid, unsigned threads, size_t smem,
                                  const nb_cuda_ctx *ctx, A &&...args) {
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = ctx->stream;
-  cfg.attrs = at;
-  cfg.numAttrs = fa3_switch("NABLA_ATTENTION_SM90_PDL");
-  return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
+  fa3_launch_cfg l(grid, threads, smem, 1, ctx);
+  return cudaLaunchKernelEx(&l.cfg, kern, static_cast<A &&>(args)...);
 }
 
 #ifdef NB_SM90A_DEVICE
@@ -170,23 +186,29 @@ template <typename P, typename Bars> __device__ __forceinline__ int fa3_take(con
 __device__ __forceinline__ void fa3_grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 /* TMA load of the box at (d0, row, batch coordinates c) of a map of rank
- * 2 + nbk into dst, completing on bar. */
+ * 2 + nbk into dst, completing on bar; mc != 0: delivered to the CTAs of
+ * the cluster in the mask mc, at the same shared offsets (dst, bar) in
+ * each. */
 __device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,
-                                        const int *c, int nbk) {
+                                        const int *c, int nbk, uint16_t mc = 0) {
   const uint64_t mp = (uint64_t)m;
-  if (nbk == 1)
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]) : "memory");
-  else if (nbk == 2)
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5, %6}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]) : "memory");
-  else
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
-                 ::"r"(dst), "l"(mp), "r"(bar), "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2])
-                 : "memory");
+#define FA3_TMA(N, CO, ...)                                                                                   \
+  if (mc)                                                                                                     \
+    asm volatile("cp.async.bulk.tensor." N "d.shared::cluster.global.mbarrier::complete_tx::bytes"            \
+                 ".multicast::cluster [%0], [%1, {" CO "}], [%2], %3;"                                        \
+                 ::"r"(dst), "l"(mp), "r"(bar), "h"(mc), __VA_ARGS__ : "memory");                             \
+  else                                                                                                        \
+    asm volatile("cp.async.bulk.tensor." N "d.shared::cluster.global.mbarrier::complete_tx::bytes"            \
+                 " [%0], [%1, {" CO "}], [%2];"                                                               \
+                 ::"r"(dst), "l"(mp), "r"(bar), "h"(mc), __VA_ARGS__ : "memory");
+  if (nbk == 1) {
+    FA3_TMA("3", "%4, %5, %6", "r"(d0), "r"(row), "r"(c[0]))
+  } else if (nbk == 2) {
+    FA3_TMA("4", "%4, %5, %6, %7", "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]))
+  } else {
+    FA3_TMA("5", "%4, %5, %6, %7, %8", "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2]))
+  }
+#undef FA3_TMA
 }
 
 /* Work item x of B nblk (batch index, block) items in sections of hg batch
