@@ -123,6 +123,10 @@ struct fa3_params {
   int pingpong; /* the consumers take turns issuing their GEMMs (NABLA_ATTENTION_SM90_PINGPONG) */
   int tma_o;    /* o staged in shared memory and stored by TMA (NABLA_ATTENTION_SM90_TMA_STORE) */
   int cluster;  /* 2: clusters of two CTAs on two query blocks share K and V (fa3_load_kv); else 1 */
+  int sk_f;     /* clusters: whole rounds of items before the split ones (fa3_static_seg) */
+  int kt;       /* clusters: key tiles per item (not causal: all alike) */
+  int64_t sk_units; /* clusters: key tiles of the split items, 0: none */
+  float *part;  /* clusters: the split items' partial sums (fa3_combine) */
   int items;    /* B nblk (batch index, query block) pairs */
   int hg;       /* batch indices per section of the item order (fa3_item) */
   int nfull;    /* sections of hg before the last */
@@ -173,6 +177,12 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
   *ntiles = (kend + FA3_BN - 1) / FA3_BN;
 }
 
+/* A CTA's piece of work: item x's key tiles [j0, j1) (j1 < 0: to the
+ * item's last tile; x >= p.items: no more work). */
+struct fa3_seg {
+  int x, j0, j1;
+};
+
 /* The work order (FlashAttention-3's dynamic scheduler): CTA c's first
  * item is c; whenever its producer starts an item it takes the next one
  * from the ticket counter (gridDim.x + atomicAdd), so a CTA that finishes
@@ -188,18 +198,39 @@ __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int
  * tickets and the handover: fa3_next, fa3_put, fa3_take, fa3_work_done
  * in cuda_attention_sm90.cuh, which the backward shares).
  * Clusters of two (p.cluster, not causal: every item takes as long) take
- * no tickets: cluster k's n-th item is k + n clusters, in both CTAs, so
- * that both stream the same K and V tiles in the same order
- * (fa3_load_kv). fa3_first and fa3_after give a CTA's items either way;
- * the producer calls them, the consumers read the result (fa3_fwd_take). */
-__device__ __forceinline__ int fa3_first(const fa3_params &p) {
-  return p.cluster > 1 ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+ * no tickets but a fixed order (fa3_static_seg), the same in both CTAs,
+ * so that both stream the same K and V tiles in the same order
+ * (fa3_load_kv). The producer computes the pieces (fa3_first, fa3_after),
+ * the consumers take them (fa3_fwd_take). */
+__device__ fa3_seg fa3_static_seg(const fa3_params &p, int n);
+__device__ __forceinline__ fa3_seg fa3_first(const fa3_params &p) {
+  return p.cluster > 1 ? fa3_static_seg(p, 0) : fa3_seg{(int)blockIdx.x, 0, -1};
 }
-__device__ __forceinline__ int fa3_after(const fa3_params &p, int x) {
-  return p.cluster > 1 ? x + (int)(gridDim.x >> 1) : fa3_next(p);
+__device__ __forceinline__ fa3_seg fa3_after(const fa3_params &p, int n) {
+  return p.cluster > 1 ? fa3_static_seg(p, n + 1) : fa3_seg{fa3_next(p), 0, -1};
 }
-template <int D> __device__ __forceinline__ int fa3_fwd_take(const fa3_params &p, fa3_bars<D> bar, int n) {
-  return p.cluster > 1 ? (int)(blockIdx.x >> 1) + n * (int)(gridDim.x >> 1) : fa3_take(p, bar, n);
+template <int D> __device__ __forceinline__ fa3_seg fa3_fwd_take(const fa3_params &p, fa3_bars<D> bar, int n) {
+  return p.cluster > 1 ? fa3_static_seg(p, n) : fa3_seg{fa3_take(p, bar, n), 0, -1};
+}
+
+/* Cluster g's n-th piece of work, of G = gridDim.x / 2 clusters: first
+ * p.sk_f whole rounds, item g + n G in round n; then (stream-K) the key
+ * tiles of the items left, p.sk_units of them, p.kt per item, in G equal
+ * ranges, cluster g's [g S / G, (g + 1) S / G), cut where items end: a
+ * range may start inside an item (its tail: tiles [j0, kt)) and end inside
+ * one (its head: tiles [0, j1)), whose two parts fa3_combine joins. With
+ * 15.5 items per cluster at B4 H16 N4096 D128 whole items left half the
+ * clusters idle for the last one's time (ncu: the SMs active 96.4% of the
+ * kernel's cycles). The ranges are at least kt tiles (the host leaves
+ * between G and 2G items to them), so every item is cut at most once. */
+__device__ fa3_seg fa3_static_seg(const fa3_params &p, int n) {
+  const int g = (int)(blockIdx.x >> 1), G = (int)(gridDim.x >> 1);
+  if (n < p.sk_f) return fa3_seg{g + n * G, 0, -1}; /* x >= p.items: done */
+  const int64_t S = p.sk_units, T = p.kt, a = g * S / G, b = (g + 1) * S / G, k = n - p.sk_f;
+  const int64_t u = k == 0 ? a : (a / T + k) * T; /* the piece's first tile */
+  if (u >= b) return fa3_seg{p.items, 0, -1};
+  const int64_t xi = u / T, e = min(b, (xi + 1) * T);
+  return fa3_seg{p.sk_f * G + (int)xi, (int)(u - xi * T), (int)(e - xi * T)};
 }
 
 /* TMA store of the staged box src to (d0, row, batch coordinates c) of a
@@ -252,7 +283,8 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
   fa3_load_kv<D>(vt, mv, bar.fv(s), p, c, j);
 }
 
-/* Producer (one thread), for each of the CTA's items n: Q into Q tile n % 2
+/* Producer (one thread), for each of the CTA's pieces n (items, or with
+ * clusters parts of items: fa3_static_seg): Q into Q tile n % 2
  * once the consumers have freed it (their last S of item n - 2 has
  * completed), then K_j and V_j of every tile j into the ring, whose stage
  * and phase come from the running tile count it: item n + 1's loads start
@@ -264,11 +296,13 @@ template <int D>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
-  int it = 0, b, i0, ntiles, x = fa3_first(p);
-  if (p.cluster == 1) fa3_put(p, bar, 0, x);
-  for (int n = 0; x < p.items; n++) {
-    const int nx = fa3_after(p, x), qs = n % 2;
-    fa3_item(p, x, &b, &i0, &ntiles);
+  int it = 0, b, i0, ntiles;
+  fa3_seg sg = fa3_first(p);
+  if (p.cluster == 1) fa3_put(p, bar, 0, sg.x);
+  for (int n = 0; sg.x < p.items; n++) {
+    const fa3_seg nx = fa3_after(p, n);
+    const int qs = n % 2;
+    fa3_item(p, sg.x, &b, &i0, &ntiles);
     int c[FA3_MAXK];
     fa3_coords(p, b, c);
     sm90_bar_wait(bar.qe(qs), ((uint32_t)(n / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
@@ -276,9 +310,9 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
 #pragma unroll
     for (int xb = 0; xb < D / 64; xb++)
       fa3_tma(sq + qs * C::QB + xb * FA3_BM * 128, mq, bar.q(qs), 64 * xb, i0, c, p.nbk);
-    for (int j = 0; j < ntiles; j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
-    if (p.cluster == 1) fa3_put(p, bar, n + 1, nx);
-    x = nx;
+    for (int j = sg.j0; j < (sg.j1 < 0 ? ntiles : sg.j1); j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
+    if (p.cluster == 1) fa3_put(p, bar, n + 1, nx.x);
+    sg = nx;
   }
   if (p.cluster == 1) fa3_work_done(p);
   else asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* fa3_work_done without tickets */
@@ -388,7 +422,8 @@ __device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_param
 
 /* o = O / l (rows r0, r0 + 8 of the batch index b, those before Lq) and
  * lse = m scale + log(l), -inf for a row without keys: as the mma kernel.
- * p.tma_o: the warpgroup's 64 rows of o go, rounded, into its 64 rows oa
+ * tma (p.tma_o, but not for an item joined from two parts: fa3_finish):
+ * the warpgroup's 64 rows of o go, rounded, into its 64 rows oa
  * of o's staging tile (laid out as Q's: 128-byte swizzle, row r's 16-byte
  * unit u at u ^ (r % 8), so a warp's 8 rows hit distinct banks) once the
  * warpgroup's previous store has read them, and one thread stores them by
@@ -398,8 +433,8 @@ __device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_param
  * way. */
 template <typename T, int D>
 __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int wg,
-                                          uint32_t oa, int r0, const float (&o)[D / 2], const float *m,
-                                          float *l) {
+                                          uint32_t oa, int r0, const float (&o)[D / 2], const float *m, float *l,
+                                          int tma) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int64_t lrow = (int64_t)b * p.Lq; /* lse is (B, Lq) */
   int c[FA3_MAXK];
@@ -416,7 +451,7 @@ __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap
     inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
     if (r < p.Lq && t == 0) p.lse[lrow + r] = l[h] > 0.0f ? m[h] * p.scale + logf(l[h]) : -INFINITY;
   }
-  if (p.tma_o) {
+  if (tma) {
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(FA3_EPI_BAR + wg) : "memory"); /* the staging tile is free */
 #pragma unroll
@@ -486,7 +521,54 @@ template <int D> struct fa3_carry {
   int acc;    /* it adds to O (the item had more than one tile) */
   int b, i0;  /* that item's batch index and first row */
   int it;     /* the ring tile of its last V */
+  int part;   /* 0: the whole item; 1, 2: its head or tail part (fa3_combine) */
 };
+
+/* The two parts of an item cut between clusters g - 1 (its head, tiles
+ * [0, j)) and g (its tail, [j, kt): fa3_static_seg), for this consumer
+ * warp's rows: each part stores its o, m and l (every thread its own
+ * registers, unnormalised, f32) in its half of the slot of the tail's CTA
+ * and warp, then counts itself in that slot's word of the work counters
+ * (nb_cuda_work_counters: zero between kernels); the second to count
+ * reads the other's, joins them into c (the max of the two reference
+ * maxima, each part scaled to it, the head's term first: the same bits
+ * whichever comes second), returns the word to zero and 1: it stores the
+ * rows. 0: the other part will. */
+template <int D> __device__ __forceinline__ int fa3_combine(const fa3_params &p, fa3_carry<D> &c) {
+  constexpr int W = D / 2 + 4; /* floats per thread: o, m, l */
+  const int lane = threadIdx.x % 32, cw = (int)threadIdx.x / 32 - 4; /* the consumer warp, 0..7 */
+  const int slot = ((int)blockIdx.x + (c.part == 1 ? 2 : 0)) * 8 + cw, role = c.part - 1;
+  float *mine = p.part + ((size_t)slot * 2 + role) * W * 32 + lane, *other = p.part + ((size_t)slot * 2 + (role ^ 1)) * W * 32 + lane;
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) __stcg(mine + 32 * i, c.o[i]);
+#pragma unroll
+  for (int h = 0; h < 2; h++) __stcg(mine + 32 * (D / 2 + h), c.m[h]), __stcg(mine + 32 * (D / 2 + 2 + h), c.l[h]);
+  __threadfence();
+  __syncwarp();
+  unsigned *word = p.work + NB_CUDA_WORK_SPLIT + slot, first = 0;
+  if (lane == 0) first = atomicAdd(word, 1u) == 0;
+  if (__shfl_sync(0xffffffffu, first, 0)) return 0;
+  __threadfence();
+  if (lane == 0) *word = 0; /* both parts have come: zero for the next kernel */
+  float a[2][2]; /* [h][role]: each part's scale to the joint maximum */
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const float mo = __ldcg(other + 32 * (D / 2 + h)), lo = __ldcg(other + 32 * (D / 2 + 2 + h));
+    const float mh = role ? mo : c.m[h], mt = role ? c.m[h] : mo, lh = role ? lo : c.l[h], lt = role ? c.l[h] : lo;
+    const float mx = fmaxf(mh, mt);
+    a[h][0] = mh == -INFINITY ? 0.0f : nb_mma_exp2(mh * p.sl2 - mx * p.sl2);
+    a[h][1] = mt == -INFINITY ? 0.0f : nb_mma_exp2(mt * p.sl2 - mx * p.sl2);
+    c.m[h] = mx;
+    c.l[h] = fmaf(a[h][0], lh, a[h][1] * lt);
+  }
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) { /* o[i] is row g + 8 ((i / 2) % 2) */
+    const int h = (i / 2) % 2;
+    const float oo = __ldcg(other + 32 * i), oh = role ? oo : c.o[i], ot = role ? c.o[i] : oo;
+    c.o[i] = fmaf(a[h][0], oh, a[h][1] * ot);
+  }
+  return 1;
+}
 
 /* A consumer warp (lane 0) frees the K or V stage whose empty barrier is
  * bar: in this CTA and, with clusters, in the other one, whose producer
@@ -516,20 +598,25 @@ __device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMa
   fa3_fence(c.o);
   fa3_fence(c.pa);
   if (lane == 0) fa3_free(p, bar.ev(c.it % fa3_cfg<D>::ST));
-  fa3_store<T, D>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l);
   c.pend = 0;
+  if (c.part && !fa3_combine<D>(p, c)) return; /* the item's other part stores it */
+  /* a joined item's rows by each thread's stores: its warps store or not each on their own */
+  fa3_store<T, D>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l,
+                  p.tma_o && !c.part);
 }
 
-/* Consumer warpgroup wg (0, 1) on item n of the CTA (*nx: the next one,
+/* Consumer warpgroup wg (0, 1) on piece n of the CTA (*nx: the next one,
  * taken at this one's last tile): rows [i0 + 64 wg, + 64) over the ntiles
- * key tiles, which are the ring's tiles it0 .. it0 + ntiles - 1, with
+ * key tiles from tile jb on (part: the whole item, 0, or its head or tail
+ * part, fa3_combine), which are the ring's tiles it0 .. it0 + ntiles - 1, with
  * the overlap described at the top; sq: the Q tiles, so: o's staging
  * tile. Tile 0's S goes with the previous item's last P V product (c),
  * whose store follows tile 0's softmax; this item's last P V product is
  * left in c for the next item (or the kernel's end). */
 template <typename T, int D>
-__device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int ntiles,
-                                            int it0, int n, int *nx, int wg, uint32_t sq, uint32_t sk,
+__device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int jb,
+                                            int ntiles, int part, int it0, int n, fa3_seg *nx, int wg, uint32_t sq,
+                                            uint32_t sk,
                                             uint32_t so, fa3_bars<D> bar, fa3_carry<D> &c) {
   typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
@@ -558,7 +645,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   auto first = [&](auto pend) { /* pend: fa3_flag<c.pend> */
     if (pend.value) fa3_last_pv<T, D>(c, sk, bar);
     if (ntiles == 1) *nx = fa3_fwd_take(p, bar, n + 1); /* the next item (fa3_next) */
-    if (wg == 0 || ntiles > 1 || *nx < p.items) fa3_turn_pass(pp, wg);
+    if (wg == 0 || ntiles > 1 || nx->x < p.items) fa3_turn_pass(pp, wg);
     if (pend.value) fa3_wait<1>();
     else fa3_wait<0>();
     fa3_fence(s);
@@ -566,7 +653,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
       fa3_free(p, bar.ek(it0 % C::ST));
       if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
     }
-    fa3_tile(s, p, 0, rw, r0, t, m, l, corr);
+    fa3_tile(s, p, jb, rw, r0, t, m, l, corr);
     if (pend.value) {
       fa3_wait<0>();
       fa3_finish<T, D>(p, mo, c, wg, so, bar);
@@ -590,14 +677,14 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB, j > 1); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
     if (j == ntiles - 1) *nx = fa3_fwd_take(p, bar, n + 1);
-    if (wg == 0 || j < ntiles - 1 || *nx < p.items) fa3_turn_pass(pp, wg);
+    if (wg == 0 || j < ntiles - 1 || nx->x < p.items) fa3_turn_pass(pp, wg);
     fa3_wait<1>(); /* S_j complete; the P V product may still run */
     fa3_fence(s);
     if (lane == 0) {
       fa3_free(p, bar.ek(sj));
       if (j == ntiles - 1) sm90_bar_arrive(bar.qe(qs));
     }
-    fa3_tile(s, p, j, rw, r0, t, m, l, corr);
+    fa3_tile(s, p, jb + j, rw, r0, t, m, l, corr);
     fa3_wait<0>();
     fa3_fence(o);
     fa3_fence(pa);
@@ -610,6 +697,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   c.b = b;
   c.i0 = i0;
   c.it = it0 + ntiles - 1;
+  c.part = part;
 #pragma unroll
   for (int h = 0; h < 2; h++) c.m[h] = m[h], c.l[h] = l[h];
 }
@@ -649,19 +737,23 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
      * lives in uniform registers: no per-wgmma moves into them */
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
-    int it = 0, x = fa3_fwd_take(p, bar, 0); /* it: the ring's tiles consumed so far */
+    int it = 0; /* the ring's tiles consumed so far */
+    fa3_seg sg = fa3_fwd_take(p, bar, 0);
     fa3_carry<D> c;
     c.pend = 0;
+    c.part = 0;
     /* defined values for the first tile's register fences (every item's
      * first P V product overwrites O) */
 #pragma unroll
     for (int i = 0; i < D / 2; i++) c.o[i] = 0.0f;
-    for (int n = 0; x < p.items; n++) {
-      int nx, b, i0, ntiles;
-      fa3_item(p, x, &b, &i0, &ntiles);
-      fa3_consume<T, D>(p, &mo, b, i0, ntiles, it, n, &nx, wg, sq, sk, so, bar, c);
-      it += ntiles;
-      x = nx;
+    for (int n = 0; sg.x < p.items; n++) {
+      fa3_seg nx;
+      int b, i0, ntiles;
+      fa3_item(p, sg.x, &b, &i0, &ntiles);
+      const int j1 = sg.j1 < 0 ? ntiles : sg.j1, part = sg.j0 > 0 ? 2 : j1 < ntiles ? 1 : 0;
+      fa3_consume<T, D>(p, &mo, b, i0, sg.j0, j1 - sg.j0, part, it, n, &nx, wg, sq, sk, so, bar, c);
+      it += j1 - sg.j0;
+      sg = nx;
     }
     if (c.pend) { /* the last item's last P V product and store */
       fa3_fence(c.o);
@@ -694,8 +786,26 @@ int fa3_out_ok(const nb_kview *o, nb_dtype dt, int64_t D) {
 
 int64_t fa3_launches;
 
+/* Clusters: the stream-K tail (fa3_static_seg) of a grid of G clusters,
+ * and the scratch of its partial sums (*part, *bytes; fa3_combine), when
+ * whole rounds would leave clusters idle at the end, G < items, and
+ * NABLA_ATTENTION_SM90_STREAMK is not "0"; else whole items in turn. */
+template <int D> static void fa3_plan_tail(const nb_cuda_ctx *ctx, fa3_params &p, int G, size_t *bytes) {
+  p.sk_f = p.items;
+  p.sk_units = 0;
+  p.part = NULL;
+  *bytes = 0;
+  if (G >= p.items || p.items % G == 0 || 16 * G > NB_CUDA_WORK_SPLITS || !fa3_switch("NABLA_ATTENTION_SM90_STREAMK"))
+    return;
+  const size_t need = (size_t)2 * G * 8 * 2 * (D / 2 + 4) * 32 * sizeof(float); /* per CTA and warp, both parts */
+  if (!(p.part = (float *)nb_cuda_scratch(ctx, need))) return;
+  *bytes = need;
+  p.sk_f = p.items / G - 1; /* the last G to 2G - 1 items are cut into ranges of at least kt tiles */
+  p.sk_units = (int64_t)(p.items - p.sk_f * G) * p.kt;
+}
+
 template <typename T, int D>
-nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_params &p) {
+nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p) {
   auto kern = fa3_fwd_kernel<T, D>;
   const size_t smem = fa3_cfg<D>::SMEM;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -706,13 +816,17 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, const fa3_par
    * a CTA (a cluster) per item */
   const int persistent = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT");
   int grid = persistent && ctx->n_sm < p.items && ctx->n_sm <= NB_CUDA_WORK_CTAS ? ctx->n_sm : p.items;
+  size_t part_bytes = 0;
   if (p.cluster > 1) {
     fa3_launch_cfg l((unsigned)(2 * p.items), FA3_THREADS, smem, 2, ctx);
     const int most = nb_sm90_max_clusters(ctx, (const void *)kern, &l.cfg);
     grid = 2 * (persistent && most < p.items ? most : p.items);
+    fa3_plan_tail<D>(ctx, p, grid / 2, &part_bytes);
   }
   fa3_launch_cfg l((unsigned)grid, FA3_THREADS, smem, (unsigned)p.cluster, ctx);
-  NB_CUDA_TRY(cudaLaunchKernelEx(&l.cfg, kern, m[0], m[1], m[2], m[3], p), "attention (sm90): launch");
+  const cudaError_t e = cudaLaunchKernelEx(&l.cfg, kern, m[0], m[1], m[2], m[3], p);
+  if (part_bytes) nb_cuda_scratch_free(ctx, p.part, part_bytes); /* stream-ordered: after the kernel */
+  NB_CUDA_TRY(e, "attention (sm90): launch");
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
 }
@@ -813,6 +927,7 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
    * computed on zero rows and not stored: for 9 or more blocks at most a
    * tenth more work); NABLA_ATTENTION_SM90_CLUSTER=0: none */
   p.cluster = !causal && (nblk % 2 == 0 || nblk > 8) && fa3_switch("NABLA_ATTENTION_SM90_CLUSTER") ? 2 : 1;
+  p.kt = (int)((Lk + FA3_BN - 1) / FA3_BN); /* not causal: every block's key tiles */
   CUtensorMap maps[4];
   const int kv_rows = FA3_BN / p.cluster;
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, kv_rows) ||

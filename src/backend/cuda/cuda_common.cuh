@@ -41,14 +41,22 @@ void nb_cuda_scratch_free(const nb_cuda_ctx *ctx, void *p, size_t nbytes);
  * and reports NB_ERR_INDEX naming op when set. */
 int64_t *nb_cuda_flag(const nb_cuda_ctx *ctx);
 nb_status nb_cuda_flag_check(const nb_cuda_ctx *ctx, const char *op, int64_t limit);
-/* The device's work counters (NB_CUDA_WORK_WORDS unsigned, zero between
- * kernels): words 0 and 1 for a persistent kernel whose CTAs take their
+/* The device's work counters (NB_CUDA_WORK_WORDS unsigned): words 0 and
+ * 1, zero between kernels, for a persistent kernel whose CTAs take their
  * work items from a ticket counter (atomicAdd) and count themselves done,
  * the last one returning both to zero before the kernel ends; then two
  * words per CTA (at most NB_CUDA_WORK_CTAS) for handing a ticket from a
- * CTA's producer to its consumers. The device's one stream runs one such
- * kernel at a time. */
-enum { NB_CUDA_WORK_CTAS = 1024, NB_CUDA_WORK_WORDS = 2 + 2 * NB_CUDA_WORK_CTAS };
+ * CTA's producer to its consumers; then, from word NB_CUDA_WORK_SPLIT,
+ * NB_CUDA_WORK_SPLITS words, zero between kernels, where the parts of one
+ * output computed by different CTAs count themselves in (the last returns
+ * its word to zero). The device's one stream runs one such kernel at a
+ * time. */
+enum {
+  NB_CUDA_WORK_CTAS = 1024,
+  NB_CUDA_WORK_SPLIT = 2 + 2 * NB_CUDA_WORK_CTAS,
+  NB_CUDA_WORK_SPLITS = 8 * NB_CUDA_WORK_CTAS,
+  NB_CUDA_WORK_WORDS = NB_CUDA_WORK_SPLIT + NB_CUDA_WORK_SPLITS
+};
 unsigned *nb_cuda_work_counters(const nb_cuda_ctx *ctx);
 /* The device's cuBLASLt handle and workspace (cuda_gemm.cu uses them). */
 void *nb_cuda_lt_handle(const nb_cuda_ctx *ctx, void **workspace, size_t *ws_bytes);
