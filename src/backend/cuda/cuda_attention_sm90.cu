@@ -50,7 +50,11 @@
  *     into both CTAs by TMA multicast, the empty barriers count both CTAs'
  *     consumer warps, and the clusters take their items in a fixed turn
  *     instead of tickets (fa3_load_kv, fa3_free, fa3_after). Each K/V
- *     tile leaves L2 once per 256 query rows instead of per 128.
+ *     tile leaves L2 once per 256 query rows instead of per 128. The last
+ *     items' key tiles are cut into equal ranges, one per cluster
+ *     (stream-K, fa3_static_seg; NABLA_ATTENTION_SM90_STREAMK=0 off), and
+ *     the two parts of a cut item joined by the second to finish
+ *     (fa3_combine).
  *   - Items run into each other (fa3_carry): an item's last O += P V is
  *     issued with the next item's first S, and its epilogue follows that
  *     tile's softmax; an item's first P V product overwrites O (wgmma's
