@@ -65,9 +65,11 @@ int nb_sm90_args_ok(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm)
 int nb_sm90_schedule_bk(int i, int64_t rows, int64_t N, int64_t K, int bk, int n_sm,
                         nb_gemm_own_schedule *out);
 
-/* How many clusters of cfg's cluster size of the kernel kern (any
- * instantiation of the own kernel: they share threads and shared memory)
- * can be resident at once on the context's device; cached per device. */
+/* How many clusters of cfg's cluster size of the kernel kern can be
+ * resident at once on the context's device; cached per device, so kern
+ * must be one of the kernels that take a whole SM per CTA and clusters of
+ * two, whose answer is the same: the own GEMM's instantiations and the
+ * attention forward (cuda_attention_sm90.cu). */
 int nb_sm90_max_clusters(const nb_cuda_ctx *ctx, const void *kern, const cudaLaunchConfig_t *cfg);
 
 /* The device's split-K/stream-K workspace and the next launch epoch; 0
