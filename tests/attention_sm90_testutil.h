@@ -132,10 +132,10 @@ static int same_bits(const sresult *a, const sresult *b, int n) {
 
 /* The cases both programs run (each causal and not, in bf16 and f16;
  * NABLA_TEST_QUICK leaves out the long ones): check(case, causal, dtype,
- * seed) for each after the common set-up. prog names the program,
+ * seed) for each after the common set-up, then after() (when not NULL). prog names the program,
  * launches reads its kernel's launch counter (negative: not a 9.0 device). */
 static int sm90_run_cases(const char *prog, int64_t (*launches)(void),
-                          void (*check)(const scase *, int, nb_dtype, uint64_t)) {
+                          void (*check)(const scase *, int, nb_dtype, uint64_t), void (*after)(void)) {
   if (nb_cuda_available() <= 0) {
     printf("%s: no CUDA device, skipped\n", prog);
     return 77;
@@ -148,8 +148,12 @@ static int sm90_run_cases(const char *prog, int64_t (*launches)(void),
     {1, 3, 7, 129, 64, 0, 1},     {1, 1, 129, 7, 128, 0, 1},     {3, 1, 257, 257, 64, 1, 1},
     {1, 2, 1000, 1000, 64, 1, 1}, {1, 1, 1000, 700, 128, 0, 1},  {1, 1, 300, 1000, 64, 0, 1},
     {1, 1, 4097, 4097, 128, 0, 1}, {1, 2, 4097, 4097, 64, 1, 1},
-    /* more query blocks than an H100 has SMs: a persistent CTA takes several */
-    {2, 70, 129, 129, 64, 1, 1},  {1, 140, 200, 150, 128, 0, 1},
+    /* more query blocks than an H100 has SMs: a persistent CTA takes several;
+     * not causal, more pairs of blocks than it has clusters of two: the
+     * forward's stream-K tail cuts items (140 pairs of 2 key tiles, 70 of 8,
+     * 350 of 3 with an odd block count) */
+    {2, 70, 129, 129, 64, 1, 1},  {1, 140, 200, 150, 128, 0, 1}, {1, 70, 256, 900, 128, 0, 1},
+    {1, 70, 1100, 300, 64, 0, 1},
     {1, 2, 100, 100, 96, 0, 0},   {1, 2, 100, 100, 64, 2, 0}, /* D 96; rows of stride 65: not taken */
   };
   const nb_dtype dts[] = {NB_BF16, NB_F16};
@@ -162,6 +166,7 @@ static int sm90_run_cases(const char *prog, int64_t (*launches)(void),
         if (c->Lq > 4000 && dts[t] != NB_BF16) continue; /* 4097: bf16 only (the f64 reference's time) */
         check(c, causal, dts[t], 700 + 10 * i + 2 * causal + t);
       }
+  if (after) after();
   return nbt_finish();
 }
 

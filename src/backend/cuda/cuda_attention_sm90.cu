@@ -121,7 +121,7 @@ struct fa3_params {
   int64_t o_rs, o_bs[FA3_MAXK];
   nb_fastdiv bdim[FA3_MAXK]; /* the batch axes' sizes (.d) */
   int nbk;
-  int B, Lq, Lk, nblk; /* nblk: query blocks per batch index */
+  int B, Lq, Lk, nblk; /* nblk: query blocks (with clusters, pairs of them) per batch index */
   float scale, sl2;    /* sl2 = scale * log2(e) */
   int causal;
   int pingpong; /* the consumers take turns issuing their GEMMs (NABLA_ATTENTION_SM90_PINGPONG) */
@@ -131,11 +131,11 @@ struct fa3_params {
   int kt;       /* clusters: key tiles per item (not causal: all alike) */
   int64_t sk_units; /* clusters: key tiles of the split items, 0: none */
   float *part;  /* clusters: the split items' partial sums (fa3_combine) */
-  int items;    /* B nblk (batch index, query block) pairs */
+  int items;    /* B nblk (batch index, query block or pair of blocks) items */
   int hg;       /* batch indices per section of the item order (fa3_item) */
   int nfull;    /* sections of hg before the last */
   nb_fastdiv dsec, dhg, dhl; /* the order's divisors (fa3_set_order) */
-  unsigned *work; /* the work counters {ticket, CTAs done} (nb_cuda_work_counters) */
+  unsigned *work; /* the work counters: {ticket, CTAs done}, handover, split words (nb_cuda_work_counters) */
 };
 
 template <int D> struct fa3_cfg {
@@ -174,7 +174,7 @@ template <int D> struct fa3_bars {
 __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk;
   fa3_section(p, x, b, &blk);
-  /* clusters: item blk is query blocks 2 blk and 2 blk + 1, the CTA's rank's one */
+  /* clusters: item blk is the pair of query blocks 2 r and 2 r + 1, r = nblk - 1 - blk, the CTA's rank's one */
   *i0 = p.cluster > 1 ? (2 * (p.nblk - 1 - blk) + (int)(blockIdx.x & 1)) * FA3_BM : (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
@@ -547,13 +547,20 @@ template <int D> __device__ __forceinline__ int fa3_combine(const fa3_params &p,
   for (int i = 0; i < D / 2; i++) __stcg(mine + 32 * i, c.o[i]);
 #pragma unroll
   for (int h = 0; h < 2; h++) __stcg(mine + 32 * (D / 2 + h), c.m[h]), __stcg(mine + 32 * (D / 2 + 2 + h), c.l[h]);
-  __threadfence();
+  /* release: the warp's stores, then lane 0's fence and count; acquire:
+   * lane 0's count, its fence, then the warp's loads */
   __syncwarp();
   unsigned *word = p.work + NB_CUDA_WORK_SPLIT + slot, first = 0;
-  if (lane == 0) first = atomicAdd(word, 1u) == 0;
+  if (lane == 0) {
+    __threadfence();
+    first = atomicAdd(word, 1u) == 0;
+    if (!first) {
+      __threadfence();
+      *word = 0; /* both parts have come: zero for the next kernel */
+    }
+  }
   if (__shfl_sync(0xffffffffu, first, 0)) return 0;
-  __threadfence();
-  if (lane == 0) *word = 0; /* both parts have come: zero for the next kernel */
+  __syncwarp();
   float a[2][2]; /* [h][role]: each part's scale to the joint maximum */
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -788,19 +795,22 @@ int fa3_out_ok(const nb_kview *o, nb_dtype dt, int64_t D) {
   return 1;
 }
 
-int64_t fa3_launches;
+int64_t fa3_launches, fa3_cut_launches;
 
 /* Clusters: the stream-K tail (fa3_static_seg) of a grid of G clusters,
  * and the scratch of its partial sums (*part, *bytes; fa3_combine), when
- * whole rounds would leave clusters idle at the end, G < items, and
- * NABLA_ATTENTION_SM90_STREAMK is not "0"; else whole items in turn. */
+ * whole rounds would leave clusters idle at the end, G < items, an item
+ * has 2 key tiles or more and NABLA_ATTENTION_SM90_STREAMK is not "0"
+ * (then some items are cut: their G to 2G - 1 are not a multiple of G);
+ * else whole items in turn. */
 template <int D> static void fa3_plan_tail(const nb_cuda_ctx *ctx, fa3_params &p, int G, size_t *bytes) {
   p.sk_f = p.items;
   p.sk_units = 0;
   p.part = NULL;
   *bytes = 0;
-  if (G >= p.items || p.items % G == 0 || 16 * G > NB_CUDA_WORK_SPLITS || !fa3_switch("NABLA_ATTENTION_SM90_STREAMK"))
-    return;
+  if (G >= p.items || p.items % G == 0 || p.kt < 2 || 16 * G > NB_CUDA_WORK_SPLITS ||
+      !fa3_switch("NABLA_ATTENTION_SM90_STREAMK"))
+    return; /* whole rounds fill the clusters, or an item is a tile (no cuts) */
   const size_t need = (size_t)2 * G * 8 * 2 * (D / 2 + 4) * 32 * sizeof(float); /* per CTA and warp, both parts */
   if (!(p.part = (float *)nb_cuda_scratch(ctx, need))) return;
   *bytes = need;
@@ -832,6 +842,7 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p)
   if (part_bytes) nb_cuda_scratch_free(ctx, p.part, part_bytes); /* stream-ordered: after the kernel */
   NB_CUDA_TRY(e, "attention (sm90): launch");
   __atomic_add_fetch(&fa3_launches, 1, __ATOMIC_RELAXED);
+  if (part_bytes) __atomic_add_fetch(&fa3_cut_launches, 1, __ATOMIC_RELAXED);
   return nb_cuda_launch_check("attention (sm90)");
 }
 
@@ -886,6 +897,10 @@ int64_t nb_cuda_attn_sm90_launches(int device) {
   return nb_sm90_device_ok(device) ? __atomic_load_n(&fa3_launches, __ATOMIC_RELAXED) : -1;
 }
 
+int64_t nb_cuda_attn_sm90_cut_launches(int device) {
+  return nb_sm90_device_ok(device) ? __atomic_load_n(&fa3_cut_launches, __ATOMIC_RELAXED) : -1;
+}
+
 int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse, const nb_kview *q,
                           const nb_kview *k, const nb_kview *v, double scale, int causal, nb_status *st) {
   const char *env = getenv("NABLA_ATTENTION_SM90");
@@ -929,8 +944,11 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
    * (fa3_load_kv) when not causal (the pair's blocks take as long) and
    * the blocks pair up (an odd count's last pair has a block past Lq,
    * computed on zero rows and not stored: for 9 or more blocks at most a
-   * tenth more work); NABLA_ATTENTION_SM90_CLUSTER=0: none */
-  p.cluster = !causal && (nblk % 2 == 0 || nblk > 8) && fa3_switch("NABLA_ATTENTION_SM90_CLUSTER") ? 2 : 1;
+   * ninth more work); NABLA_ATTENTION_SM90_CLUSTER=0: none */
+  p.cluster = !causal && (nblk % 2 == 0 || nblk > 8) && B * nblk <= INT32_MAX / 2 && /* 2 items CTAs */
+                      fa3_switch("NABLA_ATTENTION_SM90_CLUSTER")
+                  ? 2
+                  : 1;
   p.kt = (int)((Lk + FA3_BN - 1) / FA3_BN); /* not causal: every block's key tiles */
   CUtensorMap maps[4];
   const int kv_rows = FA3_BN / p.cluster;

@@ -19,7 +19,9 @@
  * writes them, which the backward reads. NABLA_ATTENTION_SM90_PINGPONG=0
  * and NABLA_ATTENTION_SM90_TMA_STORE=0 (read at every call) turn off the
  * consumers' turns and o's store through shared memory by TMA: the same
- * bits, other timings. */
+ * bits, other timings; NABLA_ATTENTION_SM90_CLUSTER=0 and
+ * NABLA_ATTENTION_SM90_STREAMK=0 the clusters of two and the stream-K
+ * tail (not causal). */
 int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kview *lse,
                           const nb_kview *q, const nb_kview *k, const nb_kview *v, double scale,
                           int causal, nb_status *st);
@@ -31,6 +33,10 @@ extern "C" {
  * the device is not compute capability 9.0 (it never runs there). For tests
  * that must know which kernel ran. */
 int64_t nb_cuda_attn_sm90_launches(int device);
+/* Those of them that cut some items' key tiles between clusters (the
+ * stream-K tail: not causal, more items than clusters), whose rows sum
+ * in another order than with NABLA_ATTENTION_SM90_STREAMK=0. */
+int64_t nb_cuda_attn_sm90_cut_launches(int device);
 
 #ifdef __cplusplus
 }
