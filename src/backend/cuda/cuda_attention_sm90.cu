@@ -104,6 +104,7 @@
 #include "backend/cuda/gemm_sm90_plan.h"
 
 #define FA3_BM 128     /* query rows per CTA: two consumer warpgroups of 64 */
+#define FA3_BN 128     /* keys per K/V tile */
 #define FA3_THREADS 384
 #define FA3_SCHED_BAR 3 /* named barriers 3, 4: the consumers' GEMM turns (ping-pong) */
 #define FA3_EPI_BAR 5   /* named barriers 5, 6: a consumer's staged o before its TMA store */
@@ -137,16 +138,14 @@ struct fa3_params {
   unsigned *work; /* the work counters: {ticket, CTAs done}, handover, split words (nb_cuda_work_counters) */
 };
 
-template <int D, int BN> struct fa3_cfg {
+template <int D> struct fa3_cfg {
   static constexpr int ST = D == 64 ? 3 : 2;                      /* K/V stages */
-  static constexpr int QB = FA3_BM * D * 2, KB = BN * D * 2; /* bytes: Q (and o's staging); one K or V tile */
+  static constexpr int QB = FA3_BM * D * 2, KB = FA3_BN * D * 2; /* bytes: Q (and o's staging); one K or V tile */
   /* full Q 0; full K, full V, empty K, empty V per stage; empty Q 0; full
    * and empty item slot per slot (2); full Q 1, empty Q 1 */
   static constexpr int NBAR = 8 + 4 * ST;
-  /* two Q tiles (items n and n + 1), o's staging tile (not with 160-key
-   * tiles: no room; o by pair stores), the K/V ring */
-  static constexpr int STAGE_O = BN == 128;
-  static constexpr size_t SMEM = 1024 + (2 + STAGE_O) * QB + 2 * ST * KB + 8 * NBAR;
+  /* two Q tiles (items n and n + 1), o's staging tile, the K/V ring */
+  static constexpr size_t SMEM = 1024 + 3 * QB + 2 * ST * KB + 8 * NBAR;
 };
 
 #ifdef NB_SM90A_DEVICE
@@ -154,16 +153,16 @@ template <int D, int BN> struct fa3_cfg {
  * full V, empty K, empty V, then empty Q 0, the item slots' full and empty
  * barriers (fa3_put), full Q 1, empty Q 1. Q tile s = n % 2 holds item n's
  * Q, so the producer loads the next item's while this one's runs. */
-template <int D, int BN> struct fa3_bars {
+template <int D> struct fa3_bars {
   uint32_t base;
-  __device__ __forceinline__ uint32_t q(int s) const { return s ? base + 8 * (6 + 4 * fa3_cfg<D, BN>::ST) : base; }
+  __device__ __forceinline__ uint32_t q(int s) const { return s ? base + 8 * (6 + 4 * fa3_cfg<D>::ST) : base; }
   __device__ __forceinline__ uint32_t fk(int s) const { return base + 8 * (1 + s); }
-  __device__ __forceinline__ uint32_t fv(int s) const { return base + 8 * (1 + fa3_cfg<D, BN>::ST + s); }
-  __device__ __forceinline__ uint32_t ek(int s) const { return base + 8 * (1 + 2 * fa3_cfg<D, BN>::ST + s); }
-  __device__ __forceinline__ uint32_t ev(int s) const { return base + 8 * (1 + 3 * fa3_cfg<D, BN>::ST + s); }
-  __device__ __forceinline__ uint32_t qe(int s) const { return base + 8 * ((s ? 7 : 1) + 4 * fa3_cfg<D, BN>::ST); }
-  __device__ __forceinline__ uint32_t itf(int s) const { return base + 8 * (2 + 4 * fa3_cfg<D, BN>::ST + s); }
-  __device__ __forceinline__ uint32_t ite(int s) const { return base + 8 * (4 + 4 * fa3_cfg<D, BN>::ST + s); }
+  __device__ __forceinline__ uint32_t fv(int s) const { return base + 8 * (1 + fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t ek(int s) const { return base + 8 * (1 + 2 * fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t ev(int s) const { return base + 8 * (1 + 3 * fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t qe(int s) const { return base + 8 * ((s ? 7 : 1) + 4 * fa3_cfg<D>::ST); }
+  __device__ __forceinline__ uint32_t itf(int s) const { return base + 8 * (2 + 4 * fa3_cfg<D>::ST + s); }
+  __device__ __forceinline__ uint32_t ite(int s) const { return base + 8 * (4 + 4 * fa3_cfg<D>::ST + s); }
 };
 
 /* Work item x (0 <= x < p.items): its batch index *b, first query row
@@ -172,14 +171,14 @@ template <int D, int BN> struct fa3_bars {
  * whose K and V fit in an eighth of the L2 together, so the CTAs at work at any time read K/V
  * tiles that L2 holds; inside a section the heaviest query blocks first,
  * each for all the section's batch indices. */
-template <int BN> __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
+__device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk;
   fa3_section(p, x, b, &blk);
   /* clusters: item blk is the pair of query blocks 2 r and 2 r + 1, r = nblk - 1 - blk, the CTA's rank's one */
   *i0 = p.cluster > 1 ? (2 * (p.nblk - 1 - blk) + (int)(blockIdx.x & 1)) * FA3_BM : (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
-  *ntiles = (kend + BN - 1) / BN;
+  *ntiles = (kend + FA3_BN - 1) / FA3_BN;
 }
 
 /* A CTA's piece of work: item x's key tiles [j0, j1) (j1 < 0: to the
@@ -214,7 +213,7 @@ __device__ __forceinline__ fa3_seg fa3_first(const fa3_params &p) {
 __device__ __forceinline__ fa3_seg fa3_after(const fa3_params &p, int n) {
   return p.cluster > 1 ? fa3_static_seg(p, n + 1) : fa3_seg{fa3_next(p), 0, -1};
 }
-template <int D, int BN> __device__ __forceinline__ fa3_seg fa3_fwd_take(const fa3_params &p, fa3_bars<D, BN> bar, int n) {
+template <int D> __device__ __forceinline__ fa3_seg fa3_fwd_take(const fa3_params &p, fa3_bars<D> bar, int n) {
   return p.cluster > 1 ? fa3_static_seg(p, n) : fa3_seg{fa3_take(p, bar, n), 0, -1};
 }
 
@@ -262,30 +261,30 @@ __device__ __forceinline__ void fa3_tma_store(const CUtensorMap *m, uint32_t src
  * query blocks: at B4 H16 N4096 D128 the 128-row blocks' K and V reads are
  * 4.1 GB a call, and at the power limit a kernel's clock falls with the
  * energy it spends. Both CTAs' barriers expect the whole tile. */
-template <int D, int BN>
+template <int D>
 __device__ __forceinline__ void fa3_load_kv(uint32_t t, const CUtensorMap *m, uint32_t bar, const fa3_params &p,
                                             const int *c, int j) {
-  const int h = p.cluster > 1 ? BN / 2 * (int)(blockIdx.x & 1) : 0;
+  const int h = p.cluster > 1 ? 64 * (int)(blockIdx.x & 1) : 0;
 #pragma unroll
   for (int x = 0; x < D / 64; x++)
-    fa3_tma(t + x * BN * 128 + h * 128, m, bar, 64 * x, j * BN + h, c, p.nbk, p.cluster > 1 ? 3 : 0);
+    fa3_tma(t + x * FA3_BN * 128 + h * 128, m, bar, 64 * x, j * FA3_BN + h, c, p.nbk, p.cluster > 1 ? 3 : 0);
 }
 
 /* K_j and V_j (key tile j of the item whose batch coordinates are c) into
  * the ring's stage it % ST once the consumers have freed it (with
  * clusters, both CTAs' consumers: fa3_free). */
-template <int D, int BN>
+template <int D>
 __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUtensorMap *mv, const fa3_params &p,
-                                               const int *c, int j, int it, uint32_t sk, fa3_bars<D, BN> bar) {
-  typedef fa3_cfg<D, BN> C;
+                                               const int *c, int j, int it, uint32_t sk, fa3_bars<D> bar) {
+  typedef fa3_cfg<D> C;
   const int s = it % C::ST;
   const uint32_t ph = (uint32_t)(it / C::ST) & 1, kt = sk + s * 2 * C::KB, vt = kt + C::KB;
   sm90_bar_wait(bar.ek(s), ph ^ 1); /* fresh barriers pass parity 1 */
   sm90_bar_expect(bar.fk(s), C::KB);
-  fa3_load_kv<D, BN>(kt, mk, bar.fk(s), p, c, j);
+  fa3_load_kv<D>(kt, mk, bar.fk(s), p, c, j);
   sm90_bar_wait(bar.ev(s), ph ^ 1);
   sm90_bar_expect(bar.fv(s), C::KB);
-  fa3_load_kv<D, BN>(vt, mv, bar.fv(s), p, c, j);
+  fa3_load_kv<D>(vt, mv, bar.fv(s), p, c, j);
 }
 
 /* Producer (one thread), for each of the CTA's pieces n (items, or with
@@ -297,17 +296,17 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
  * is taken as item n starts and handed over (fa3_put) once its loads are
  * issued, so the atomic's round trip is off the loads' path and long done
  * when the consumers read it at item n's last tile. */
-template <int D, int BN>
+template <int D>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
-                                            const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D, BN> bar) {
-  typedef fa3_cfg<D, BN> C;
+                                            const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
+  typedef fa3_cfg<D> C;
   int it = 0, b, i0, ntiles;
   fa3_seg sg = fa3_first(p);
   if (p.cluster == 1) fa3_put(p, bar, 0, sg.x);
   for (int n = 0; sg.x < p.items; n++) {
     const fa3_seg nx = fa3_after(p, n);
     const int qs = n % 2;
-    fa3_item<BN>(p, sg.x, &b, &i0, &ntiles);
+    fa3_item(p, sg.x, &b, &i0, &ntiles);
     int c[FA3_MAXK];
     fa3_coords(p, b, c);
     sm90_bar_wait(bar.qe(qs), ((uint32_t)(n / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
@@ -315,7 +314,7 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
 #pragma unroll
     for (int xb = 0; xb < D / 64; xb++)
       fa3_tma(sq + qs * C::QB + xb * FA3_BM * 128, mq, bar.q(qs), 64 * xb, i0, c, p.nbk);
-    for (int j = sg.j0; j < (sg.j1 < 0 ? ntiles : sg.j1); j++, it++) fa3_produce_kv<D, BN>(mk, mv, p, c, j, it, sk, bar);
+    for (int j = sg.j0; j < (sg.j1 < 0 ? ntiles : sg.j1); j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
     if (p.cluster == 1) fa3_put(p, bar, n + 1, nx.x);
     sg = nx;
   }
@@ -325,25 +324,24 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
 
 /* ---- wgmma ------------------------------------------------------------- */
 /* S = Q K^T for one consumer: qa its 64 rows of Q's block 0, kb K's block 0. */
-template <typename T, int D, int BN>
-__device__ __forceinline__ void fa3_qk(float (&s)[BN / 2], uint32_t qa, uint32_t kb) {
+template <typename T, int D>
+__device__ __forceinline__ void fa3_qk(float (&s)[FA3_BN / 2], uint32_t qa, uint32_t kb) {
   const fa3_desc dq(qa, 16), dk(kb, 16);
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t x = kk / 4, off = (kk % 4) * 32;
-    if (BN == 128) fa3_mma<T>::ss128(s, dq.at(x * FA3_BM * 128 + off), dk.at(x * BN * 128 + off), kk > 0);
-    else fa3_mma<T>::ss160(s, dq.at(x * FA3_BM * 128 + off), dk.at(x * BN * 128 + off), kk > 0);
+    fa3_mma<T>::ss128(s, dq.at(x * FA3_BM * 128 + off), dk.at(x * FA3_BN * 128 + off), kk > 0);
   }
 }
 
 /* O = (acc ? O : 0) + P V: pa P's A fragments per 16 keys, vb V's block 0
  * (an item's first product overwrites O: no zeroing between items). */
-template <typename T, int D, int BN>
-__device__ __forceinline__ void fa3_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t vb,
+template <typename T, int D>
+__device__ __forceinline__ void fa3_pv(float (&o)[D / 2], const uint32_t (&pa)[FA3_BN / 16][4], uint32_t vb,
                                        uint32_t acc) {
-  const fa3_desc dv(vb, BN * 128);
+  const fa3_desc dv(vb, FA3_BN * 128);
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++) {
+  for (int kk = 0; kk < FA3_BN / 16; kk++) {
     if (D == 128) fa3_mma<T>::rs128(o, pa[kk], dv.at(kk * 2048), kk > 0 || acc);
     else fa3_mma<T>::rs64(o, pa[kk], dv.at(kk * 2048), kk > 0 || acc);
   }
@@ -353,9 +351,9 @@ __device__ __forceinline__ void fa3_pv(float (&o)[D / 2], const uint32_t (&pa)[B
 /* -inf where key c0 + column is at or past Lk or (causal) after the row
  * (r0: this thread's row g; its row g + 8 is r0 + 8; c0: the key of this
  * thread's first column, j0 + 2t). */
-template <int BN> __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], int r0, int c0, int Lk, int causal) {
+__device__ __forceinline__ void fa3_mask(float (&s)[FA3_BN / 2], int r0, int c0, int Lk, int causal) {
 #pragma unroll
-  for (int n = 0; n < BN / 8; n++)
+  for (int n = 0; n < FA3_BN / 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int c = c0 + 8 * n + (e & 1), r = r0 + 8 * (e >> 1);
@@ -372,19 +370,22 @@ template <int BN> __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], i
  * the input dtype's precision as before (l, O and the log-sum-exp use the
  * same m), and corr is 1, so that O's rescaling is skipped on most tiles.
  * The formulas of the mma kernel's fa_softmax otherwise. */
-template <int BN> __device__ __forceinline__ void fa3_softmax(float (&s)[BN / 2], float *m, float *l, float *corr, float sl2) {
+__device__ __forceinline__ void fa3_softmax(float (&s)[FA3_BN / 2], float *m, float *l, float *corr, float sl2) {
+  static_assert(FA3_BN == 128, "the row max's tree is written for 16 column blocks");
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    /* the row max as a tree, 4 deep (BN 128; 5 at 160) where a chain
-     * was 16: it stands between S and the exponentials */
-    float t[BN / 8];
+    /* the row max as a tree, 5 deep where a chain was 16: it stands
+     * between S and the exponentials */
+    float t[FA3_BN / 8];
 #pragma unroll
-    for (int n = 0; n < BN / 8; n++) t[n] = fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
+    for (int n = 0; n < FA3_BN / 8; n++) t[n] = fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
 #pragma unroll
-    for (int w = 1; w < BN / 8; w *= 2) /* pairs w apart: ceil(log2(BN / 8)) deep */
+    for (int n = 0; n < 8; n++) t[n] = fmaxf(t[n], t[n + 8]);
 #pragma unroll
-      for (int n = 0; n + w < BN / 8; n += 2 * w) t[n] = fmaxf(t[n], t[n + w]);
-    float mx = t[0];
+    for (int n = 0; n < 4; n++) t[n] = fmaxf(t[n], t[n + 4]);
+#pragma unroll
+    for (int n = 0; n < 2; n++) t[n] = fmaxf(t[n], t[n + 2]);
+    float mx = fmaxf(t[0], t[1]);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     corr[h] = 1.0f;
@@ -395,7 +396,7 @@ template <int BN> __device__ __forceinline__ void fa3_softmax(float (&s)[BN / 2]
     const float ms = m[h] == -INFINITY ? 0.0f : m[h] * sl2; /* a row with no key yet */
     float sum = 0.0f;
 #pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
+    for (int n = 0; n < FA3_BN / 8; n++) {
       s[4 * n + 2 * h] = nb_mma_exp2(fmaf(s[4 * n + 2 * h], sl2, -ms));
       s[4 * n + 2 * h + 1] = nb_mma_exp2(fmaf(s[4 * n + 2 * h + 1], sl2, -ms));
       sum += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
@@ -404,7 +405,7 @@ template <int BN> __device__ __forceinline__ void fa3_softmax(float (&s)[BN / 2]
   }
 }
 
-template <int D, int BN> __device__ __forceinline__ void fa3_rescale(float (&o)[D / 2], const float *corr) {
+template <int D> __device__ __forceinline__ void fa3_rescale(float (&o)[D / 2], const float *corr) {
 #pragma unroll
   for (int n = 0; n < D / 8; n++) {
     o[4 * n] *= corr[0], o[4 * n + 1] *= corr[0];
@@ -415,12 +416,12 @@ template <int D, int BN> __device__ __forceinline__ void fa3_rescale(float (&o)[
 /* ---- consumer ---------------------------------------------------------- */
 /* Tile j's mask (only when it reaches past Lk or, causal, past the warp's
  * first row rw) and online softmax. */
-template <int BN> __device__ __forceinline__ void fa3_tile(float (&s)[BN / 2], const fa3_params &p, int j, int rw, int r0, int t,
+__device__ __forceinline__ void fa3_tile(float (&s)[FA3_BN / 2], const fa3_params &p, int j, int rw, int r0, int t,
                                          float *m, float *l, float *corr) {
-  const int j0 = j * BN;
-  if (j0 + BN > p.Lk || (p.causal && j0 + BN - 1 > rw)) /* warp-uniform */
-    fa3_mask<BN>(s, r0, j0 + 2 * t, p.Lk, p.causal);
-  fa3_softmax<BN>(s, m, l, corr, p.sl2);
+  const int j0 = j * FA3_BN;
+  if (j0 + FA3_BN > p.Lk || (p.causal && j0 + FA3_BN - 1 > rw)) /* warp-uniform */
+    fa3_mask(s, r0, j0 + 2 * t, p.Lk, p.causal);
+  fa3_softmax(s, m, l, corr, p.sl2);
 }
 
 /* o = O / l (rows r0, r0 + 8 of the batch index b, those before Lq) and
@@ -434,7 +435,7 @@ template <int BN> __device__ __forceinline__ void fa3_tile(float (&s)[BN / 2], c
  * runs in the next item's first tile, after its softmax: fa3_finish);
  * else each thread stores its pairs. The same values either
  * way. */
-template <typename T, int D, int BN>
+template <typename T, int D>
 __device__ __forceinline__ void fa3_store(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int wg,
                                           uint32_t oa, int r0, const float (&o)[D / 2], const float *m, float *l,
                                           int tma) {
@@ -517,9 +518,9 @@ template <bool B> struct fa3_flag {
  * its last tile's P (the last P V product is issued with the next item's
  * first S, so the tensor cores do not wait for the store and the next
  * item's first softmax), its row max and sum, and where it goes. */
-template <int D, int BN> struct fa3_carry {
+template <int D> struct fa3_carry {
   float o[D / 2], m[2], l[2];
-  uint32_t pa[BN / 16][4];
+  uint32_t pa[FA3_BN / 16][4];
   int pend;   /* an item's last P V product is still to be issued */
   int acc;    /* it adds to O (the item had more than one tile) */
   int b, i0;  /* that item's batch index and first row */
@@ -537,7 +538,7 @@ template <int D, int BN> struct fa3_carry {
  * maxima, each part scaled to it, the head's term first: the same bits
  * whichever comes second), returns the word to zero and 1: it stores the
  * rows. 0: the other part will. */
-template <int D, int BN> __device__ __forceinline__ int fa3_combine(const fa3_params &p, fa3_carry<D, BN> &c) {
+template <int D> __device__ __forceinline__ int fa3_combine(const fa3_params &p, fa3_carry<D> &c) {
   constexpr int W = D / 2 + 4; /* floats per thread: o, m, l */
   const int lane = threadIdx.x % 32, cw = (int)threadIdx.x / 32 - 4; /* the consumer warp, 0..7 */
   const int slot = ((int)blockIdx.x + (c.part == 1 ? 2 : 0)) * 8 + cw, role = c.part - 1;
@@ -590,28 +591,28 @@ __device__ __forceinline__ void fa3_free(const fa3_params &p, uint32_t bar) {
 }
 
 /* The pending item's last O += P V: issued (V's stage awaited) ... */
-template <typename T, int D, int BN>
-__device__ __forceinline__ void fa3_last_pv(fa3_carry<D, BN> &c, uint32_t sk, fa3_bars<D, BN> bar) {
-  typedef fa3_cfg<D, BN> C;
+template <typename T, int D>
+__device__ __forceinline__ void fa3_last_pv(fa3_carry<D> &c, uint32_t sk, fa3_bars<D> bar) {
+  typedef fa3_cfg<D> C;
   const int sl = c.it % C::ST;
   sm90_bar_wait(bar.fv(sl), (uint32_t)(c.it / C::ST) & 1);
   fa3_wg_fence();
-  fa3_pv<T, D, BN>(c.o, c.pa, sk + sl * 2 * C::KB + C::KB, c.acc);
+  fa3_pv<T, D>(c.o, c.pa, sk + sl * 2 * C::KB + C::KB, c.acc);
   fa3_commit();
 }
 /* ... and, once complete (the caller waits), V's stage freed and o and lse
  * stored. */
-template <typename T, int D, int BN>
-__device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMap *mo, fa3_carry<D, BN> &c, int wg,
-                                           uint32_t so, fa3_bars<D, BN> bar) {
+template <typename T, int D>
+__device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMap *mo, fa3_carry<D> &c, int wg,
+                                           uint32_t so, fa3_bars<D> bar) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
   fa3_fence(c.o);
   fa3_fence(c.pa);
-  if (lane == 0) fa3_free(p, bar.ev(c.it % fa3_cfg<D, BN>::ST));
+  if (lane == 0) fa3_free(p, bar.ev(c.it % fa3_cfg<D>::ST));
   c.pend = 0;
-  if (c.part && !fa3_combine<D, BN>(p, c)) return; /* the item's other part stores it */
+  if (c.part && !fa3_combine<D>(p, c)) return; /* the item's other part stores it */
   /* a joined item's rows by each thread's stores: its warps store or not each on their own */
-  fa3_store<T, D, BN>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l,
+  fa3_store<T, D>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l,
                   p.tma_o && !c.part);
 }
 
@@ -623,21 +624,21 @@ __device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMa
  * tile. Tile 0's S goes with the previous item's last P V product (c),
  * whose store follows tile 0's softmax; this item's last P V product is
  * left in c for the next item (or the kernel's end). */
-template <typename T, int D, int BN>
+template <typename T, int D>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int jb,
                                             int ntiles, int part, int it0, int n, fa3_seg *nx, int wg, uint32_t sq,
                                             uint32_t sk,
-                                            uint32_t so, fa3_bars<D, BN> bar, fa3_carry<D, BN> &c) {
-  typedef fa3_cfg<D, BN> C;
+                                            uint32_t so, fa3_bars<D> bar, fa3_carry<D> &c) {
+  typedef fa3_cfg<D> C;
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4;
   const int rw = i0 + 64 * wg + 16 * w, r0 = rw + lane / 4; /* the warp's first row; this thread's row g */
   const int qs = n % 2;
   const uint32_t qa = sq + qs * C::QB + wg * 64 * 128;
-  float s[BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+  float s[FA3_BN / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
   float(&o)[D / 2] = c.o;
-  uint32_t(&pa)[BN / 16][4] = c.pa;
+  uint32_t(&pa)[FA3_BN / 16][4] = c.pa;
 #pragma unroll
-  for (int i = 0; i < BN / 2; i++) s[i] = 0.0f;
+  for (int i = 0; i < FA3_BN / 2; i++) s[i] = 0.0f;
   const int pp = p.pingpong;
   /* tile 0: S_0 (with the previous item's last P V), its softmax, P_0;
    * two copies of its rest (first), so that each has its wgmma waits in
@@ -650,10 +651,10 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_fence(o);
   fa3_fence(pa);
   fa3_wg_fence();
-  fa3_qk<T, D, BN>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
+  fa3_qk<T, D>(s, qa, sk + (it0 % C::ST) * 2 * C::KB);
   fa3_commit();
   auto first = [&](auto pend) { /* pend: fa3_flag<c.pend> */
-    if (pend.value) fa3_last_pv<T, D, BN>(c, sk, bar);
+    if (pend.value) fa3_last_pv<T, D>(c, sk, bar);
     if (ntiles == 1) *nx = fa3_fwd_take(p, bar, n + 1); /* the next item (fa3_next) */
     if (wg == 0 || ntiles > 1 || nx->x < p.items) fa3_turn_pass(pp, wg);
     if (pend.value) fa3_wait<1>();
@@ -663,10 +664,10 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
       fa3_free(p, bar.ek(it0 % C::ST));
       if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
     }
-    fa3_tile<BN>(s, p, jb, rw, r0, t, m, l, corr);
+    fa3_tile(s, p, jb, rw, r0, t, m, l, corr);
     if (pend.value) {
       fa3_wait<0>();
-      fa3_finish<T, D, BN>(p, mo, c, wg, so, bar);
+      fa3_finish<T, D>(p, mo, c, wg, so, bar);
     }
   };
   if (c.pend) first(fa3_flag<true>());
@@ -680,11 +681,11 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_fence(o);
     fa3_fence(pa);
     fa3_wg_fence();
-    fa3_qk<T, D, BN>(s, qa, sk + sj * 2 * C::KB); /* S_j = Q K_j^T */
+    fa3_qk<T, D>(s, qa, sk + sj * 2 * C::KB); /* S_j = Q K_j^T */
     fa3_commit();
     sm90_bar_wait(bar.fv(sp), (uint32_t)((it0 + j - 1) / C::ST) & 1);
     fa3_wg_fence();
-    fa3_pv<T, D, BN>(o, pa, sk + sp * 2 * C::KB + C::KB, j > 1); /* O += P_{j-1} V_{j-1} */
+    fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB, j > 1); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
     if (j == ntiles - 1) *nx = fa3_fwd_take(p, bar, n + 1);
     if (wg == 0 || j < ntiles - 1 || nx->x < p.items) fa3_turn_pass(pp, wg);
@@ -694,12 +695,12 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
       fa3_free(p, bar.ek(sj));
       if (j == ntiles - 1) sm90_bar_arrive(bar.qe(qs));
     }
-    fa3_tile<BN>(s, p, jb + j, rw, r0, t, m, l, corr);
+    fa3_tile(s, p, jb + j, rw, r0, t, m, l, corr);
     fa3_wait<0>();
     fa3_fence(o);
     fa3_fence(pa);
     if (lane == 0) fa3_free(p, bar.ev(sp));
-    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) fa3_rescale<D, BN>(o, corr);
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) fa3_rescale<D>(o, corr);
     fa3_pack<T>(pa, s);
   }
   c.pend = 1;
@@ -714,17 +715,17 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
 #endif /* NB_SM90A_DEVICE */
 
 // q (B, Lq, D), k, v (B, Lk, D) -> o (B, Lq, D), lse (B, Lq) f32
-template <typename T, int D, int BN>
+template <typename T, int D>
 __global__ void __launch_bounds__(FA3_THREADS, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                    const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mo,
                    const __grid_constant__ fa3_params p) {
 #ifdef NB_SM90A_DEVICE
-  typedef fa3_cfg<D, BN> C;
+  typedef fa3_cfg<D> C;
   extern __shared__ uint8_t fa3_raw[];
   /* the 128-byte swizzle repeats every 1024 bytes: align the tiles to it */
   const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + 2 * C::QB, so = sk + 2 * C::ST * C::KB;
-  const fa3_bars<D, BN> bar = {so + C::STAGE_O * C::QB};
+  const fa3_bars<D> bar = {so + C::QB};
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::NBAR; i++) /* full: the producer; empty: the consumer warps (K, V: of the cluster) */
       sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST
@@ -739,7 +740,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
   fa3_grid_wait();
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 0) fa3_produce<D, BN>(&mq, &mk, &mv, p, sq, sk, bar);
+    if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, sq, sk, bar);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     /* the warpgroup by a shuffle from lane 0, which ptxas knows is the same
@@ -749,7 +750,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
     int it = 0; /* the ring's tiles consumed so far */
     fa3_seg sg = fa3_fwd_take(p, bar, 0);
-    fa3_carry<D, BN> c;
+    fa3_carry<D> c;
     c.pend = 0;
     c.part = 0;
     /* defined values for the first tile's register fences (every item's
@@ -759,18 +760,18 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     for (int n = 0; sg.x < p.items; n++) {
       fa3_seg nx;
       int b, i0, ntiles;
-      fa3_item<BN>(p, sg.x, &b, &i0, &ntiles);
+      fa3_item(p, sg.x, &b, &i0, &ntiles);
       const int j1 = sg.j1 < 0 ? ntiles : sg.j1, part = sg.j0 > 0 ? 2 : j1 < ntiles ? 1 : 0;
-      fa3_consume<T, D, BN>(p, &mo, b, i0, sg.j0, j1 - sg.j0, part, it, n, &nx, wg, sq, sk, so, bar, c);
+      fa3_consume<T, D>(p, &mo, b, i0, sg.j0, j1 - sg.j0, part, it, n, &nx, wg, sq, sk, so, bar, c);
       it += j1 - sg.j0;
       sg = nx;
     }
     if (c.pend) { /* the last item's last P V product and store */
       fa3_fence(c.o);
       fa3_fence(c.pa);
-      fa3_last_pv<T, D, BN>(c, sk, bar);
+      fa3_last_pv<T, D>(c, sk, bar);
       fa3_wait<0>();
-      fa3_finish<T, D, BN>(p, &mo, c, wg, so, bar);
+      fa3_finish<T, D>(p, &mo, c, wg, so, bar);
     }
     /* the staging tile must stay until the last store has read it */
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -802,7 +803,7 @@ int64_t fa3_launches, fa3_cut_launches;
  * has 2 key tiles or more and NABLA_ATTENTION_SM90_STREAMK is not "0"
  * (then some items are cut: their G to 2G - 1 are not a multiple of G);
  * else whole items in turn. */
-template <int D, int BN> static void fa3_plan_tail(const nb_cuda_ctx *ctx, fa3_params &p, int G, size_t *bytes) {
+template <int D> static void fa3_plan_tail(const nb_cuda_ctx *ctx, fa3_params &p, int G, size_t *bytes) {
   p.sk_f = p.items;
   p.sk_units = 0;
   p.part = NULL;
@@ -817,10 +818,10 @@ template <int D, int BN> static void fa3_plan_tail(const nb_cuda_ctx *ctx, fa3_p
   p.sk_units = (int64_t)(p.items - p.sk_f * G) * p.kt;
 }
 
-template <typename T, int D, int BN>
+template <typename T, int D>
 nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p) {
-  auto kern = fa3_fwd_kernel<T, D, BN>;
-  const size_t smem = fa3_cfg<D, BN>::SMEM;
+  auto kern = fa3_fwd_kernel<T, D>;
+  const size_t smem = fa3_cfg<D>::SMEM;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (sm90): shared memory attribute");
   /* persistent: one CTA per SM takes items from the ticket counter
@@ -834,7 +835,7 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p)
     fa3_launch_cfg l((unsigned)(2 * p.items), FA3_THREADS, smem, 2, ctx);
     const int most = nb_sm90_max_clusters(ctx, (const void *)kern, &l.cfg);
     grid = 2 * (persistent && most < p.items ? most : p.items);
-    fa3_plan_tail<D, BN>(ctx, p, grid / 2, &part_bytes);
+    fa3_plan_tail<D>(ctx, p, grid / 2, &part_bytes);
   }
   fa3_launch_cfg l((unsigned)grid, FA3_THREADS, smem, (unsigned)p.cluster, ctx);
   const cudaError_t e = cudaLaunchKernelEx(&l.cfg, kern, m[0], m[1], m[2], m[3], p);
@@ -845,9 +846,9 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p)
   return nb_cuda_launch_check("attention (sm90)");
 }
 
-template <typename T, int D, int BN> int fa3_ready(void) {
+template <typename T, int D> int fa3_ready(void) {
   static int cache = 0;
-  return fa3_binary_ok(fa3_fwd_kernel<T, D, BN>, &cache);
+  return fa3_binary_ok(fa3_fwd_kernel<T, D>, &cache);
 }
 
 } /* namespace */
@@ -914,12 +915,8 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   for (int d = 0; d < nb; d++) /* one batch shape (no grouped heads, no broadcasting) */
     if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d] || o->shape[d] != q->shape[d]) return 0;
   if (Lq < 1 || Lk < 1 || Lq > INT32_MAX / 2 || Lk > INT32_MAX / 2) return 0;
-  /* keys per K/V tile: 128, or 160 at D 128 (NABLA_ATTENTION_SM90_BN=160) */
-  const char *bne = getenv("NABLA_ATTENTION_SM90_BN");
-  const int BN = D == 128 && bne && atoi(bne) == 160 ? 160 : 128;
-  if (!(D == 64 ? (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 64, 128>() : fa3_ready<__half, 64, 128>())
-        : BN == 128 ? (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 128, 128>() : fa3_ready<__half, 128, 128>())
-                    : (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 128, 160>() : fa3_ready<__half, 128, 160>())))
+  if (!(D == 64 ? (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 64>() : fa3_ready<__half, 64>())
+                : (dt == NB_BF16 ? fa3_ready<__nv_bfloat16, 128>() : fa3_ready<__half, 128>())))
     return 0;
   /* the batch axes of size > 1, innermost first (q, k, v, o share them) */
   fa3_params p;
@@ -952,16 +949,16 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
                       fa3_switch("NABLA_ATTENTION_SM90_CLUSTER")
                   ? 2
                   : 1;
-  p.kt = (int)((Lk + BN - 1) / BN); /* not causal: every block's key tiles */
+  p.kt = (int)((Lk + FA3_BN - 1) / FA3_BN); /* not causal: every block's key tiles */
   CUtensorMap maps[4];
-  const int kv_rows = BN / p.cluster;
+  const int kv_rows = FA3_BN / p.cluster;
   if (!nb_fa3_map(&maps[0], q, Lq, D, axes, nbk, FA3_BM) || !nb_fa3_map(&maps[1], k, Lk, D, axes, nbk, kv_rows) ||
       !nb_fa3_map(&maps[2], v, Lk, D, axes, nbk, kv_rows))
     return 0;
   /* o by TMA (boxes of a warpgroup's 64 rows) when its view allows; else
    * (or NABLA_ATTENTION_SM90_TMA_STORE=0) each thread's pair stores */
   memset(&maps[3], 0, sizeof maps[3]);
-  p.tma_o = BN == 128 && fa3_switch("NABLA_ATTENTION_SM90_TMA_STORE") && nb_fa3_map(&maps[3], o, Lq, D, axes, nbk, 64);
+  p.tma_o = fa3_switch("NABLA_ATTENTION_SM90_TMA_STORE") && nb_fa3_map(&maps[3], o, Lq, D, axes, nbk, 64);
   p.pingpong = fa3_switch("NABLA_ATTENTION_SM90_PINGPONG");
   p.o = (uint16_t *)o->data;
   p.o_rs = o->strides[nd - 2];
@@ -977,10 +974,8 @@ int nb_cuda_attn_sm90_fwd(const nb_cuda_ctx *ctx, const nb_kview *o, const nb_kv
   p.sl2 = (float)(scale * 1.4426950408889634);
   p.causal = causal;
   if (D == 64)
-    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 64, 128>(ctx, maps, p) : fa3_launch<__half, 64, 128>(ctx, maps, p);
-  else if (BN == 128)
-    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 128, 128>(ctx, maps, p) : fa3_launch<__half, 128, 128>(ctx, maps, p);
+    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 64>(ctx, maps, p) : fa3_launch<__half, 64>(ctx, maps, p);
   else
-    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 128, 160>(ctx, maps, p) : fa3_launch<__half, 128, 160>(ctx, maps, p);
+    *st = dt == NB_BF16 ? fa3_launch<__nv_bfloat16, 128>(ctx, maps, p) : fa3_launch<__half, 128>(ctx, maps, p);
   return 1;
 }

@@ -258,25 +258,16 @@ struct fa3_desc {
 };
 
 /* ---- wgmma ------------------------------------------------------------- */
-/* ss128 / ss160 / ss64: d (64 x 128 / 64 x 160 / 64 x 64) = (acc ? d : 0) + A B^T, A and B by
+/* ss128 / ss64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B^T, A and B by
  * descriptor, both K-major (ss64<1, 1>: both MN-major, the transpose bits). rs128 / rs64: d (64 x 128 / 64 x 64) = (acc ? d : 0) + A B, A
  * from registers (4 per thread, mma.sync's A fragment), B by descriptor,
  * MN-major (transpose bit 1). */
-/* The m64n160 accumulator operands (80 registers: 160-key S tiles at D 128). */
-#define FA3_REGS80 NB_SM90_REGS64 ", " "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
-#define FA3_OUT80 NB_SM90_OUT64, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
 #define FA3_MMA_BODY(TY)                                                                    \
   static __device__ __forceinline__ void ss128(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " NB_SM90_ACC64        \
                  ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                          \
                  : NB_SM90_OUT64 : "l"(da), "l"(db), "r"(acc));                                 \
-  }                                                                                         \
-  static __device__ __forceinline__ void ss160(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"                                \
-                 "wgmma.mma_async.sync.aligned.m64n160k16.f32." TY "." TY " {" FA3_REGS80 "}"      \
-                 ", %80, %81, p, 1, 1, 0, 0;\n}\n"                                          \
-                 : FA3_OUT80 : "l"(da), "l"(db), "r"(acc));                                     \
   }                                                                                         \
   template <int TA = 0, int TB = 0>                                                         \
   static __device__ __forceinline__ void ss64(float *d, uint64_t da, uint64_t db, uint32_t acc) { \
