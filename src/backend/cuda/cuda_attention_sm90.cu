@@ -15,8 +15,8 @@
  * tests), the heaviest query blocks of a section first, and causal, a last
  * section large enough to even out the CTAs' ends (nb_fa3_tail,
  * NABLA_ATTENTION_SM90_TAIL):
- *   - warpgroup 0, the producer (40 registers after setmaxnreg: at 24 the
- *     multicast loads below spilled one register): one thread
+ *   - warpgroup 0, the producer (24 registers after setmaxnreg; 40 in the
+ *     clustered kernel below, where 24 spilled one): one thread
  *     issues the TMA copies, for each item Q's 128 x D tile once into one
  *     of two Q tiles (item n's in tile n % 2, once the consumers' last S
  *     of item n - 2 has completed: an empty Q mbarrier each), then K_j
@@ -27,7 +27,7 @@
  *     its bytes there) and an empty one (each consumer warp arrives once
  *     its wgmma reading the stage has completed): K is freed as soon as S
  *     is computed, V after O += P V.
- *   - warpgroups 1 and 2, the consumers (232 registers): rows
+ *   - warpgroups 1 and 2, the consumers (240 registers; 232 clustered): rows
  *     [64c, 64c + 64) of the block each. S = Q K^T is D / 16 wgmma
  *     m64n128k16 with both operands in shared memory (K-major); the online
  *     softmax runs in registers (row max and sum over the quad's lanes,
@@ -46,7 +46,8 @@
  *     cores instead of both softmaxes at once with the tensor cores idle.
  *   - Not causal, two CTAs of a cluster take query blocks 2i and 2i + 1 of
  *     one batch index and share K and V (NABLA_ATTENTION_SM90_CLUSTER=0:
- *     no clusters): each producer loads half of every K and V tile's rows
+ *     no clusters; the kernel's template parameter CL, 1 or 2, so that the
+ *     unclustered kernel carries none of this): each producer loads half of every K and V tile's rows
  *     into both CTAs by TMA multicast, the empty barriers count both CTAs'
  *     consumer warps, and the clusters take their items in a fixed turn
  *     instead of tickets (fa3_load_kv, fa3_free, fa3_after). Each K/V
@@ -171,11 +172,11 @@ template <int D> struct fa3_bars {
  * whose K and V fit in an eighth of the L2 together, so the CTAs at work at any time read K/V
  * tiles that L2 holds; inside a section the heaviest query blocks first,
  * each for all the section's batch indices. */
-__device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
+template <int CL> __device__ __forceinline__ void fa3_item(const fa3_params &p, int x, int *b, int *i0, int *ntiles) {
   int blk;
   fa3_section(p, x, b, &blk);
   /* clusters: item blk is the pair of query blocks 2 r and 2 r + 1, r = nblk - 1 - blk, the CTA's rank's one */
-  *i0 = p.cluster > 1 ? (2 * (p.nblk - 1 - blk) + (int)(blockIdx.x & 1)) * FA3_BM : (p.nblk - 1 - blk) * FA3_BM;
+  *i0 = CL > 1 ? (2 * (p.nblk - 1 - blk) + (int)(blockIdx.x & 1)) * FA3_BM : (p.nblk - 1 - blk) * FA3_BM;
   /* keys the block's rows see: [0, kend), at least key 0 (i0 < Lq, Lk >= 1) */
   const int kend = p.causal ? min(p.Lk, min(*i0 + FA3_BM, p.Lq)) : p.Lk;
   *ntiles = (kend + FA3_BN - 1) / FA3_BN;
@@ -207,14 +208,14 @@ struct fa3_seg {
  * (fa3_load_kv). The producer computes the pieces (fa3_first, fa3_after),
  * the consumers take them (fa3_fwd_take). */
 __device__ fa3_seg fa3_static_seg(const fa3_params &p, int n);
-__device__ __forceinline__ fa3_seg fa3_first(const fa3_params &p) {
-  return p.cluster > 1 ? fa3_static_seg(p, 0) : fa3_seg{(int)blockIdx.x, 0, -1};
+template <int CL> __device__ __forceinline__ fa3_seg fa3_first(const fa3_params &p) {
+  return CL > 1 ? fa3_static_seg(p, 0) : fa3_seg{(int)blockIdx.x, 0, -1};
 }
-__device__ __forceinline__ fa3_seg fa3_after(const fa3_params &p, int n) {
-  return p.cluster > 1 ? fa3_static_seg(p, n + 1) : fa3_seg{fa3_next(p), 0, -1};
+template <int CL> __device__ __forceinline__ fa3_seg fa3_after(const fa3_params &p, int n) {
+  return CL > 1 ? fa3_static_seg(p, n + 1) : fa3_seg{fa3_next(p), 0, -1};
 }
-template <int D> __device__ __forceinline__ fa3_seg fa3_fwd_take(const fa3_params &p, fa3_bars<D> bar, int n) {
-  return p.cluster > 1 ? fa3_static_seg(p, n) : fa3_seg{fa3_take(p, bar, n), 0, -1};
+template <int D, int CL> __device__ __forceinline__ fa3_seg fa3_fwd_take(const fa3_params &p, fa3_bars<D> bar, int n) {
+  return CL > 1 ? fa3_static_seg(p, n) : fa3_seg{fa3_take(p, bar, n), 0, -1};
 }
 
 /* Cluster g's n-th piece of work, of G = gridDim.x / 2 clusters: first
@@ -261,19 +262,19 @@ __device__ __forceinline__ void fa3_tma_store(const CUtensorMap *m, uint32_t src
  * query blocks: at B4 H16 N4096 D128 the 128-row blocks' K and V reads are
  * 4.1 GB a call, and at the power limit a kernel's clock falls with the
  * energy it spends. Both CTAs' barriers expect the whole tile. */
-template <int D>
+template <int D, int CL>
 __device__ __forceinline__ void fa3_load_kv(uint32_t t, const CUtensorMap *m, uint32_t bar, const fa3_params &p,
                                             const int *c, int j) {
-  const int h = p.cluster > 1 ? 64 * (int)(blockIdx.x & 1) : 0;
+  const int h = CL > 1 ? 64 * (int)(blockIdx.x & 1) : 0;
 #pragma unroll
   for (int x = 0; x < D / 64; x++)
-    fa3_tma(t + x * FA3_BN * 128 + h * 128, m, bar, 64 * x, j * FA3_BN + h, c, p.nbk, p.cluster > 1 ? 3 : 0);
+    fa3_tma(t + x * FA3_BN * 128 + h * 128, m, bar, 64 * x, j * FA3_BN + h, c, p.nbk, CL > 1 ? 3 : 0);
 }
 
 /* K_j and V_j (key tile j of the item whose batch coordinates are c) into
  * the ring's stage it % ST once the consumers have freed it (with
  * clusters, both CTAs' consumers: fa3_free). */
-template <int D>
+template <int D, int CL>
 __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUtensorMap *mv, const fa3_params &p,
                                                const int *c, int j, int it, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
@@ -281,10 +282,10 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
   const uint32_t ph = (uint32_t)(it / C::ST) & 1, kt = sk + s * 2 * C::KB, vt = kt + C::KB;
   sm90_bar_wait(bar.ek(s), ph ^ 1); /* fresh barriers pass parity 1 */
   sm90_bar_expect(bar.fk(s), C::KB);
-  fa3_load_kv<D>(kt, mk, bar.fk(s), p, c, j);
+  fa3_load_kv<D, CL>(kt, mk, bar.fk(s), p, c, j);
   sm90_bar_wait(bar.ev(s), ph ^ 1);
   sm90_bar_expect(bar.fv(s), C::KB);
-  fa3_load_kv<D>(vt, mv, bar.fv(s), p, c, j);
+  fa3_load_kv<D, CL>(vt, mv, bar.fv(s), p, c, j);
 }
 
 /* Producer (one thread), for each of the CTA's pieces n (items, or with
@@ -296,17 +297,17 @@ __device__ __forceinline__ void fa3_produce_kv(const CUtensorMap *mk, const CUte
  * is taken as item n starts and handed over (fa3_put) once its loads are
  * issued, so the atomic's round trip is off the loads' path and long done
  * when the consumers read it at item n's last tile. */
-template <int D>
+template <int D, int CL>
 __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
   int it = 0, b, i0, ntiles;
-  fa3_seg sg = fa3_first(p);
-  if (p.cluster == 1) fa3_put(p, bar, 0, sg.x);
+  fa3_seg sg = fa3_first<CL>(p);
+  if (CL == 1) fa3_put(p, bar, 0, sg.x);
   for (int n = 0; sg.x < p.items; n++) {
-    const fa3_seg nx = fa3_after(p, n);
+    const fa3_seg nx = fa3_after<CL>(p, n);
     const int qs = n % 2;
-    fa3_item(p, sg.x, &b, &i0, &ntiles);
+    fa3_item<CL>(p, sg.x, &b, &i0, &ntiles);
     int c[FA3_MAXK];
     fa3_coords(p, b, c);
     sm90_bar_wait(bar.qe(qs), ((uint32_t)(n / 2) & 1) ^ 1); /* fresh barriers pass parity 1 */
@@ -314,11 +315,12 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
 #pragma unroll
     for (int xb = 0; xb < D / 64; xb++)
       fa3_tma(sq + qs * C::QB + xb * FA3_BM * 128, mq, bar.q(qs), 64 * xb, i0, c, p.nbk);
-    for (int j = sg.j0; j < (sg.j1 < 0 ? ntiles : sg.j1); j++, it++) fa3_produce_kv<D>(mk, mv, p, c, j, it, sk, bar);
-    if (p.cluster == 1) fa3_put(p, bar, n + 1, nx.x);
+    const int j1 = CL > 1 && sg.j1 >= 0 ? sg.j1 : ntiles; /* without clusters whole items */
+    for (int j = CL > 1 ? sg.j0 : 0; j < j1; j++, it++) fa3_produce_kv<D, CL>(mk, mv, p, c, j, it, sk, bar);
+    if (CL == 1) fa3_put(p, bar, n + 1, nx.x);
     sg = nx;
   }
-  if (p.cluster == 1) fa3_work_done(p);
+  if (CL == 1) fa3_work_done(p);
   else asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* fa3_work_done without tickets */
 }
 
@@ -585,9 +587,9 @@ template <int D> __device__ __forceinline__ int fa3_combine(const fa3_params &p,
  * bar: in this CTA and, with clusters, in the other one, whose producer
  * writes into this CTA's stage too (fa3_load_kv); each empty barrier then
  * counts both CTAs' 8 consumer warps. */
-__device__ __forceinline__ void fa3_free(const fa3_params &p, uint32_t bar) {
+template <int CL> __device__ __forceinline__ void fa3_free(const fa3_params &p, uint32_t bar) {
   sm90_bar_arrive(bar);
-  if (p.cluster > 1) sm90_bar_arrive_remote(sm90_mapa(bar, (blockIdx.x & 1) ^ 1));
+  if (CL > 1) sm90_bar_arrive_remote(sm90_mapa(bar, (blockIdx.x & 1) ^ 1));
 }
 
 /* The pending item's last O += P V: issued (V's stage awaited) ... */
@@ -602,15 +604,15 @@ __device__ __forceinline__ void fa3_last_pv(fa3_carry<D> &c, uint32_t sk, fa3_ba
 }
 /* ... and, once complete (the caller waits), V's stage freed and o and lse
  * stored. */
-template <typename T, int D>
+template <typename T, int D, int CL>
 __device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMap *mo, fa3_carry<D> &c, int wg,
                                            uint32_t so, fa3_bars<D> bar) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
   fa3_fence(c.o);
   fa3_fence(c.pa);
-  if (lane == 0) fa3_free(p, bar.ev(c.it % fa3_cfg<D>::ST));
+  if (lane == 0) fa3_free<CL>(p, bar.ev(c.it % fa3_cfg<D>::ST));
   c.pend = 0;
-  if (c.part && !fa3_combine<D>(p, c)) return; /* the item's other part stores it */
+  if (CL > 1 && c.part && !fa3_combine<D>(p, c)) return; /* the item's other part stores it */
   /* a joined item's rows by each thread's stores: its warps store or not each on their own */
   fa3_store<T, D>(p, mo, c.b, c.i0, wg, so + wg * 64 * 128, c.i0 + 64 * wg + 16 * w + lane / 4, c.o, c.m, c.l,
                   p.tma_o && !c.part);
@@ -624,7 +626,7 @@ __device__ __forceinline__ void fa3_finish(const fa3_params &p, const CUtensorMa
  * tile. Tile 0's S goes with the previous item's last P V product (c),
  * whose store follows tile 0's softmax; this item's last P V product is
  * left in c for the next item (or the kernel's end). */
-template <typename T, int D>
+template <typename T, int D, int CL>
 __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorMap *mo, int b, int i0, int jb,
                                             int ntiles, int part, int it0, int n, fa3_seg *nx, int wg, uint32_t sq,
                                             uint32_t sk,
@@ -655,19 +657,19 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
   fa3_commit();
   auto first = [&](auto pend) { /* pend: fa3_flag<c.pend> */
     if (pend.value) fa3_last_pv<T, D>(c, sk, bar);
-    if (ntiles == 1) *nx = fa3_fwd_take(p, bar, n + 1); /* the next item (fa3_next) */
+    if (ntiles == 1) *nx = fa3_fwd_take<D, CL>(p, bar, n + 1); /* the next item (fa3_next) */
     if (wg == 0 || ntiles > 1 || nx->x < p.items) fa3_turn_pass(pp, wg);
     if (pend.value) fa3_wait<1>();
     else fa3_wait<0>();
     fa3_fence(s);
     if (lane == 0) {
-      fa3_free(p, bar.ek(it0 % C::ST));
+      fa3_free<CL>(p, bar.ek(it0 % C::ST));
       if (ntiles == 1) sm90_bar_arrive(bar.qe(qs)); /* the item's last read of Q has completed */
     }
     fa3_tile(s, p, jb, rw, r0, t, m, l, corr);
     if (pend.value) {
       fa3_wait<0>();
-      fa3_finish<T, D>(p, mo, c, wg, so, bar);
+      fa3_finish<T, D, CL>(p, mo, c, wg, so, bar);
     }
   };
   if (c.pend) first(fa3_flag<true>());
@@ -687,19 +689,19 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
     fa3_wg_fence();
     fa3_pv<T, D>(o, pa, sk + sp * 2 * C::KB + C::KB, j > 1); /* O += P_{j-1} V_{j-1} */
     fa3_commit();
-    if (j == ntiles - 1) *nx = fa3_fwd_take(p, bar, n + 1);
+    if (j == ntiles - 1) *nx = fa3_fwd_take<D, CL>(p, bar, n + 1);
     if (wg == 0 || j < ntiles - 1 || nx->x < p.items) fa3_turn_pass(pp, wg);
     fa3_wait<1>(); /* S_j complete; the P V product may still run */
     fa3_fence(s);
     if (lane == 0) {
-      fa3_free(p, bar.ek(sj));
+      fa3_free<CL>(p, bar.ek(sj));
       if (j == ntiles - 1) sm90_bar_arrive(bar.qe(qs));
     }
     fa3_tile(s, p, jb + j, rw, r0, t, m, l, corr);
     fa3_wait<0>();
     fa3_fence(o);
     fa3_fence(pa);
-    if (lane == 0) fa3_free(p, bar.ev(sp));
+    if (lane == 0) fa3_free<CL>(p, bar.ev(sp));
     if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) fa3_rescale<D>(o, corr);
     fa3_pack<T>(pa, s);
   }
@@ -715,7 +717,7 @@ __device__ __forceinline__ void fa3_consume(const fa3_params &p, const CUtensorM
 #endif /* NB_SM90A_DEVICE */
 
 // q (B, Lq, D), k, v (B, Lk, D) -> o (B, Lq, D), lse (B, Lq) f32
-template <typename T, int D>
+template <typename T, int D, int CL>
 __global__ void __launch_bounds__(FA3_THREADS, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                    const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mo,
@@ -730,26 +732,30 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     for (int i = 0; i < C::NBAR; i++) /* full: the producer; empty: the consumer warps (K, V: of the cluster) */
       sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST
                                           ? 1
-                                          : i < 1 + 4 * C::ST ? 8 * p.cluster : 8);
+                                          : i < 1 + 4 * C::ST ? 8 * CL : 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
   /* the other CTA's barriers must exist before its copies and arrivals land in them */
-  if (p.cluster > 1) sm90_cluster_sync();
+  if (CL > 1) sm90_cluster_sync();
   fa3_grid_wait();
   if (threadIdx.x < 128) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 0) fa3_produce<D>(&mq, &mk, &mv, p, sq, sk, bar);
+    /* the clustered kernel: 24 spilled a register (its multicast loads and
+     * the cluster barrier at the end) */
+    if (CL > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (threadIdx.x == 0) fa3_produce<D, CL>(&mq, &mk, &mv, p, sq, sk, bar);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    if (CL > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     /* the warpgroup by a shuffle from lane 0, which ptxas knows is the same
      * in the whole warp, so that what depends on it (Q's wgmma descriptors)
      * lives in uniform registers: no per-wgmma moves into them */
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
     if (wg == 1) fa3_turn_pass(p.pingpong, 1); /* warpgroup 0 goes first */
     int it = 0; /* the ring's tiles consumed so far */
-    fa3_seg sg = fa3_fwd_take(p, bar, 0);
+    fa3_seg sg = fa3_fwd_take<D, CL>(p, bar, 0);
     fa3_carry<D> c;
     c.pend = 0;
     c.part = 0;
@@ -760,9 +766,9 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     for (int n = 0; sg.x < p.items; n++) {
       fa3_seg nx;
       int b, i0, ntiles;
-      fa3_item(p, sg.x, &b, &i0, &ntiles);
+      fa3_item<CL>(p, sg.x, &b, &i0, &ntiles);
       const int j1 = sg.j1 < 0 ? ntiles : sg.j1, part = sg.j0 > 0 ? 2 : j1 < ntiles ? 1 : 0;
-      fa3_consume<T, D>(p, &mo, b, i0, sg.j0, j1 - sg.j0, part, it, n, &nx, wg, sq, sk, so, bar, c);
+      fa3_consume<T, D, CL>(p, &mo, b, i0, sg.j0, j1 - sg.j0, part, it, n, &nx, wg, sq, sk, so, bar, c);
       it += j1 - sg.j0;
       sg = nx;
     }
@@ -771,14 +777,18 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
       fa3_fence(c.pa);
       fa3_last_pv<T, D>(c, sk, bar);
       fa3_wait<0>();
-      fa3_finish<T, D>(p, &mo, c, wg, so, bar);
+      fa3_finish<T, D, CL>(p, &mo, c, wg, so, bar);
     }
     /* the staging tile must stay until the last store has read it */
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
-  /* a CTA leaves only after the other one's last arrivals on its barriers */
-  __syncwarp();
-  if (p.cluster > 1) sm90_cluster_sync();
+  /* a CTA leaves only after the other one's last arrivals on its barriers
+   * (without clusters the producer's warps just end: waiting here held
+   * their registers, and at 24 the producer spilled one) */
+  if (CL > 1) {
+    __syncwarp();
+    sm90_cluster_sync();
+  }
 #else
   (void)mq; (void)mk; (void)mv; (void)mo; (void)p;
 #endif
@@ -820,7 +830,9 @@ template <int D> static void fa3_plan_tail(const nb_cuda_ctx *ctx, fa3_params &p
 
 template <typename T, int D>
 nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p) {
-  auto kern = fa3_fwd_kernel<T, D>;
+  /* the kernel for p's cluster size: with clusters of two it carries the
+   * multicast loads, the stream-K tail and their registers; without, none */
+  auto kern = p.cluster > 1 ? fa3_fwd_kernel<T, D, 2> : fa3_fwd_kernel<T, D, 1>;
   const size_t smem = fa3_cfg<D>::SMEM;
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention (sm90): shared memory attribute");
@@ -848,7 +860,7 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p)
 
 template <typename T, int D> int fa3_ready(void) {
   static int cache = 0;
-  return fa3_binary_ok(fa3_fwd_kernel<T, D>, &cache);
+  return fa3_binary_ok(fa3_fwd_kernel<T, D, 1>, &cache);
 }
 
 } /* namespace */

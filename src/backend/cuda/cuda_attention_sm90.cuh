@@ -192,21 +192,21 @@ __device__ __forceinline__ void fa3_grid_wait() { asm volatile("griddepcontrol.w
 __device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *m, uint32_t bar, int d0, int row,
                                         const int *c, int nbk, uint16_t mc = 0) {
   const uint64_t mp = (uint64_t)m;
-#define FA3_TMA(N, CO, ...)                                                                                   \
+#define FA3_TMA(N, CO, CM, ...)                                                                               \
   if (mc)                                                                                                     \
     asm volatile("cp.async.bulk.tensor." N "d.shared::cluster.global.mbarrier::complete_tx::bytes"            \
-                 ".multicast::cluster [%0], [%1, {" CO "}], [%2], %3;"                                        \
+                 ".multicast::cluster [%0], [%1, {" CM "}], [%2], %3;"                                        \
                  ::"r"(dst), "l"(mp), "r"(bar), "h"(mc), __VA_ARGS__ : "memory");                             \
-  else                                                                                                        \
+  else /* no mask operand: it would hold a register */                                                       \
     asm volatile("cp.async.bulk.tensor." N "d.shared::cluster.global.mbarrier::complete_tx::bytes"            \
                  " [%0], [%1, {" CO "}], [%2];"                                                               \
-                 ::"r"(dst), "l"(mp), "r"(bar), "h"(mc), __VA_ARGS__ : "memory");
+                 ::"r"(dst), "l"(mp), "r"(bar), __VA_ARGS__ : "memory");
   if (nbk == 1) {
-    FA3_TMA("3", "%4, %5, %6", "r"(d0), "r"(row), "r"(c[0]))
+    FA3_TMA("3", "%3, %4, %5", "%4, %5, %6", "r"(d0), "r"(row), "r"(c[0]))
   } else if (nbk == 2) {
-    FA3_TMA("4", "%4, %5, %6, %7", "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]))
+    FA3_TMA("4", "%3, %4, %5, %6", "%4, %5, %6, %7", "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]))
   } else {
-    FA3_TMA("5", "%4, %5, %6, %7, %8", "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2]))
+    FA3_TMA("5", "%3, %4, %5, %6, %7", "%4, %5, %6, %7, %8", "r"(d0), "r"(row), "r"(c[0]), "r"(c[1]), "r"(c[2]))
   }
 #undef FA3_TMA
 }
