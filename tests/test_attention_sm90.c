@@ -117,7 +117,8 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
       NBT_CHECK(v1 == v0 + (c->runs ? 1 : 0), "%s: the sm_90a kernel ran %lld times (%d expected)", vname,
                 (long long)(v1 - v0), c->runs ? 1 : 0);
     compare(vname, "float64", &var, &ref, &ref, n, tol);
-    if (variants[i].same || !cut) NBT_CHECK(same_bits(&var, &got, n), "%s: differs from the default variant's bits", vname);
+    if (variants[i].same || !cut)
+      NBT_CHECK(same_bits(&var, &got, n), "%s: differs from the default variant's bits", vname);
     else compare(vname, "the default variant", &var, &got, &ref, n, tol);
     atest_free(&var);
   }

@@ -47,7 +47,8 @@
  *   - Not causal, two CTAs of a cluster take query blocks 2i and 2i + 1 of
  *     one batch index and share K and V (NABLA_ATTENTION_SM90_CLUSTER=0:
  *     no clusters; the kernel's template parameter CL, 1 or 2, so that the
- *     unclustered kernel carries none of this): each producer loads half of every K and V tile's rows
+ *     unclustered kernel carries none of this): each producer loads half
+ *     of every K and V tile's rows
  *     into both CTAs by TMA multicast, the empty barriers count both CTAs'
  *     consumer warps, and the clusters take their items in a fixed turn
  *     instead of tickets (fa3_load_kv, fa3_free, fa3_after). Each K/V
@@ -544,7 +545,8 @@ template <int D> __device__ __forceinline__ int fa3_combine(const fa3_params &p,
   constexpr int W = D / 2 + 4; /* floats per thread: o, m, l */
   const int lane = threadIdx.x % 32, cw = (int)threadIdx.x / 32 - 4; /* the consumer warp, 0..7 */
   const int slot = ((int)blockIdx.x + (c.part == 1 ? 2 : 0)) * 8 + cw, role = c.part - 1;
-  float *mine = p.part + ((size_t)slot * 2 + role) * W * 32 + lane, *other = p.part + ((size_t)slot * 2 + (role ^ 1)) * W * 32 + lane;
+  float *const base = p.part + (size_t)slot * 2 * W * 32 + lane;
+  float *mine = base + role * W * 32, *other = base + (role ^ 1) * W * 32;
 #pragma unroll
   for (int i = 0; i < D / 2; i++) __stcg(mine + 32 * i, c.o[i]);
 #pragma unroll
@@ -729,10 +731,10 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
   const uint32_t sq = (sm90_smem(fa3_raw) + 1023) & ~1023u, sk = sq + 2 * C::QB, so = sk + 2 * C::ST * C::KB;
   const fa3_bars<D> bar = {so + C::QB};
   if (threadIdx.x == 0) {
-    for (int i = 0; i < C::NBAR; i++) /* full: the producer; empty: the consumer warps (K, V: of the cluster) */
-      sm90_bar_init(bar.base + 8 * i, i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST
-                                          ? 1
-                                          : i < 1 + 4 * C::ST ? 8 * CL : 8);
+    for (int i = 0; i < C::NBAR; i++) { /* full: the producer; empty: the consumer warps (K, V: of the cluster) */
+      const int full = i < 1 + 2 * C::ST || (i >= 2 + 4 * C::ST && i < 4 + 4 * C::ST) || i == 6 + 4 * C::ST;
+      sm90_bar_init(bar.base + 8 * i, full ? 1 : i < 1 + 4 * C::ST ? 8 * CL : 8);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
