@@ -68,12 +68,6 @@ static int bench_cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static double bench_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* CUDA: the GPU's SM clock (MHz) and energy counter (mJ) now, from NVML
  * (nb_cuda_gpu_state_read); -1 each where unknown (the CPU, no NVML). */
 typedef struct {
@@ -105,7 +99,7 @@ static nb_status bench_timed_runs(bench_case *c, const bench_opts *o, int reps, 
   /* the GPU's state over the timed runs: the clock once they are all queued
    * (they run meanwhile), the energy counter before and after them */
   const bench_gpu g0 = bench_gpu_read(o);
-  const double t0 = bench_seconds();
+  const double t0 = tool_now();
   for (int r = 0; r < reps && !st; r++) {
     ev[2 * r] = nb_event_record(o->dev);
     st = ev[2 * r] ? bench_iter(c) : bench_fail();
@@ -115,7 +109,7 @@ static nb_status bench_timed_runs(bench_case *c, const bench_opts *o, int reps, 
   const bench_gpu g1 = bench_gpu_read(o);
   if (!st) st = nb_device_synchronize(o->dev);
   const bench_gpu g2 = bench_gpu_read(o);
-  const double t = bench_seconds() - t0;
+  const double t = tool_now() - t0;
   c->sm_mhz = g1.sm_mhz > 0 ? g1.sm_mhz : NAN;
   c->watts = g0.energy_mj >= 0 && g2.energy_mj >= g0.energy_mj && t > 0
                  ? 1e-3 * (double)(g2.energy_mj - g0.energy_mj) / t

@@ -51,7 +51,7 @@
  *     of every K and V tile's rows
  *     into both CTAs by TMA multicast, the empty barriers count both CTAs'
  *     consumer warps, and the clusters take their items in a fixed turn
- *     instead of tickets (fa3_load_kv, fa3_free, fa3_after). Each K/V
+ *     instead of tickets (fa3_load_kv, fa3_free, fa3_static_seg). Each K/V
  *     tile leaves L2 once per 256 query rows instead of per 128. The last
  *     items' key tiles are cut into equal ranges, one per cluster
  *     (stream-K, fa3_static_seg; NABLA_ATTENTION_SM90_STREAMK=0 off), and
@@ -206,15 +206,9 @@ struct fa3_seg {
  * Clusters of two (p.cluster, not causal: every item takes as long) take
  * no tickets but a fixed order (fa3_static_seg), the same in both CTAs,
  * so that both stream the same K and V tiles in the same order
- * (fa3_load_kv). The producer computes the pieces (fa3_first, fa3_after),
- * the consumers take them (fa3_fwd_take). */
+ * (fa3_load_kv). The producer computes its pieces (fa3_produce), the
+ * consumers take them (fa3_fwd_take). */
 __device__ fa3_seg fa3_static_seg(const fa3_params &p, int n);
-template <int CL> __device__ __forceinline__ fa3_seg fa3_first(const fa3_params &p) {
-  return CL > 1 ? fa3_static_seg(p, 0) : fa3_seg{(int)blockIdx.x, 0, -1};
-}
-template <int CL> __device__ __forceinline__ fa3_seg fa3_after(const fa3_params &p, int n) {
-  return CL > 1 ? fa3_static_seg(p, n + 1) : fa3_seg{fa3_next(p), 0, -1};
-}
 template <int D, int CL> __device__ __forceinline__ fa3_seg fa3_fwd_take(const fa3_params &p, fa3_bars<D> bar, int n) {
   return CL > 1 ? fa3_static_seg(p, n) : fa3_seg{fa3_take(p, bar, n), 0, -1};
 }
@@ -303,10 +297,10 @@ __device__ __forceinline__ void fa3_produce(const CUtensorMap *mq, const CUtenso
                                             const fa3_params &p, uint32_t sq, uint32_t sk, fa3_bars<D> bar) {
   typedef fa3_cfg<D> C;
   int it = 0, b, i0, ntiles;
-  fa3_seg sg = fa3_first<CL>(p);
+  fa3_seg sg = CL > 1 ? fa3_static_seg(p, 0) : fa3_seg{(int)blockIdx.x, 0, -1};
   if (CL == 1) fa3_put(p, bar, 0, sg.x);
   for (int n = 0; sg.x < p.items; n++) {
-    const fa3_seg nx = fa3_after<CL>(p, n);
+    const fa3_seg nx = CL > 1 ? fa3_static_seg(p, n + 1) : fa3_seg{fa3_next(p), 0, -1};
     const int qs = n % 2;
     fa3_item<CL>(p, sg.x, &b, &i0, &ntiles);
     int c[FA3_MAXK];
@@ -840,7 +834,7 @@ nb_status fa3_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fa3_params p)
               "attention (sm90): shared memory attribute");
   /* persistent: one CTA per SM takes items from the ticket counter
    * (fa3_next), or with clusters as many clusters as fit at once take
-   * theirs in turn (fa3_after); NABLA_ATTENTION_SM90_PERSISTENT=0 launches
+   * theirs in turn (fa3_static_seg); NABLA_ATTENTION_SM90_PERSISTENT=0 launches
    * a CTA (a cluster) per item */
   const int persistent = fa3_switch("NABLA_ATTENTION_SM90_PERSISTENT");
   int grid = persistent && ctx->n_sm < p.items && ctx->n_sm <= NB_CUDA_WORK_CTAS ? ctx->n_sm : p.items;
