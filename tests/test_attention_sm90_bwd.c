@@ -43,7 +43,12 @@
  * The fused path runs with the switch at 0 and at 3 too (its kernel is
  * persistent at D 64): its output and dK, dV bit for bit with the fused
  * default, dQ (whose reduce order varies) against float64 and the fused
- * default in norm.
+ * default in norm. At D 128 the fused kernel zeroes and converts its f32
+ * dQ accumulator itself: also run with NABLA_ATTENTION_SM90_BWD_ACC=0 (a
+ * memset before, a conversion after) and, counting the query tiles the
+ * kernel converted, =2 in sections of one batch index; against float64,
+ * dK and dV bit for bit, and some tile converted in the kernel over all
+ * the cases.
  * NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000 rows.
  * Without a CUDA device: skipped (77). */
 #include <math.h>
@@ -58,6 +63,14 @@
 
 static int64_t launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_bwd_launches); }
 static int64_t fold_launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_bwd_fold_launches); }
+/* The query tiles the fused kernel converted itself and all of them (-1: not a 9.0 device). */
+static void acc_units(int64_t *in_kernel, int64_t *all) {
+#ifdef NABLA_HAVE_CUDA
+  nb_cuda_attn_sm90_bwd_acc_units(0, in_kernel, all);
+#else
+  *in_kernel = *all = -1;
+#endif
+}
 static int64_t fused_launches(void) { return SM90_COUNT(nb_cuda_attn_sm90_bwd_fused_launches); }
 
 /* Whether runs a and b have the same output and dK, dV bits (dQ left out:
@@ -111,9 +124,38 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
               "dV differ from the fused default", name, grids[i]);
     atest_free(&gr);
   }
+  /* D 128: the accumulator zeroed before the kernel and converted after
+   * it (NABLA_ATTENTION_SM90_BWD_ACC=0), then by the kernel itself in
+   * sections of one batch index, 2 query tiles a warp at most, counted */
+  setenv("NABLA_ATTN_BWD", "fused", 1);
+  setenv("NABLA_ATTENTION_SM90_BWD_ACC", "0", 1);
+  sresult sep = run(c, causal, s->in, n, dt, GPU);
+  setenv("NABLA_ATTENTION_SM90_BWD_ACC", "2", 1);
+  setenv("NABLA_ATTENTION_SM90_SECTION", "1", 1);
+  setenv("NABLA_ATTENTION_SM90_TAIL", "0", 1);
+  int64_t u0, a0, u1, a1;
+  acc_units(&u0, &a0);
+  sresult sec1 = run(c, causal, s->in, n, dt, GPU);
+  acc_units(&u1, &a1);
+  unsetenv("NABLA_ATTENTION_SM90_SECTION");
+  unsetenv("NABLA_ATTENTION_SM90_TAIL");
+  unsetenv("NABLA_ATTENTION_SM90_BWD_ACC");
+  unsetenv("NABLA_ATTN_BWD");
+  compare(name, "float64 (fused, NABLA_ATTENTION_SM90_BWD_ACC=0)", &sep, ref, ref, n, s->tol);
+  compare(name, "float64 (fused, sections of one batch index)", &sec1, ref, ref, n, s->tol);
+  NBT_CHECK(same_kv_bits(c, &fus, &sep, n) && same_kv_bits(c, &fus, &sec1, n),
+            "%s: fused, the accumulator zeroed and converted outside the kernel or in sections of one batch "
+            "index: the output or dK, dV differ from the fused default", name);
+  if (u0 >= 0) {
+    const int64_t tiles = c->runs && c->D == 128 ? c->B * c->H * ((c->Lq + 127) / 128 * 2) : 0;
+    NBT_CHECK(a1 - a0 == tiles && u1 - u0 <= tiles, "%s: the fused kernel converted %lld of %lld query tiles "
+              "(%lld expected in all)", name, (long long)(u1 - u0), (long long)(a1 - a0), (long long)tiles);
+  }
+  atest_free(&sep);
+  atest_free(&sec1);
   if (f0 >= 0) {
     const int64_t f4 = fused_launches();
-    NBT_CHECK(f4 == f1 + (c->runs ? 2 : 0), "%s: the fused backward ran %lld times in two calls", name,
+    NBT_CHECK(f4 == f1 + (c->runs ? 4 : 0), "%s: the fused backward ran %lld times in four calls", name,
               (long long)(f4 - f1));
   }
   atest_free(&fus);
@@ -224,7 +266,17 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
   sm90_inputs_free(&s);
 }
 
+/* On a 9.0 device the fused kernel must have converted some query tiles
+ * itself (sections of one batch index complete while later ones run in
+ * the cases of 70 and 140 batch indices). */
+static void some_in_kernel(void) {
+  int64_t u, a;
+  acc_units(&u, &a);
+  if (u >= 0) NBT_CHECK(u > 0 && a > u, "the fused kernel converted %lld of %lld query tiles itself", (long long)u,
+                        (long long)a);
+}
+
 int main(void) {
   setenv("NABLA_ATTENTION_SM90_STREAMK", "0", 1); /* the forward's items whole, whatever the section */
-  return sm90_run_cases("test_attention_sm90_bwd", launches, check_case, NULL);
+  return sm90_run_cases("test_attention_sm90_bwd", launches, check_case, some_in_kernel);
 }

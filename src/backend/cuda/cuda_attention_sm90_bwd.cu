@@ -217,18 +217,92 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
 
 #ifdef NB_SM90A_DEVICE
 /* ---- the fused kernel's dQ partial ------------------------------------ */
+__device__ __forceinline__ unsigned fb_ld_acquire(const unsigned *a) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+
+/* The fused kernel's section counters (p.cnt; the sections and their
+ * units: fb_sec_of). Before its first reduce a consumer waits until its
+ * section's units are zeroed (the async proxy's reduce after the generic
+ * zeros); after its last it counts its warpgroup done. */
+__device__ __forceinline__ void fb_zero_wait(const fb_params &p, int b) {
+  const int c = fb_sec_of(p, b);
+  const unsigned n = (unsigned)(fb_sec_nb(p, c) * p.ntq);
+  while (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_ZDONE) < n) __nanosleep(64);
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+__device__ __forceinline__ void fb_wg_done(const fb_params &p, int b) {
+  asm volatile("fence.proxy.async.global;" ::: "memory"); /* the completed reduces, then the count */
+  __threadfence();
+  atomicAdd(p.cnt + FB_NCNT * fb_sec_of(p, b) + FB_WGDONE, 1u);
+}
+
+/* A warp's claim of the next unit of counter *c (below n), -1 when none is
+ * left. */
+__device__ __forceinline__ int fb_claim(unsigned *c, int n) {
+  int u = n;
+  if (threadIdx.x % 32 == 0 && *(volatile unsigned *)c < (unsigned)n) u = (int)atomicAdd(c, 1u);
+  u = __shfl_sync(0xffffffffu, u, 0);
+  return u < n ? u : -1;
+}
+
+/* The accumulator's work beside the products, for warps 1-3 of the fused
+ * kernel's producer warpgroup (p.cnt; the CTA's item of batch index b and
+ * ntiles query tiles), so that neither a memset before the kernel nor a
+ * conversion after it holds the GPU (at B4 H16 N4096 D128 they took 45
+ * and 62 us of DRAM time each):
+ *   - zeroing: the units of the CTA's own section, then of the next two,
+ *     until their claims run out. A consumer waits for its own section's
+ *     (fb_zero_wait), and every unit of it is claimed by the time the
+ *     CTA's own warps are done here, by CTAs that zero without waiting
+ *     on anything: no wait can be circular.
+ *   - conversion: units of the eight sections before the CTA's own whose
+ *     warpgroups have all counted themselves done (fb_wg_done), at most
+ *     ntiles / 16 a warp (a unit, one row's loads at a time, takes about
+ *     as long as 8 query tiles' products), so the products still take
+ *     longer;
+ *     fb_dq_kernel converts what is left unclaimed (the last sections). */
+template <typename T, int D>
+__device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntiles) {
+  constexpr int UF = D / 64 * 4096; /* floats per unit */
+  const int lane = threadIdx.x % 32, s = fb_sec_of(p, b), S = p.nfull + 1;
+  for (int c = s; c < min(s + 3, S); c++) {
+    float4 *a0 = (float4 *)(p.acc + (int64_t)c * p.hg * p.ntq * UF);
+    for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_ZCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0;) {
+      float4 *a = a0 + (int64_t)u * (UF / 4);
+      for (int i = lane; i < UF / 4; i += 32) a[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) atomicAdd(p.cnt + FB_NCNT * c + FB_ZDONE, 1u);
+    }
+  }
+  int budget = p.cmax >= 0 ? p.cmax : ntiles / 16;
+  for (int c = max(s - 8, 0); c < s && budget > 0; c++) {
+    if (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_WGDONE) < 2u * (unsigned)(fb_sec_nb(p, c) * p.nblk)) continue;
+    for (int u; budget > 0 && (u = fb_claim(p.cnt + FB_NCNT * c + FB_CCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0;
+         budget--) {
+      const int v = c * p.hg * p.ntq + u, bb = v / p.ntq;
+      fb_conv_unit<T, D, 32>(p, bb, v - bb * p.ntq, lane);
+    }
+  }
+}
+
 /* A consumer's dQ partial s (its fragments) into its buffer pb, then one
  * thread adds the buffer into the accumulator's chunk of query tile i0 (D
  * 128: columns [64 wg, + 64); D 64: all, both warpgroups into one chunk) by
  * a bulk reduce-add. */
 template <int D>
 __device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32], uint32_t pb, int b, int i0, int wg,
-                                             int w, int lane, int x) {
+                                             int w, int lane, int x, bool zw) {
   fa3_fence(s);
   fb_put_part(pb, s, w, lane);
   fb_fence_async();
   fb_bar_wg(wg);
   if (x == 0) {
+    if (zw) fb_zero_wait(p, b); /* the CTA's first reduce (p.cnt) */
     float *g = p.acc + (((int64_t)b * p.ntq + i0 / 64) * (D / 64) + (D == 128 ? wg : 0)) * 4096;
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                  "cp.async.bulk.commit_group;" ::"l"(g), "r"(pb), "n"(fb_cfg<D>::PART) : "memory");
@@ -316,6 +390,9 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
   for (int i = 0; i < QT / 2; i++) s[i] = dp[i] = 0.0f;
   sm90_bar_wait(bar.once(k), fb_bars::once_ph(k));
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
+  /* ZW: the first reduce waits for the section's zeros (p.cnt: the fused
+   * kernel at D 128, one item per CTA) */
+  const bool ZW = F && !fb_fu_persistent(D) && p.cnt;
   /* Q2 (128-query tiles): P^T and dS^T are packed once dP^T has completed
    * (P^T's fragments and dP^T's accumulators are never live at once: 224 of
    * them with dK, dV, S^T made ptxas serialise every wgmma, C7512); dV's
@@ -455,7 +532,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
      * stage is freed, and (fused) the partial waits for dQ's product */
     if constexpr (DQF) {
       fa3_wait<1>();
-      fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
+      fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x, ZW && it == 0);
     }
     if (F && !DQF) fa3_wait<1>();
     else fa3_wait<0>();
@@ -472,7 +549,7 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
     sm90_bar_arrive(bar.empty(sg));
     if constexpr (F && !DQF) {
       fa3_wait<0>();
-      fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x);
+      fb_send_part<D>(p, s, pb, b, i0, wg, w, lane, x, ZW && it == 0);
     }
   }
   if constexpr (Q2) {
@@ -674,6 +751,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
    * 128 it is launched one CTA per item, grid == items in fb_launch_fused,
    * and never takes it: a smaller grid would put two items' K/V in buffer 0) */
   constexpr bool KV2 = !F || fb_fu_persistent(D);
+  /* ZC: the accumulator zeroed and converted beside the products
+   * (fb_acc_side; p.cnt) by the fused kernel of one item per CTA */
+  constexpr bool ZC = F && !KV2;
   constexpr uint32_t KV1 = !KV2 ? 0 : F ? C::FU_KV1 : C::kv_tiles(false);
   static_assert(KV1 % 1024 == 0, "K/V buffer 1 must be 1024-byte aligned");
   FB_PROLOGUE(F ? C::FU_KV1 + (KV2 ? 2 * C::KB : 0) : C::kv_tiles(false) + 2 * C::KB, 256);
@@ -683,7 +763,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
    * (the ring's running count) */
   int k = 0, g = 0, b, j0, ibeg, ntiles;
   if (threadIdx.x < 128) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    /* ZC: 32 registers for fb_acc_side's loads (128 x 32 + 256 x 240 = 64 K) */
+    if (ZC) asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (threadIdx.x == 0) {
       int x = (int)blockIdx.x;
       fa3_put(p, bar, 0, x);
@@ -696,6 +778,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         x = nx;
       }
       fa3_work_done(p);
+    } else if (ZC && threadIdx.x >= 32 && p.cnt) {
+      fb_kv_item<QT>(p, (int)blockIdx.x, &b, &j0, &ibeg, &ntiles);
+      fb_acc_side<T, D>(p, b, ntiles);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
@@ -708,7 +793,10 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
      * alternate by the CTA's running tile count, across items as within
      * one: cp.async.bulk.wait_group.read 1 before each tile's barrier
      * holds at an item boundary too) */
-    if (F && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    if (F && threadIdx.x % 128 == 0) {
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      if (ZC && p.cnt) fb_wg_done(p, b);
+    }
   }
 #else
   (void)mq; (void)mk; (void)mv; (void)mg; (void)mo; (void)p;
@@ -788,7 +876,7 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
   return 1;
 }
 
-int64_t fb_launches, fb_fused_launches, fb_fold_launches;
+int64_t fb_launches, fb_fused_launches, fb_fold_launches, fb_units_in_kernel, fb_units_all;
 
 /* The pre-pass over rows rows of the scratch. */
 template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
@@ -822,39 +910,67 @@ int fb_grid(const nb_cuda_ctx *ctx, int items) {
   return n >= 1 && n < items && n <= NB_CUDA_WORK_CTAS ? n : items;
 }
 
-/* Launches kern (smem bytes of shared memory) over the B nblk items of
- * nblk blocks per batch index, in sections of batch indices whose streamed
- * operands take per_b bytes each (fa3_section; causal, a larger last one:
- * nb_fa3_tail), on fb_grid's CTAs (persistent) or one per item. */
+/* Launches kern (smem bytes of shared memory) over p's work order (the B
+ * nblk items of nblk blocks per batch index, in sections of batch indices
+ * whose streamed operands take per_b bytes each: fa3_set_order; causal, a
+ * larger last one: nb_fa3_tail), on fb_grid's CTAs (persistent) or one
+ * per item. */
 template <typename K>
 nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *m, fb_params &p, int nblk,
                 int64_t per_b, int persistent, const char *what) {
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention_bwd (sm90): shared memory attribute");
-  fa3_set_order(p, ctx, nblk, per_b, p.causal);
+  fa3_set_order(p, ctx, nblk, per_b, p.causal); /* the same order as the fused path's pre-pass saw */
   const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
   NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FB_THREADS, smem, ctx, m[0], m[1], m[2], m[3], m[4], p),
               "attention_bwd (sm90): launch");
   return nb_cuda_launch_check(what);
 }
 
-/* The fused path: the pre-pass, the accumulator zeroed, dK, dV and dQ's
- * partial sums in one kernel, then dq from the accumulator. */
+/* NABLA_ATTENTION_SM90_BWD_ACC=n (n > 0, p.cmax): the query tiles that the fused
+ * kernel converted itself (its sections' conversion claims, at most their
+ * units) and all of them, read back after the call, into
+ * nb_cuda_attn_sm90_bwd_acc_units's sums. */
+nb_status fb_count_units(const nb_cuda_ctx *ctx, const fb_params &p) {
+  const int ns = p.nfull + 1;
+  unsigned *h = (unsigned *)malloc(FB_NCNT * (size_t)ns * sizeof *h);
+  if (!h) return nb_error_set(NB_ERR_OOM, "attention_bwd (sm90): out of host memory");
+  cudaError_t ce = cudaMemcpyAsync(h, p.cnt, FB_NCNT * (size_t)ns * sizeof *h, cudaMemcpyDeviceToHost, ctx->stream);
+  if (ce == cudaSuccess) ce = cudaStreamSynchronize(ctx->stream);
+  for (int c = 0; ce == cudaSuccess && c < ns; c++) {
+    const unsigned n = (unsigned)((c < p.nfull ? p.hg : p.B - p.nfull * p.hg) * p.ntq);
+    __atomic_add_fetch(&fb_units_in_kernel, (int64_t)(h[FB_NCNT * c + FB_CCLAIM] < n ? h[FB_NCNT * c + FB_CCLAIM] : n),
+                       __ATOMIC_RELAXED);
+    __atomic_add_fetch(&fb_units_all, (int64_t)n, __ATOMIC_RELAXED);
+  }
+  free(h);
+  return nb_cuda_status(ce, "attention_bwd (sm90): reading the accumulator's counts");
+}
+
+/* The fused path: the pre-pass, dK, dV and dQ's partial sums in one
+ * kernel, then dq from the accumulator. With p.cnt (D 128) the fused
+ * kernel zeroes the accumulator and converts most of it itself
+ * (fb_acc_side; the pre-pass zeroes the counters) and the last kernel
+ * converts the rest; else the accumulator is zeroed before and converted
+ * after. */
 template <typename T, int D>
 nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb) {
   const int64_t rows = (int64_t)p.B * p.Lp;
+  const int64_t per_b = 4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D; /* streamed: Q, dO, the accumulator */
+  fa3_set_order(p, ctx, nkb, per_b, p.causal);                          /* the sections, for the counters */
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
-  NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
-              "attention_bwd (sm90): zeroing the dq accumulator");
-  /* streamed: Q, dO, the accumulator; D 128: one CTA per item */
-  st = fb_go(ctx, fb_kv_kernel<T, D, true>, fb_cfg<D>::SMEM_FU, m, p, nkb,
-             4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D, fb_fu_persistent(D),
+  if (!p.cnt)
+    NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
+                "attention_bwd (sm90): zeroing the dq accumulator");
+  /* D 128: one CTA per item */
+  st = fb_go(ctx, fb_kv_kernel<T, D, true>, fb_cfg<D>::SMEM_FU, m, p, nkb, per_b, fb_fu_persistent(D),
              "attention_bwd (sm90 fused dk, dv, dq)");
   if (st) return st;
-  const int64_t n = (int64_t)p.B * p.Lq * (D / 8);
-  fb_dq_kernel<T, D><<<(unsigned)((n + 255) / 256), 256, 0, ctx->stream>>>(p);
+  const int64_t nv = (int64_t)p.B * p.ntq;
+  fb_dq_kernel<T, D><<<(unsigned)(nv < 8 * ctx->n_sm ? nv : 8 * ctx->n_sm), 256, 0, ctx->stream>>>(p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dq from the accumulator)");
+  if (!st && p.cnt && p.cmax >= 0) st = fb_count_units(ctx, p);
   if (!st) {
     __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&fb_fused_launches, 1, __ATOMIC_RELAXED);
@@ -891,6 +1007,12 @@ int64_t nb_cuda_attn_sm90_bwd_fused_launches(int device) {
 
 int64_t nb_cuda_attn_sm90_bwd_fold_launches(int device) {
   return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_fold_launches, __ATOMIC_RELAXED) : -1;
+}
+
+void nb_cuda_attn_sm90_bwd_acc_units(int device, int64_t *in_kernel, int64_t *all) {
+  const int ok = nb_sm90_device_ok(device);
+  *in_kernel = ok ? __atomic_load_n(&fb_units_in_kernel, __ATOMIC_RELAXED) : -1;
+  *all = ok ? __atomic_load_n(&fb_units_all, __ATOMIC_RELAXED) : -1;
 }
 
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
@@ -953,7 +1075,14 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   memset(&maps[4], 0, sizeof maps[4]);
   p.fold = !fused && fb_q_fold((int)D) && fa3_switch("NABLA_ATTENTION_SM90_BWD_FOLD") &&
            nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
-  const size_t half = (size_t)B * Lp * sizeof(float), bytes = 2 * half + (fused ? half * (size_t)D : 0);
+  /* the fused kernel zeroes and converts its accumulator itself (fb_acc_side) where it runs one CTA per item (D
+   * 128); NABLA_ATTENTION_SM90_BWD_ACC (read at every call) =0: a memset before it and a conversion after; =n, n >
+   * 0 (the tests): n units a warp at most, whatever the item, and the units counted (fb_count_units) */
+  const char *acc_env = getenv("NABLA_ATTENTION_SM90_BWD_ACC");
+  const int zc = fused && !fb_fu_persistent((int)D) && !(acc_env && !strcmp(acc_env, "0"));
+  p.cmax = zc && acc_env && atoi(acc_env) > 0 ? atoi(acc_env) : -1;
+  const size_t half = (size_t)B * Lp * sizeof(float);
+  const size_t bytes = 2 * half + (fused ? half * (size_t)D : 0) + (zc ? FB_NCNT * (size_t)(B + 1) * 4 : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);
   if (!scratch) {
     *st = nb_last_status();
@@ -968,6 +1097,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.lse = (const float *)lse->data;
   p.sl = scratch, p.sd = scratch + B * Lp;
   p.acc = fused ? scratch + 2 * B * Lp : NULL; /* 16-byte aligned: Lp is a multiple of 128 */
+  p.cnt = zc ? (unsigned *)(p.acc + B * Lp * D) : NULL; /* a section per batch index at most */
   p.ntq = (int)(Lp / 64);
   p.dq_rs = dq->strides[nd - 2], p.dk_rs = dk->strides[nd - 2], p.dv_rs = dv->strides[nd - 2];
   p.o_rs = o->strides[nd - 2], p.g_rs = dout->strides[nd - 2];

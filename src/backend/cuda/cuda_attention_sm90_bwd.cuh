@@ -53,6 +53,8 @@ struct fb_params {
   int vec_og, vec_dq;    /* o and dout / dq: rows and batch offsets 16-byte aligned (8-element accesses) */
   int fold;              /* the dQ kernel computes the statistics itself, no pre-pass (fb_qstats) */
   int vec_kv;            /* dk and dv: rows and batch offsets 16-byte aligned (fb_store16) */
+  unsigned *cnt;         /* fused at D 128: the sections' accumulator counters (fb_acc_side); NULL: none */
+  int cmax;              /* units a warp of fb_acc_side converts at most; -1: its query tiles / 16 */
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
@@ -67,6 +69,60 @@ __device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64
       u = q;
     }
   return off;
+}
+
+/* ---- the fused path's accumulator by sections ------------------------------
+ * The sections of the work order (fa3_section: p.nfull of p.hg batch
+ * indices, then the last of the rest) each own the accumulator's rows of
+ * their batch indices: units of one query tile (64 rows, its D / 64
+ * chunks, contiguous), p.ntq per batch index, unit v = b ntq + t. Four
+ * counters per section c at p.cnt + 4 c (the pre-pass zeroes them): units
+ * claimed for zeroing, units zeroed, consumer warpgroups done (two per
+ * item), units claimed for conversion (fb_acc_side). */
+enum { FB_ZCLAIM, FB_ZDONE, FB_WGDONE, FB_CCLAIM, FB_NCNT };
+__device__ __forceinline__ int fb_sec_of(const fb_params &p, int b) {
+  return min((int)nb_fastdiv_div(p.dhg, (uint32_t)b), p.nfull);
+}
+__device__ __forceinline__ int fb_sec_nb(const fb_params &p, int c) { return c < p.nfull ? p.hg : p.B - p.nfull * p.hg; }
+
+/* dq's 8 columns at row (of T) from two 16-byte halves of its accumulator
+ * row, times scale: one 16-byte store (p.vec_dq) or four 4-byte ones. */
+template <typename T>
+__device__ __forceinline__ void fb_dq_put(const fb_params &p, T *row, float4 v0, float4 v1) {
+  uint4 out;
+  out.x = nb_mma<T>::pack(v0.x * p.scale, v0.y * p.scale);
+  out.y = nb_mma<T>::pack(v0.z * p.scale, v0.w * p.scale);
+  out.z = nb_mma<T>::pack(v1.x * p.scale, v1.y * p.scale);
+  out.w = nb_mma<T>::pack(v1.z * p.scale, v1.w * p.scale);
+  if (p.vec_dq) {
+    *(uint4 *)row = out;
+  } else {
+    uint32_t *w = (uint32_t *)row;
+    w[0] = out.x, w[1] = out.y, w[2] = out.z, w[3] = out.w;
+  }
+}
+
+/* dq = scale acc in T for query tile t of batch index b by threads tid of
+ * nthr (a multiple of D / 8), each taking 8 columns of every nthr / (D /
+ * 8)-th row: row r, columns c .. c + 7 are pairs (c % 64) / 2 ^ 4 (r % 8)
+ * .. + 3 (contiguous: the swizzle flips whole groups of four), floats c %
+ * 64 ^ 8 (r % 8) .., of row r of the tile's chunk c / 64 (fb_put_part's
+ * layout). One row's loads at a
+ * time: in fb_acc_side's 32 registers two rows' spilled. */
+template <typename T, int D, int NTHR>
+__device__ __forceinline__ void fb_conv_unit(const fb_params &p, int b, int t, int tid) {
+  constexpr int CPR = D / 8, R = NTHR / CPR; /* threads per row, rows at a time */
+  static_assert(NTHR % CPR == 0, "whole rows at a time");
+  const int c = (tid % CPR) * 8, cm = c % 64, rows = min(64, p.Lq - 64 * t);
+  const float *a = p.acc + (((int64_t)b * p.ntq + t) * (D / 64) + c / 64) * 4096;
+  T *q = (T *)(p.dq + fb_off(p, b, p.dq_bs)) + (int64_t)64 * t * p.dq_rs + c;
+  const int64_t step = R * p.dq_rs;
+  q += (tid / CPR) * p.dq_rs;
+#pragma unroll 1
+  for (int r = tid / CPR; r < rows; r += R, q += step) {
+    const float4 *src = (const float4 *)(a + r * 64 + (cm ^ (8 * (r % 8)))); /* 2 (pair ^ 4 (r % 8)) */
+    fb_dq_put<T>(p, q, __ldcs(src), __ldcs(src + 1));
+  }
 }
 
 /* ---- pre-pass ---------------------------------------------------------- */
@@ -104,6 +160,8 @@ template <typename T> __device__ __forceinline__ float fb_dot8(uint4 g, uint4 o)
 __device__ __forceinline__ float fb_lse2(float lse) { return lse != -INFINITY ? lse * FB_LOG2E : INFINITY; }
 
 template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_prep_kernel(const fb_params p) {
+  if (p.cnt && blockIdx.x == 0) /* the fused kernel's section counters (it waits for this kernel) */
+    for (int i = threadIdx.x; i < FB_NCNT * (p.nfull + 1); i += blockDim.x) p.cnt[i] = 0u;
   constexpr int R = fb_prep_cfg<D, V>::R, LPR = fb_prep_cfg<D, V>::LPR, G = fb_prep_cfg<D, V>::G;
   const int lane = threadIdx.x % LPR, nr = p.B * p.Lp; /* B Lp <= INT32_MAX / 2 (the host checks) */
   const int r0 = (int)blockIdx.x * (R * G) + (int)threadIdx.x / LPR;
@@ -150,32 +208,19 @@ template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_p
   }
 }
 
-/* The fused path's last step: dq = scale acc in T, a thread per 8 columns
- * of a row: row i, columns c .. c + 7 are row i % 64, pairs (c % 64) / 2 ^
- * 4 (i % 8) .. + 3 (contiguous: the swizzle flips whole groups of four) of
- * chunk c / 64 of query tile i / 64 (fb_put_part's layout): two 16-byte
- * loads, one 16-byte store (p.vec_dq) or four 4-byte ones. */
-template <typename T, int D> __global__ void fb_dq_kernel(const fb_params p) {
-  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (int64_t)p.B * p.Lq * (D / 8)) return;
-  const int c = (int)(idx % (D / 8)) * 8;
-  const int64_t ri = idx / (D / 8);
-  const int i = (int)(ri % p.Lq), b = (int)(ri / p.Lq);
-  const int r = i % 64, u = ((c % 64) / 2) ^ (4 * (r % 8));
-  const float4 *src = (const float4 *)(p.acc + (((int64_t)b * p.ntq + i / 64) * (D / 64) + c / 64) * 4096 +
-                                       r * 64 + 2 * u);
-  const float4 v0 = __ldcs(src), v1 = __ldcs(src + 1);
-  uint4 out;
-  out.x = nb_mma<T>::pack(v0.x * p.scale, v0.y * p.scale);
-  out.y = nb_mma<T>::pack(v0.z * p.scale, v0.w * p.scale);
-  out.z = nb_mma<T>::pack(v1.x * p.scale, v1.y * p.scale);
-  out.w = nb_mma<T>::pack(v1.z * p.scale, v1.w * p.scale);
-  T *row = (T *)(p.dq + fb_off(p, b, p.dq_bs) + (int64_t)i * p.dq_rs) + c;
-  if (p.vec_dq) {
-    *(uint4 *)row = out;
-  } else {
-    uint32_t *w = (uint32_t *)row;
-    w[0] = out.x, w[1] = out.y, w[2] = out.z, w[3] = out.w;
+/* The fused path's last step: dq from the accumulator (fb_conv_unit), a
+ * block per query tile unit at a time, those the fused kernel has not
+ * converted itself (p.cnt: a section's units below its conversion claims;
+ * without it, all). */
+template <typename T, int D> __global__ void __launch_bounds__(256) fb_dq_kernel(const fb_params p) {
+  const int nv = p.B * p.ntq;
+  for (int v = (int)blockIdx.x; v < nv; v += (int)gridDim.x) {
+    const int b = v / p.ntq, t = v - b * p.ntq;
+    if (p.cnt) {
+      const int c = fb_sec_of(p, b), u = v - c * p.hg * p.ntq;
+      if ((unsigned)u < min(p.cnt[FB_NCNT * c + FB_CCLAIM], (unsigned)(fb_sec_nb(p, c) * p.ntq))) continue;
+    }
+    fb_conv_unit<T, D, 256>(p, b, t, (int)threadIdx.x);
   }
 }
 

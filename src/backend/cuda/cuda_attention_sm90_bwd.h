@@ -41,6 +41,15 @@ int64_t nb_cuda_attn_sm90_bwd_fused_launches(int device);
  * itself, without the pre-pass (D 64, o's view by TMA;
  * NABLA_ATTENTION_SM90_BWD_FOLD=0: never). */
 int64_t nb_cuda_attn_sm90_bwd_fold_launches(int device);
+/* Of the fused calls at D 128, whose kernel zeroes its f32 dQ accumulator
+ * and converts it to dq beside its products (the last kernel converting
+ * what it did not): *in_kernel the query tiles it converted itself, *all
+ * the tiles, summed over the calls made with NABLA_ATTENTION_SM90_BWD_ACC
+ * =n, n > 0 (read at every call: each warp converts n tiles at most instead
+ * of one per 16 of its CTA's query tiles, and the call waits for the GPU to
+ * read the counts back). For tests that must know both converters ran. -1 in both
+ * when the device is not compute capability 9.0. */
+void nb_cuda_attn_sm90_bwd_acc_units(int device, int64_t *in_kernel, int64_t *all);
 
 #ifdef __cplusplus
 }
