@@ -267,25 +267,22 @@ __device__ __forceinline__ int fb_claim(unsigned *c, int n) {
 template <typename T, int D>
 __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntiles) {
   constexpr int UF = D / 64 * 4096; /* floats per unit */
-  const int lane = threadIdx.x % 32, s = fb_sec_of(p, b), S = p.nfull + 1;
-  for (int c = s; c < min(s + 3, S); c++) {
-    float4 *a0 = (float4 *)(p.acc + (int64_t)c * p.hg * p.ntq * UF);
+  const int s = fb_sec_of(p, b);
+  for (int c = s; c < s + 3 && c <= p.nfull; c++)
     for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_ZCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0;) {
-      float4 *a = a0 + (int64_t)u * (UF / 4);
-      for (int i = lane; i < UF / 4; i += 32) a[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4 *a = (float4 *)(p.acc + ((int64_t)c * p.hg * p.ntq + u) * UF) + threadIdx.x % 32;
+#pragma unroll 4
+      for (int i = 0; i < UF / 128; i++) a[32 * i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       asm volatile("fence.proxy.async.global;" ::: "memory");
       __threadfence();
       __syncwarp();
-      if (lane == 0) atomicAdd(p.cnt + FB_NCNT * c + FB_ZDONE, 1u);
+      if (threadIdx.x % 32 == 0) atomicAdd(p.cnt + FB_NCNT * c + FB_ZDONE, 1u);
     }
-  }
-  int budget = p.cmax >= 0 ? p.cmax : ntiles / 16;
-  for (int c = max(s - 8, 0); c < s && budget > 0; c++) {
+  for (int c = max(s - 8, 0), n = p.cmax >= 0 ? p.cmax : ntiles / 16; c < s && n > 0; c++) {
     if (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_WGDONE) < 2u * (unsigned)(fb_sec_nb(p, c) * p.nblk)) continue;
-    for (int u; budget > 0 && (u = fb_claim(p.cnt + FB_NCNT * c + FB_CCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0;
-         budget--) {
+    for (int u; n > 0 && (u = fb_claim(p.cnt + FB_NCNT * c + FB_CCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0; n--) {
       const int v = c * p.hg * p.ntq + u, bb = v / p.ntq;
-      fb_conv_unit<T, D, 32>(p, bb, v - bb * p.ntq, lane);
+      fb_conv_unit<T, D, 32, 4>(p, bb, v - bb * p.ntq, threadIdx.x % 32);
     }
   }
 }
@@ -763,9 +760,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
    * (the ring's running count) */
   int k = 0, g = 0, b, j0, ibeg, ntiles;
   if (threadIdx.x < 128) {
-    /* ZC: 32 registers for fb_acc_side's loads (128 x 32 + 256 x 240 = 64 K) */
-    if (ZC) asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");
-    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (threadIdx.x == 0) {
       int x = (int)blockIdx.x;
       fa3_put(p, bar, 0, x);

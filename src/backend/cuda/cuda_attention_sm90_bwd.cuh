@@ -85,44 +85,47 @@ __device__ __forceinline__ int fb_sec_of(const fb_params &p, int b) {
 }
 __device__ __forceinline__ int fb_sec_nb(const fb_params &p, int c) { return c < p.nfull ? p.hg : p.B - p.nfull * p.hg; }
 
-/* dq's 8 columns at row (of T) from two 16-byte halves of its accumulator
- * row, times scale: one 16-byte store (p.vec_dq) or four 4-byte ones. */
-template <typename T>
-__device__ __forceinline__ void fb_dq_put(const fb_params &p, T *row, float4 v0, float4 v1) {
-  uint4 out;
-  out.x = nb_mma<T>::pack(v0.x * p.scale, v0.y * p.scale);
-  out.y = nb_mma<T>::pack(v0.z * p.scale, v0.w * p.scale);
-  out.z = nb_mma<T>::pack(v1.x * p.scale, v1.y * p.scale);
-  out.w = nb_mma<T>::pack(v1.z * p.scale, v1.w * p.scale);
-  if (p.vec_dq) {
-    *(uint4 *)row = out;
+/* dq's W = 8 or 4 columns at row (of T) from W floats of the accumulator
+ * at src (16-byte aligned), times scale: one W * 2-byte store (p.vec_dq)
+ * or W / 2 4-byte ones. */
+template <typename T, int W> __device__ __forceinline__ void fb_dq_put(const fb_params &p, T *row, const float4 *src) {
+  uint32_t out[W / 2];
+#pragma unroll
+  for (int h = 0; h < W / 4; h++) {
+    const float4 v = __ldcs(src + h);
+    out[2 * h] = nb_mma<T>::pack(v.x * p.scale, v.y * p.scale);
+    out[2 * h + 1] = nb_mma<T>::pack(v.z * p.scale, v.w * p.scale);
+  }
+  if (p.vec_dq && W == 8) {
+    *(uint4 *)row = make_uint4(out[0], out[1], out[W / 2 - 2], out[W / 2 - 1]);
+  } else if (p.vec_dq) {
+    *(uint2 *)row = make_uint2(out[0], out[1]);
   } else {
     uint32_t *w = (uint32_t *)row;
-    w[0] = out.x, w[1] = out.y, w[2] = out.z, w[3] = out.w;
+#pragma unroll
+    for (int h = 0; h < W / 2; h++) w[h] = out[h];
   }
 }
 
 /* dq = scale acc in T for query tile t of batch index b by threads tid of
- * nthr (a multiple of D / 8), each taking 8 columns of every nthr / (D /
- * 8)-th row: row r, columns c .. c + 7 are pairs (c % 64) / 2 ^ 4 (r % 8)
- * .. + 3 (contiguous: the swizzle flips whole groups of four), floats c %
+ * NTHR (a multiple of D / W), each taking W = 8 or 4 columns of every NTHR
+ * / (D / W)-th row, one row's load at a time (fb_acc_side's warps have 24
+ * registers): row r, columns c .. c + W - 1 are pairs (c % 64) / 2 ^ 4 (r
+ * % 8) .. (contiguous: the swizzle flips whole groups of four), floats c %
  * 64 ^ 8 (r % 8) .., of row r of the tile's chunk c / 64 (fb_put_part's
- * layout). One row's loads at a
- * time: in fb_acc_side's 32 registers two rows' spilled. */
-template <typename T, int D, int NTHR>
+ * layout). */
+template <typename T, int D, int NTHR, int W>
 __device__ __forceinline__ void fb_conv_unit(const fb_params &p, int b, int t, int tid) {
-  constexpr int CPR = D / 8, R = NTHR / CPR; /* threads per row, rows at a time */
-  static_assert(NTHR % CPR == 0, "whole rows at a time");
-  const int c = (tid % CPR) * 8, cm = c % 64, rows = min(64, p.Lq - 64 * t);
+  constexpr int CPR = D / W, R = NTHR / CPR; /* threads per row, rows at a time */
+  static_assert(NTHR % CPR == 0 && (W == 8 || W == 4), "whole rows at a time, 8 or 4 columns a thread");
+  const int c = (tid % CPR) * W, cm = c % 64, rows = min(64, p.Lq - 64 * t);
   const float *a = p.acc + (((int64_t)b * p.ntq + t) * (D / 64) + c / 64) * 4096;
   T *q = (T *)(p.dq + fb_off(p, b, p.dq_bs)) + (int64_t)64 * t * p.dq_rs + c;
   const int64_t step = R * p.dq_rs;
   q += (tid / CPR) * p.dq_rs;
 #pragma unroll 1
-  for (int r = tid / CPR; r < rows; r += R, q += step) {
-    const float4 *src = (const float4 *)(a + r * 64 + (cm ^ (8 * (r % 8)))); /* 2 (pair ^ 4 (r % 8)) */
-    fb_dq_put<T>(p, q, __ldcs(src), __ldcs(src + 1));
-  }
+  for (int r = tid / CPR; r < rows; r += R, q += step) /* 2 (pair ^ 4 (r % 8)) */
+    fb_dq_put<T, W>(p, q, (const float4 *)(a + r * 64 + (cm ^ (8 * (r % 8)))));
 }
 
 /* ---- pre-pass ---------------------------------------------------------- */
@@ -220,7 +223,7 @@ template <typename T, int D> __global__ void __launch_bounds__(256) fb_dq_kernel
       const int c = fb_sec_of(p, b), u = v - c * p.hg * p.ntq;
       if ((unsigned)u < min(p.cnt[FB_NCNT * c + FB_CCLAIM], (unsigned)(fb_sec_nb(p, c) * p.ntq))) continue;
     }
-    fb_conv_unit<T, D, 256>(p, b, t, (int)threadIdx.x);
+    fb_conv_unit<T, D, 256, 8>(p, b, t, (int)threadIdx.x);
   }
 }
 
