@@ -955,7 +955,7 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   fa3_set_order(p, ctx, nkb, per_b, p.causal);                          /* the sections, for the counters */
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
-  if (!p.cnt || p.zpre)
+  if (!p.cnt)
     NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
                 "attention_bwd (sm90): zeroing the dq accumulator");
   /* D 128: one CTA per item */
@@ -965,7 +965,7 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   const int64_t nv = (int64_t)p.B * p.ntq;
   fb_dq_kernel<T, D><<<(unsigned)(nv < 8 * ctx->n_sm ? nv : 8 * ctx->n_sm), 256, 0, ctx->stream>>>(p);
   st = nb_cuda_launch_check("attention_bwd (sm90 dq from the accumulator)");
-  if (!st && p.cnt && p.cmax > 0) st = fb_count_units(ctx, p);
+  if (!st && p.cnt && p.cmax >= 0) st = fb_count_units(ctx, p);
   if (!st) {
     __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&fb_fused_launches, 1, __ATOMIC_RELAXED);
@@ -1076,8 +1076,6 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   const char *acc_env = getenv("NABLA_ATTENTION_SM90_BWD_ACC");
   const int zc = fused && !fb_fu_persistent((int)D) && !(acc_env && !strcmp(acc_env, "0"));
   p.cmax = zc && acc_env && atoi(acc_env) > 0 ? atoi(acc_env) : -1;
-  if (zc && acc_env && !strcmp(acc_env, "zero")) p.cmax = 0;   /* zeroed in the kernel, converted after */
-  p.zpre = zc && acc_env && !strcmp(acc_env, "conv");           /* zeroed before, converted in the kernel */
   const size_t half = (size_t)B * Lp * sizeof(float);
   const size_t bytes = 2 * half + (fused ? half * (size_t)D : 0) + (zc ? FB_NCNT * (size_t)(B + 1) * 4 : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);

@@ -55,7 +55,6 @@ struct fb_params {
   int vec_kv;            /* dk and dv: rows and batch offsets 16-byte aligned (fb_store16) */
   unsigned *cnt;         /* fused at D 128: the sections' accumulator counters (fb_acc_side); NULL: none */
   int cmax;              /* units a warp of fb_acc_side converts at most; -1: its query tiles / 16 */
-  int zpre;              /* p.cnt: the accumulator zeroed before the kernel (the pre-pass marks it so) */
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
@@ -165,8 +164,7 @@ __device__ __forceinline__ float fb_lse2(float lse) { return lse != -INFINITY ? 
 
 template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_prep_kernel(const fb_params p) {
   if (p.cnt && blockIdx.x == 0) /* the fused kernel's section counters (it waits for this kernel) */
-    for (int i = threadIdx.x; i < FB_NCNT * (p.nfull + 1); i += blockDim.x)
-      p.cnt[i] = p.zpre && i % FB_NCNT <= FB_ZDONE ? (unsigned)(fb_sec_nb(p, i / FB_NCNT) * p.ntq) : 0u;
+    for (int i = threadIdx.x; i < FB_NCNT * (p.nfull + 1); i += blockDim.x) p.cnt[i] = 0u;
   constexpr int R = fb_prep_cfg<D, V>::R, LPR = fb_prep_cfg<D, V>::LPR, G = fb_prep_cfg<D, V>::G;
   const int lane = threadIdx.x % LPR, nr = p.B * p.Lp; /* B Lp <= INT32_MAX / 2 (the host checks) */
   const int r0 = (int)blockIdx.x * (R * G) + (int)threadIdx.x / LPR;
