@@ -96,7 +96,8 @@
  * The fused path (nb_set_deterministic(0) at D 128, where it is faster, or
  * NABLA_ATTN_BWD=fused; never with NABLA_ATTN_BWD=split; the kernels above stay the
  * deterministic default): the pre-pass, the f32 dQ accumulator (B, Lp / 64
- * query tiles, D / 64 chunks, 64 x 64) zeroed, then kernel 2 with F = true
+ * query tiles, D / 64 chunks, 64 x 64) zeroed (at D 128 by the kernel
+ * itself: fb_acc_side), then kernel 2 with F = true
  * (persistent at D 64 as the split kernels, the same switch, its K/V
  * buffer 1 after the dQ partials' buffers; at D 128 a CTA per item, K/V
  * buffer 0 only: a second would take its shared memory past 227 KB)
@@ -122,13 +123,18 @@
  * or the last) has read it, wait_group 0 at the CTA's end (with one
  * buffer, read 0 there, the waiting thread held its warpgroup at the
  * barrier: 5% of the stall samples). Both K halves
- * are loaded (zero-filled past Lk: the dQ product reads every key row). A last kernel writes dq = scale acc in
- * the input dtype (62 us at B4 H16 N4096 D128 on the H100; the fused kernel
- * writing each query tile itself once its last key block's reduce was in, by
- * a counter per tile, took 140 us longer: at D 128 each of its 2048 CTAs,
- * one per SM at a time, then waited at its end for the reduces, the counters
- * and the tile's loads). The reduce order varies between runs: dq is not the same
- * bits every run (dk, dv are).
+ * are loaded (zero-filled past Lk: the dQ product reads every key row). A
+ * last kernel writes dq = scale acc in the input dtype (62 us at B4 H16
+ * N4096 D128 on the H100); at D 128 only the query tiles the fused kernel's
+ * idle producer warps did not convert beside the products, by sections
+ * of the work order (fb_acc_side: 18 us, mostly the last section; with the
+ * memset gone, causal fwd+bwd 2.082 -> 2.061 ms, the medians of seven
+ * interleaved rounds). The fused kernel converting each query tile itself
+ * once its last key block's reduce was in, by a counter per tile, took
+ * 140 us longer: each of its 2048 CTAs, one per SM at a time, then waited
+ * at its end for the reduces, the counters and the tile's loads. The
+ * reduce order varies between runs: dq is not the same bits every run (dk,
+ * dv are).
  *
  * Fragment layouts (warp w of a consumer warpgroup, lane l, g = l / 4,
  * t = l % 4), as in the forward (cuda_attention_sm90.cu):
@@ -262,8 +268,17 @@ __device__ __forceinline__ int fb_claim(unsigned *c, int n) {
  *     warpgroups have all counted themselves done (fb_wg_done), at most
  *     ntiles / 16 a warp (a unit, one row's loads at a time, takes about
  *     as long as 8 query tiles' products), so the products still take
- *     longer;
- *     fb_dq_kernel converts what is left unclaimed (the last sections). */
+ *     longer; fb_dq_kernel converts what is left unclaimed (the last
+ *     sections).
+ * The warps keep the producer's 24 registers: the launch holds 168 x 384,
+ * so 32 here left the consumers' setmaxnreg.inc to 240 waiting forever.
+ * ptxas spills 4 bytes in this kernel for it (two rows' loads at a time
+ * spilled 8-48). H100, B4 H16 N4096 D128 causal
+ * (ncu): the fused kernel 1254 -> 1316 us (the zeros are written back
+ * before the reduces reach them, and the conversion reads from DRAM: the
+ * sections' accumulator does not stay in L2), the memset and 47 of the
+ * last kernel's 65 us gone; fwd+bwd 1.0% faster (either half alone: no
+ * gain). */
 template <typename T, int D>
 __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntiles) {
   constexpr int UF = D / 64 * 4096; /* floats per unit */
