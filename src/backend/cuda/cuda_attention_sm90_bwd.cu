@@ -124,17 +124,10 @@
  * buffer, read 0 there, the waiting thread held its warpgroup at the
  * barrier: 5% of the stall samples). Both K halves
  * are loaded (zero-filled past Lk: the dQ product reads every key row). A
- * last kernel writes dq = scale acc in the input dtype (62 us at B4 H16
- * N4096 D128 on the H100); at D 128 only the query tiles the fused kernel's
- * idle producer warps did not convert beside the products, by sections
- * of the work order (fb_acc_side: 18 us, mostly the last section; with the
- * memset gone, causal fwd+bwd 2.082 -> 2.061 ms, the medians of seven
- * interleaved rounds). The fused kernel converting each query tile itself
- * once its last key block's reduce was in, by a counter per tile, took
- * 140 us longer: each of its 2048 CTAs, one per SM at a time, then waited
- * at its end for the reduces, the counters and the tile's loads. The
- * reduce order varies between runs: dq is not the same bits every run (dk,
- * dv are).
+ * last kernel writes dq from the accumulator (cuda_attention_sm90_bwd_acc.cuh,
+ * which also has how the fused kernel zeroes and converts most of it
+ * itself at D 128). The reduce order varies between runs: dq is not the
+ * same bits every run (dk, dv are).
  *
  * Fragment layouts (warp w of a consumer warpgroup, lane l, g = l / 4,
  * t = l % 4), as in the forward (cuda_attention_sm90.cu):
@@ -164,6 +157,7 @@
 #include "backend/cuda/cuda_attention_sm90_bwd.h"
 #include "backend/cuda/cuda_attention_sm90.cuh"
 #include "backend/cuda/cuda_attention_sm90_bwd.cuh"
+#include "backend/cuda/cuda_attention_sm90_bwd_acc.cuh"
 #include "backend/cuda/gemm_sm90_plan.h"
 
 namespace {
@@ -202,7 +196,7 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
   static constexpr size_t SMEM_KV = 1024 + kv_tiles(false) + 2 * KB + 8 * FB_NBAR;
   /* fused: then two dS^T buffers (128 keys x 64 queries; 128-byte swizzle,
    * so 1024-byte aligned) and two dQ partials (64 x 64 f32) per consumer */
-  static constexpr int DS = FB_BK * FB_BQ * 2, PART = 64 * 64 * 4;
+  static constexpr int DS = FB_BK * FB_BQ * 2, PART = FB_PART;
   /* then, persistent (D 64: fb_fu_persistent), K, V of the next item (K/V
    * buffer 1); at D 128 it would not fit (asserted below) */
   static constexpr int FU_KV1 = kv_tiles(true) + 2 * DS + 4 * PART;
@@ -222,105 +216,6 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
 };
 
 #ifdef NB_SM90A_DEVICE
-/* ---- the fused kernel's dQ partial ------------------------------------ */
-__device__ __forceinline__ unsigned fb_ld_acquire(const unsigned *a) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
-  return v;
-}
-
-/* The fused kernel's section counters (p.cnt; the sections and their
- * units: fb_sec_of). Before its first reduce a consumer waits until its
- * section's units are zeroed (the async proxy's reduce after the generic
- * zeros); after its last it counts its warpgroup done. */
-__device__ __forceinline__ void fb_zero_wait(const fb_params &p, int b) {
-  const int c = fb_sec_of(p, b);
-  const unsigned n = (unsigned)(fb_sec_nb(p, c) * p.ntq);
-  while (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_ZDONE) < n) __nanosleep(64);
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-__device__ __forceinline__ void fb_wg_done(const fb_params &p, int b) {
-  asm volatile("fence.proxy.async.global;" ::: "memory"); /* the completed reduces, then the count */
-  __threadfence();
-  atomicAdd(p.cnt + FB_NCNT * fb_sec_of(p, b) + FB_WGDONE, 1u);
-}
-
-/* A warp's claim of the next unit of counter *c (below n), -1 when none is
- * left. */
-__device__ __forceinline__ int fb_claim(unsigned *c, int n) {
-  int u = n;
-  if (threadIdx.x % 32 == 0 && *(volatile unsigned *)c < (unsigned)n) u = (int)atomicAdd(c, 1u);
-  u = __shfl_sync(0xffffffffu, u, 0);
-  return u < n ? u : -1;
-}
-
-/* The accumulator's work beside the products, for warps 1-3 of the fused
- * kernel's producer warpgroup (p.cnt; the CTA's item of batch index b and
- * ntiles query tiles), so that neither a memset before the kernel nor a
- * conversion after it holds the GPU (at B4 H16 N4096 D128 they took 45
- * and 62 us of DRAM time each):
- *   - zeroing: the units of the CTA's own section, then of the next two,
- *     until their claims run out. A consumer waits for its own section's
- *     (fb_zero_wait), and every unit of it is claimed by the time the
- *     CTA's own warps are done here, by CTAs that zero without waiting
- *     on anything: no wait can be circular.
- *   - conversion: units of the eight sections before the CTA's own whose
- *     warpgroups have all counted themselves done (fb_wg_done), at most
- *     ntiles / 16 a warp (a unit, one row's loads at a time, takes about
- *     as long as 8 query tiles' products), so the products still take
- *     longer; fb_dq_kernel converts what is left unclaimed (the last
- *     sections).
- * The warps keep the producer's 24 registers: the launch holds 168 x 384,
- * so 32 here left the consumers' setmaxnreg.inc to 240 waiting forever.
- * ptxas spills 4 bytes in this kernel for it (two rows' loads at a time
- * spilled 8-48). H100, B4 H16 N4096 D128 causal
- * (ncu): the fused kernel 1254 -> 1316 us (the zeros are written back
- * before the reduces reach them, and the conversion reads from DRAM: the
- * sections' accumulator does not stay in L2), the memset and 47 of the
- * last kernel's 65 us gone; fwd+bwd 1.0% faster (either half alone: no
- * gain). */
-template <typename T, int D>
-__device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntiles) {
-  constexpr int UF = D / 64 * 4096; /* floats per unit */
-  const int s = fb_sec_of(p, b);
-  for (int c = s; c < s + 3 && c <= p.nfull; c++)
-    for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_ZCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0;) {
-      float4 *a = (float4 *)(p.acc + ((int64_t)c * p.hg * p.ntq + u) * UF) + threadIdx.x % 32;
-#pragma unroll 4
-      for (int i = 0; i < UF / 128; i++) a[32 * i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      asm volatile("fence.proxy.async.global;" ::: "memory");
-      __threadfence();
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) atomicAdd(p.cnt + FB_NCNT * c + FB_ZDONE, 1u);
-    }
-  for (int c = max(s - 8, 0), n = p.cmax >= 0 ? p.cmax : ntiles / 16; c < s && n > 0; c++) {
-    if (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_WGDONE) < 2u * (unsigned)(fb_sec_nb(p, c) * p.nblk)) continue;
-    for (int u; n > 0 && (u = fb_claim(p.cnt + FB_NCNT * c + FB_CCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0; n--) {
-      const int v = c * p.hg * p.ntq + u, bb = v / p.ntq;
-      fb_conv_unit<T, D, 32, 4>(p, bb, v - bb * p.ntq, threadIdx.x % 32);
-    }
-  }
-}
-
-/* A consumer's dQ partial s (its fragments) into its buffer pb, then one
- * thread adds the buffer into the accumulator's chunk of query tile i0 (D
- * 128: columns [64 wg, + 64); D 64: all, both warpgroups into one chunk) by
- * a bulk reduce-add. */
-template <int D>
-__device__ __forceinline__ void fb_send_part(const fb_params &p, float (&s)[32], uint32_t pb, int b, int i0, int wg,
-                                             int w, int lane, int x, bool zw) {
-  fa3_fence(s);
-  fb_put_part(pb, s, w, lane);
-  fb_fence_async();
-  fb_bar_wg(wg);
-  if (x == 0) {
-    if (zw) fb_zero_wait(p, b); /* the CTA's first reduce (p.cnt) */
-    float *g = p.acc + (((int64_t)b * p.ntq + i0 / 64) * (D / 64) + (D == 128 ? wg : 0)) * 4096;
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                 "cp.async.bulk.commit_group;" ::"l"(g), "r"(pb), "n"(fb_cfg<D>::PART) : "memory");
-  }
-}
-
 /* ---- dK, dV -------------------------------------------------------------- */
 
 /* Work item x of the dK/dV kernels: its batch index *b, first key *j0,
@@ -886,7 +781,7 @@ int fb_rows_ok(const nb_kview *o, nb_dtype dt, int64_t L, int64_t D) {
   return 1;
 }
 
-int64_t fb_launches, fb_fused_launches, fb_fold_launches, fb_units_in_kernel, fb_units_all;
+int64_t fb_launches, fb_fused_launches, fb_fold_launches;
 
 /* The pre-pass over rows rows of the scratch. */
 template <typename T, int D> nb_status fb_prep(const nb_cuda_ctx *ctx, const fb_params &p, int64_t rows) {
@@ -935,26 +830,6 @@ nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *
   NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FB_THREADS, smem, ctx, m[0], m[1], m[2], m[3], m[4], p),
               "attention_bwd (sm90): launch");
   return nb_cuda_launch_check(what);
-}
-
-/* NABLA_ATTENTION_SM90_BWD_ACC=n (n > 0, p.cmax): the query tiles that the fused
- * kernel converted itself (its sections' conversion claims, at most their
- * units) and all of them, read back after the call, into
- * nb_cuda_attn_sm90_bwd_acc_units's sums. */
-nb_status fb_count_units(const nb_cuda_ctx *ctx, const fb_params &p) {
-  const int ns = p.nfull + 1;
-  unsigned *h = (unsigned *)malloc(FB_NCNT * (size_t)ns * sizeof *h);
-  if (!h) return nb_error_set(NB_ERR_OOM, "attention_bwd (sm90): out of host memory");
-  cudaError_t ce = cudaMemcpyAsync(h, p.cnt, FB_NCNT * (size_t)ns * sizeof *h, cudaMemcpyDeviceToHost, ctx->stream);
-  if (ce == cudaSuccess) ce = cudaStreamSynchronize(ctx->stream);
-  for (int c = 0; ce == cudaSuccess && c < ns; c++) {
-    const unsigned n = (unsigned)((c < p.nfull ? p.hg : p.B - p.nfull * p.hg) * p.ntq);
-    __atomic_add_fetch(&fb_units_in_kernel, (int64_t)(h[FB_NCNT * c + FB_CCLAIM] < n ? h[FB_NCNT * c + FB_CCLAIM] : n),
-                       __ATOMIC_RELAXED);
-    __atomic_add_fetch(&fb_units_all, (int64_t)n, __ATOMIC_RELAXED);
-  }
-  free(h);
-  return nb_cuda_status(ce, "attention_bwd (sm90): reading the accumulator's counts");
 }
 
 /* The fused path: the pre-pass, dK, dV and dQ's partial sums in one
@@ -1019,12 +894,6 @@ int64_t nb_cuda_attn_sm90_bwd_fold_launches(int device) {
   return nb_sm90_device_ok(device) ? __atomic_load_n(&fb_fold_launches, __ATOMIC_RELAXED) : -1;
 }
 
-void nb_cuda_attn_sm90_bwd_acc_units(int device, int64_t *in_kernel, int64_t *all) {
-  const int ok = nb_sm90_device_ok(device);
-  *in_kernel = ok ? __atomic_load_n(&fb_units_in_kernel, __ATOMIC_RELAXED) : -1;
-  *all = ok ? __atomic_load_n(&fb_units_all, __ATOMIC_RELAXED) : -1;
-}
-
 int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_kview *dk, const nb_kview *dv,
                           const nb_kview *dout, const nb_kview *q, const nb_kview *k, const nb_kview *v,
                           const nb_kview *o, const nb_kview *lse, double scale, int causal, nb_status *st) {
@@ -1085,12 +954,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   memset(&maps[4], 0, sizeof maps[4]);
   p.fold = !fused && fb_q_fold((int)D) && fa3_switch("NABLA_ATTENTION_SM90_BWD_FOLD") &&
            nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
-  /* the fused kernel zeroes and converts its accumulator itself (fb_acc_side) where it runs one CTA per item (D
-   * 128); NABLA_ATTENTION_SM90_BWD_ACC (read at every call) =0: a memset before it and a conversion after; =n, n >
-   * 0 (the tests): n units a warp at most, whatever the item, and the units counted (fb_count_units) */
-  const char *acc_env = getenv("NABLA_ATTENTION_SM90_BWD_ACC");
-  const int zc = fused && !fb_fu_persistent((int)D) && !(acc_env && !strcmp(acc_env, "0"));
-  p.cmax = zc && acc_env && atoi(acc_env) > 0 ? atoi(acc_env) : -1;
+  const int zc = fb_acc_in_kernel(fused && !fb_fu_persistent((int)D), &p.cmax); /* D 128: one CTA per item */
   const size_t half = (size_t)B * Lp * sizeof(float);
   const size_t bytes = 2 * half + (fused ? half * (size_t)D : 0) + (zc ? FB_NCNT * (size_t)(B + 1) * 4 : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);

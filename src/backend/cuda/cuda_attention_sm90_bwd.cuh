@@ -25,6 +25,7 @@
 #define FB_NBAR (8 + 2 * FB_QST)
 #define FB_MAXK FA3_MAXK /* batch axes of size > 1 (tensor maps of rank 5 at most) */
 #define FB_THREADS 384
+#define FB_PART (64 * 64 * 4) /* bytes of a fused kernel's dQ partial: 64 x 64 f32 */
 #define FB_LOG2E 1.4426950408889634f
 
 namespace {
@@ -84,49 +85,6 @@ __device__ __forceinline__ int fb_sec_of(const fb_params &p, int b) {
   return min((int)nb_fastdiv_div(p.dhg, (uint32_t)b), p.nfull);
 }
 __device__ __forceinline__ int fb_sec_nb(const fb_params &p, int c) { return c < p.nfull ? p.hg : p.B - p.nfull * p.hg; }
-
-/* dq's W = 8 or 4 columns at row (of T) from W floats of the accumulator
- * at src (16-byte aligned), times scale: one W * 2-byte store (p.vec_dq)
- * or W / 2 4-byte ones. */
-template <typename T, int W> __device__ __forceinline__ void fb_dq_put(const fb_params &p, T *row, const float4 *src) {
-  uint32_t out[W / 2];
-#pragma unroll
-  for (int h = 0; h < W / 4; h++) {
-    const float4 v = __ldcs(src + h);
-    out[2 * h] = nb_mma<T>::pack(v.x * p.scale, v.y * p.scale);
-    out[2 * h + 1] = nb_mma<T>::pack(v.z * p.scale, v.w * p.scale);
-  }
-  if (p.vec_dq && W == 8) {
-    *(uint4 *)row = make_uint4(out[0], out[1], out[W / 2 - 2], out[W / 2 - 1]);
-  } else if (p.vec_dq) {
-    *(uint2 *)row = make_uint2(out[0], out[1]);
-  } else {
-    uint32_t *w = (uint32_t *)row;
-#pragma unroll
-    for (int h = 0; h < W / 2; h++) w[h] = out[h];
-  }
-}
-
-/* dq = scale acc in T for query tile t of batch index b by threads tid of
- * NTHR (a multiple of D / W), each taking W = 8 or 4 columns of every NTHR
- * / (D / W)-th row, one row's load at a time (fb_acc_side's warps have 24
- * registers): row r, columns c .. c + W - 1 are pairs (c % 64) / 2 ^ 4 (r
- * % 8) .. (contiguous: the swizzle flips whole groups of four), floats c %
- * 64 ^ 8 (r % 8) .., of row r of the tile's chunk c / 64 (fb_put_part's
- * layout). */
-template <typename T, int D, int NTHR, int W>
-__device__ __forceinline__ void fb_conv_unit(const fb_params &p, int b, int t, int tid) {
-  constexpr int CPR = D / W, R = NTHR / CPR; /* threads per row, rows at a time */
-  static_assert(NTHR % CPR == 0 && (W == 8 || W == 4), "whole rows at a time, 8 or 4 columns a thread");
-  const int c = (tid % CPR) * W, cm = c % 64, rows = min(64, p.Lq - 64 * t);
-  const float *a = p.acc + (((int64_t)b * p.ntq + t) * (D / 64) + c / 64) * 4096;
-  T *q = (T *)(p.dq + fb_off(p, b, p.dq_bs)) + (int64_t)64 * t * p.dq_rs + c;
-  const int64_t step = R * p.dq_rs;
-  q += (tid / CPR) * p.dq_rs;
-#pragma unroll 1
-  for (int r = tid / CPR; r < rows; r += R, q += step) /* 2 (pair ^ 4 (r % 8)) */
-    fb_dq_put<T, W>(p, q, (const float4 *)(a + r * 64 + (cm ^ (8 * (r % 8)))));
-}
 
 /* ---- pre-pass ---------------------------------------------------------- */
 /* Row r of the (B, Lp) scratch: delta = dout . o (f32), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0.
@@ -208,22 +166,6 @@ template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_p
     for (int m = LPR / 2; m > 0; m /= 2) s[h] += __shfl_xor_sync(0xffffffffu, s[h], m);
     const int r = r0 + h * G;
     if (lane == 0 && r < nr) p.sl[r] = fb_lse2(L[h]), p.sd[r] = s[h];
-  }
-}
-
-/* The fused path's last step: dq from the accumulator (fb_conv_unit), a
- * block per query tile unit at a time, those the fused kernel has not
- * converted itself (p.cnt: a section's units below its conversion claims;
- * without it, all). */
-template <typename T, int D> __global__ void __launch_bounds__(256) fb_dq_kernel(const fb_params p) {
-  const int nv = p.B * p.ntq;
-  for (int v = (int)blockIdx.x; v < nv; v += (int)gridDim.x) {
-    const int b = v / p.ntq, t = v - b * p.ntq;
-    if (p.cnt) {
-      const int c = fb_sec_of(p, b), u = v - c * p.hg * p.ntq;
-      if ((unsigned)u < min(p.cnt[FB_NCNT * c + FB_CCLAIM], (unsigned)(fb_sec_nb(p, c) * p.ntq))) continue;
-    }
-    fb_conv_unit<T, D, 256, 8>(p, b, t, (int)threadIdx.x);
   }
 }
 
