@@ -48,7 +48,9 @@
  * memset before, a conversion after) and, counting the query tiles the
  * kernel converted, =2 in sections of one batch index; against float64,
  * dK and dV bit for bit, and some tile converted in the kernel over all
- * the cases.
+ * the cases. Before each fused run the allocator's blocks of the
+ * gradients' sizes are filled with NaN, so a query tile left unwritten
+ * fails the comparison.
  * NABLA_TEST_QUICK=1 (the sanitizers) keeps the cases under 1000 rows.
  * Without a CUDA device: skipped (77). */
 #include <math.h>
@@ -86,6 +88,17 @@ static int same_kv_bits(const scase *c, const sresult *a, const sresult *b, int 
   return 1;
 }
 
+/* The CUDA caching allocator hands out the last freed block of a size
+ * first: blocks of the gradients' sizes full of NaN, so that a row of dq
+ * that no kernel writes shows instead of keeping an earlier run's values. */
+static void poison(const scase *c, nb_dtype dt) {
+  const int64_t grad[4] = {c->B, c->H, c->Lq, c->D}, packed[5] = {c->B, c->Lq, 3, c->H, c->D};
+  nb_tensor *t[16];
+  for (int i = 0; i < 16; i++)
+    t[i] = c->packed == 1 && i % 2 ? nb_full(5, packed, NAN, dt, GPU) : nb_full(4, grad, NAN, dt, GPU);
+  for (int i = 0; i < 16; i++) nb_release(t[i]);
+}
+
 /* The fused path's runs of a case: NABLA_ATTN_BWD=fused against float64
  * and the split path's result; with NABLA_ATTENTION_SM90_BWD_PERSISTENT=0
  * and =3 (the fused kernel is persistent at D 64) against float64, against
@@ -98,6 +111,7 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
   const int n = s->n, small = c->Lq < 1000 && c->Lk < 1000;
   const int64_t f0 = fused_launches(), l0 = launches();
   setenv("NABLA_ATTN_BWD", "fused", 1);
+  poison(c, dt);
   sresult fus = run(c, causal, s->in, n, dt, GPU);
   unsetenv("NABLA_ATTN_BWD");
   const int64_t f1 = fused_launches(), l1 = launches();
@@ -129,12 +143,14 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
    * sections of one batch index, 2 query tiles a warp at most, counted */
   setenv("NABLA_ATTN_BWD", "fused", 1);
   setenv("NABLA_ATTENTION_SM90_BWD_ACC", "0", 1);
+  poison(c, dt);
   sresult sep = run(c, causal, s->in, n, dt, GPU);
   setenv("NABLA_ATTENTION_SM90_BWD_ACC", "2", 1);
   setenv("NABLA_ATTENTION_SM90_SECTION", "1", 1);
   setenv("NABLA_ATTENTION_SM90_TAIL", "0", 1);
   int64_t u0, a0, u1, a1;
   acc_units(&u0, &a0);
+  poison(c, dt);
   sresult sec1 = run(c, causal, s->in, n, dt, GPU);
   acc_units(&u1, &a1);
   unsetenv("NABLA_ATTENTION_SM90_SECTION");
@@ -148,8 +164,8 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
             "index: the output or dK, dV differ from the fused default", name);
   if (u0 >= 0) {
     const int64_t tiles = c->runs && c->D == 128 ? c->B * c->H * ((c->Lq + 127) / 128 * 2) : 0;
-    NBT_CHECK(a1 - a0 == tiles && u1 - u0 <= tiles, "%s: the fused kernel converted %lld of %lld query tiles "
-              "(%lld expected in all)", name, (long long)(u1 - u0), (long long)(a1 - a0), (long long)tiles);
+    NBT_CHECK(a1 - a0 == tiles, "%s: the fused kernel converted %lld of %lld query tiles (%lld expected in all)",
+              name, (long long)(u1 - u0), (long long)(a1 - a0), (long long)tiles);
   }
   atest_free(&sep);
   atest_free(&sec1);
@@ -272,8 +288,7 @@ static void check_case(const scase *c, int causal, nb_dtype dt, uint64_t seed) {
 static void some_in_kernel(void) {
   int64_t u, a;
   acc_units(&u, &a);
-  if (u >= 0) NBT_CHECK(u > 0 && a > u, "the fused kernel converted %lld of %lld query tiles itself", (long long)u,
-                        (long long)a);
+  if (u >= 0) NBT_CHECK(u > 0, "the fused kernel converted %lld of %lld query tiles itself", (long long)u, (long long)a);
 }
 
 int main(void) {
