@@ -817,15 +817,14 @@ int fb_grid(const nb_cuda_ctx *ctx, int items) {
 
 /* Launches kern (smem bytes of shared memory) over p's work order (the B
  * nblk items of nblk blocks per batch index, in sections of batch indices
- * whose streamed operands take per_b bytes each: fa3_set_order; causal, a
- * larger last one: nb_fa3_tail), on fb_grid's CTAs (persistent) or one
- * per item. */
+ * whose streamed operands take per_b bytes each, set by the caller:
+ * fa3_set_order; causal, a larger last one: nb_fa3_tail), on fb_grid's
+ * CTAs (persistent) or one per item. */
 template <typename K>
-nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *m, fb_params &p, int nblk,
-                int64_t per_b, int persistent, const char *what) {
+nb_status fb_go(const nb_cuda_ctx *ctx, K kern, size_t smem, const CUtensorMap *m, const fb_params &p,
+                int persistent, const char *what) {
   NB_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "attention_bwd (sm90): shared memory attribute");
-  fa3_set_order(p, ctx, nblk, per_b, p.causal); /* the same order as the fused path's pre-pass saw */
   const int grid = persistent ? fb_grid(ctx, p.items) : p.items;
   NB_CUDA_TRY(fa3_launch_ex(kern, (unsigned)grid, FB_THREADS, smem, ctx, m[0], m[1], m[2], m[3], m[4], p),
               "attention_bwd (sm90): launch");
@@ -842,14 +841,14 @@ template <typename T, int D>
 nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb) {
   const int64_t rows = (int64_t)p.B * p.Lp;
   const int64_t per_b = 4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D; /* streamed: Q, dO, the accumulator */
-  fa3_set_order(p, ctx, nkb, per_b, p.causal);                          /* the sections, for the counters */
+  fa3_set_order(p, ctx, nkb, per_b, p.causal);                          /* the pre-pass zeroes its sections' counters */
   nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
   if (!p.cnt)
     NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
                 "attention_bwd (sm90): zeroing the dq accumulator");
   /* D 128: one CTA per item */
-  st = fb_go(ctx, fb_kv_kernel<T, D, true>, fb_cfg<D>::SMEM_FU, m, p, nkb, per_b, fb_fu_persistent(D),
+  st = fb_go(ctx, fb_kv_kernel<T, D, true>, fb_cfg<D>::SMEM_FU, m, p, fb_fu_persistent(D),
              "attention_bwd (sm90 fused dk, dv, dq)");
   if (st) return st;
   const int64_t nv = (int64_t)p.B * p.ntq;
@@ -870,11 +869,12 @@ nb_status fb_launch(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, i
   nb_status st = p.fold ? NB_OK : fb_prep<T, D>(ctx, p, (int64_t)p.B * p.Lp);
   if (st) return st;
   /* streamed: K and V of a batch index, then Q and dO */
-  st = fb_go(ctx, fb_q_kernel<T, D>, fb_cfg<D>::SMEM_Q, m, p, nqb, 4 * (int64_t)p.Lk * D, 1,
-             "attention_bwd (sm90 dq)");
+  fa3_set_order(p, ctx, nqb, 4 * (int64_t)p.Lk * D, p.causal);
+  st = fb_go(ctx, fb_q_kernel<T, D>, fb_cfg<D>::SMEM_Q, m, p, 1, "attention_bwd (sm90 dq)");
   if (st) return st;
-  st = fb_go(ctx, fb_kv_kernel<T, D, false>, fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, m, p, nkb,
-             4 * (int64_t)p.Lq * D, 1, "attention_bwd (sm90 dk, dv)");
+  fa3_set_order(p, ctx, nkb, 4 * (int64_t)p.Lq * D, p.causal);
+  st = fb_go(ctx, fb_kv_kernel<T, D, false>, fb_cfg<D, fb_kv_qt(false, D)>::SMEM_KV, m, p, 1,
+             "attention_bwd (sm90 dk, dv)");
   if (!st) __atomic_add_fetch(&fb_launches, 1, __ATOMIC_RELAXED);
   if (!st && p.fold) __atomic_add_fetch(&fb_fold_launches, 1, __ATOMIC_RELAXED);
   return st;

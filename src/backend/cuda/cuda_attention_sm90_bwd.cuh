@@ -84,7 +84,11 @@ enum { FB_ZCLAIM, FB_ZDONE, FB_WGDONE, FB_CCLAIM, FB_NCNT };
 __device__ __forceinline__ int fb_sec_of(const fb_params &p, int b) {
   return min((int)nb_fastdiv_div(p.dhg, (uint32_t)b), p.nfull);
 }
-__device__ __forceinline__ int fb_sec_nb(const fb_params &p, int c) { return c < p.nfull ? p.hg : p.B - p.nfull * p.hg; }
+/* section c's batch indices, and its units (host too: the tests' counts) */
+__host__ __device__ __forceinline__ int fb_sec_nb(const fb_params &p, int c) {
+  return c < p.nfull ? p.hg : p.B - p.nfull * p.hg;
+}
+__host__ __device__ __forceinline__ int fb_sec_units(const fb_params &p, int c) { return fb_sec_nb(p, c) * p.ntq; }
 
 /* ---- pre-pass ---------------------------------------------------------- */
 /* Row r of the (B, Lp) scratch: delta = dout . o (f32), lse2 = lse log2(e) (+inf for -inf); past Lq +inf and 0.

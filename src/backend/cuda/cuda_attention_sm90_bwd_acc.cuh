@@ -40,10 +40,9 @@ template <typename T, int W> __device__ __forceinline__ void fb_dq_put(const fb_
     out[2 * h] = nb_mma<T>::pack(v.x * p.scale, v.y * p.scale);
     out[2 * h + 1] = nb_mma<T>::pack(v.z * p.scale, v.w * p.scale);
   }
-  if (p.vec_dq && W == 8) {
-    *(uint4 *)row = make_uint4(out[0], out[1], out[W / 2 - 2], out[W / 2 - 1]);
-  } else if (p.vec_dq) {
-    *(uint2 *)row = make_uint2(out[0], out[1]);
+  if (p.vec_dq) {
+    if constexpr (W == 8) *(uint4 *)row = make_uint4(out[0], out[1], out[2], out[3]);
+    else *(uint2 *)row = make_uint2(out[0], out[1]);
   } else {
     uint32_t *w = (uint32_t *)row;
 #pragma unroll
@@ -82,7 +81,7 @@ template <typename T, int D> __global__ void __launch_bounds__(256) fb_dq_kernel
     const int b = v / p.ntq, t = v - b * p.ntq;
     if (p.cnt) {
       const int c = fb_sec_of(p, b), u = v - c * p.hg * p.ntq;
-      if ((unsigned)u < min(p.cnt[FB_NCNT * c + FB_CCLAIM], (unsigned)(fb_sec_nb(p, c) * p.ntq))) continue;
+      if ((unsigned)u < min(p.cnt[FB_NCNT * c + FB_CCLAIM], (unsigned)fb_sec_units(p, c))) continue;
     }
     fb_conv_unit<T, D, 256, 8>(p, b, t, (int)threadIdx.x);
   }
@@ -115,7 +114,7 @@ nb_status fb_count_units(const nb_cuda_ctx *ctx, const fb_params &p) {
   cudaError_t ce = cudaMemcpyAsync(h, p.cnt, FB_NCNT * (size_t)ns * sizeof *h, cudaMemcpyDeviceToHost, ctx->stream);
   if (ce == cudaSuccess) ce = cudaStreamSynchronize(ctx->stream);
   for (int c = 0; ce == cudaSuccess && c < ns; c++) {
-    const unsigned n = (unsigned)((c < p.nfull ? p.hg : p.B - p.nfull * p.hg) * p.ntq);
+    const unsigned n = (unsigned)fb_sec_units(p, c);
     __atomic_add_fetch(&fb_units_in_kernel, (int64_t)(h[FB_NCNT * c + FB_CCLAIM] < n ? h[FB_NCNT * c + FB_CCLAIM] : n),
                        __ATOMIC_RELAXED);
     __atomic_add_fetch(&fb_units_all, (int64_t)n, __ATOMIC_RELAXED);
@@ -147,7 +146,7 @@ __device__ __forceinline__ unsigned fb_ld_acquire(const unsigned *a) {
  * zeros); after its last it counts its warpgroup done. */
 __device__ __forceinline__ void fb_zero_wait(const fb_params &p, int b) {
   const int c = fb_sec_of(p, b);
-  const unsigned n = (unsigned)(fb_sec_nb(p, c) * p.ntq);
+  const unsigned n = (unsigned)fb_sec_units(p, c);
   while (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_ZDONE) < n) __nanosleep(64);
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
@@ -196,7 +195,7 @@ __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntile
   constexpr int UF = D / 64 * 4096; /* floats per unit */
   const int s = fb_sec_of(p, b);
   for (int c = s; c < s + 3 && c <= p.nfull; c++)
-    for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_ZCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0;) {
+    for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_ZCLAIM, fb_sec_units(p, c))) >= 0;) {
       float4 *a = (float4 *)(p.acc + ((int64_t)c * p.hg * p.ntq + u) * UF) + threadIdx.x % 32;
 #pragma unroll 4
       for (int i = 0; i < UF / 128; i++) a[32 * i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -207,7 +206,7 @@ __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntile
     }
   for (int c = max(s - 8, 0), n = p.cmax >= 0 ? p.cmax : ntiles / 16; c < s && n > 0; c++) {
     if (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_WGDONE) < 2u * (unsigned)(fb_sec_nb(p, c) * p.nblk)) continue;
-    for (int u; n > 0 && (u = fb_claim(p.cnt + FB_NCNT * c + FB_CCLAIM, fb_sec_nb(p, c) * p.ntq)) >= 0; n--) {
+    for (int u; n > 0 && (u = fb_claim(p.cnt + FB_NCNT * c + FB_CCLAIM, fb_sec_units(p, c))) >= 0; n--) {
       const int v = c * p.hg * p.ntq + u, bb = v / p.ntq;
       fb_conv_unit<T, D, 32, 4>(p, bb, v - bb * p.ntq, threadIdx.x % 32);
     }
