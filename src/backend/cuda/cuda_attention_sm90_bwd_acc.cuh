@@ -200,12 +200,19 @@ __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntile
 #pragma unroll 4
       for (int i = 0; i < UF / 128; i++) a[32 * i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       asm volatile("fence.proxy.async.global;" ::: "memory");
-      __threadfence();
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) atomicAdd(p.cnt + FB_NCNT * c + FB_ZDONE, 1u);
+      __syncwarp(); /* the warp's zeros, then lane 0's release */
+      if (threadIdx.x % 32 == 0) {
+        __threadfence();
+        atomicAdd(p.cnt + FB_NCNT * c + FB_ZDONE, 1u);
+      }
     }
   for (int c = max(s - 8, 0), n = p.cmax >= 0 ? p.cmax : ntiles / 16; c < s && n > 0; c++) {
-    if (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_WGDONE) < 2u * (unsigned)(fb_sec_nb(p, c) * p.nblk)) continue;
+    /* lane 0 decides for the warp (fb_claim's shuffle needs every lane), the others acquire after it */
+    int done = 0;
+    if (threadIdx.x % 32 == 0)
+      done = fb_ld_acquire(p.cnt + FB_NCNT * c + FB_WGDONE) >= 2u * (unsigned)(fb_sec_nb(p, c) * p.nblk);
+    if (!__shfl_sync(0xffffffffu, done, 0)) continue;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
     for (int u; n > 0 && (u = fb_claim(p.cnt + FB_NCNT * c + FB_CCLAIM, fb_sec_units(p, c))) >= 0; n--) {
       const int v = c * p.hg * p.ntq + u, bb = v / p.ntq;
       fb_conv_unit<T, D, 32, 4>(p, bb, v - bb * p.ntq, threadIdx.x % 32);
