@@ -72,8 +72,7 @@ __device__ __forceinline__ void fb_conv_unit(const fb_params &p, int b, int t, i
   if (p.discard) { /* the unit is dead: its lines leave L2 without being written back */
     if constexpr (NTHR == 32) __syncwarp();
     else __syncthreads(); /* every thread's loads have returned */
-    const float *u0 = a - c / 64 * 4096, *e = u0 + D / 64 * 4096; /* the unit's 128-byte lines */
-    const float *u = u0 + 32 * tid;
+    const float *u = a - c / 64 * 4096 + 32 * tid, *e = u + D / 64 * 4096; /* the unit's 128-byte lines */
 #pragma unroll 1
     for (; u < e; u += 32 * NTHR) asm volatile("discard.global.L2 [%0], 128;" ::"l"(u) : "memory");
   }
