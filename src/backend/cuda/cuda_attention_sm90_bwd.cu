@@ -955,9 +955,6 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.fold = !fused && fb_q_fold((int)D) && fa3_switch("NABLA_ATTENTION_SM90_BWD_FOLD") &&
            nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
   const int zc = fb_acc_in_kernel(fused && !fb_fu_persistent((int)D), &p.cmax); /* D 128: one CTA per item */
-  const char *ze = getenv("NABLA_ATTENTION_SM90_BWD_ZSEC");
-  p.zsec = ze && atoi(ze) > 0 ? atoi(ze) : 3;
-  p.discard = fa3_switch("NABLA_ATTENTION_SM90_BWD_DISCARD");
   const size_t half = (size_t)B * Lp * sizeof(float);
   const size_t bytes = 2 * half + (fused ? half * (size_t)D : 0) + (zc ? FB_NCNT * (size_t)(B + 1) * 4 : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);

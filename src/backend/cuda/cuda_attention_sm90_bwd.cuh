@@ -56,8 +56,6 @@ struct fb_params {
   int vec_kv;            /* dk and dv: rows and batch offsets 16-byte aligned (fb_store16) */
   unsigned *cnt;         /* fused at D 128: the sections' accumulator counters (fb_acc_side); NULL: none */
   int cmax;              /* units a warp of fb_acc_side converts at most; -1: its query tiles / 16 */
-  int zsec;              /* sections fb_acc_side zeroes: the CTA's own and the next zsec - 1 */
-  int discard;           /* a converted unit's accumulator lines are dropped from L2 unwritten (fb_conv_unit) */
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */

@@ -69,13 +69,6 @@ __device__ __forceinline__ void fb_conv_unit(const fb_params &p, int b, int t, i
 #pragma unroll 1
   for (int r = tid / CPR; r < rows; r += R, q += step) /* 2 (pair ^ 4 (r % 8)) */
     fb_dq_put<T, W>(p, q, (const float4 *)(a + r * 64 + (cm ^ (8 * (r % 8)))));
-  if (p.discard) { /* the unit is dead: its lines leave L2 without being written back */
-    if constexpr (NTHR == 32) __syncwarp();
-    else __syncthreads(); /* every thread's loads have returned */
-    const float *u = a - c / 64 * 4096 + 32 * tid, *e = u + D / 64 * 4096; /* the unit's 128-byte lines */
-#pragma unroll 1
-    for (; u < e; u += 32 * NTHR) asm volatile("discard.global.L2 [%0], 128;" ::"l"(u) : "memory");
-  }
 }
 
 /* The fused path's last step: dq from the accumulator (fb_conv_unit), a
@@ -201,7 +194,7 @@ template <typename T, int D>
 __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntiles) {
   constexpr int UF = D / 64 * 4096; /* floats per unit */
   const int s = fb_sec_of(p, b);
-  for (int c = s; c < s + p.zsec && c <= p.nfull; c++)
+  for (int c = s; c < s + 3 && c <= p.nfull; c++)
     for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_ZCLAIM, fb_sec_units(p, c))) >= 0;) {
       float4 *a = (float4 *)(p.acc + ((int64_t)c * p.hg * p.ntq + u) * UF) + threadIdx.x % 32;
 #pragma unroll 4
