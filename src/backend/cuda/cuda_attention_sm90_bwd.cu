@@ -239,7 +239,7 @@ __device__ __forceinline__ void fb_kv_item(const fb_params &p, int x, int *b, in
  * 128-row tile are loaded, the second zero-filled when it lies wholly past
  * Lq: its rows are the k of the dV and dK products, where stale data (or a
  * NaN) would count. */
-template <int D, int QT, bool ZC>
+template <int D, int QT>
 __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                               const CUtensorMap *mg, const fb_params &p, int b, int j0, int ibeg,
                                               int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar, bool fused, int k,
@@ -257,7 +257,6 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
   fb_tile<D, FB_BK>(sk, mk, bar.once(k), j0, nh, c, p.nbk);
   fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(k), j0, nh, c, p.nbk);
   const int ST = fb_kv_stages(fused, D); /* ring stages */
-  if (ZC && p.dside) fb_delta_wait(p, b); /* the statistics: the side warps write them (fb_acc_side) */
   for (int it = 0; it < ntiles; it++) {
     const int s = (g + it) % ST, i0 = ibeg + it * QT;
     const uint32_t st = ss0 + s * C::STAGE;
@@ -678,7 +677,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
       for (; x < p.items; k++, g += ntiles) {
         const int nx = fa3_next(p);
         fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
-        fb_kv_produce<D, QT, ZC>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0 + (k & 1) * KV1, s0 + 2 * C::KB, bar,
+        fb_kv_produce<D, QT>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0 + (k & 1) * KV1, s0 + 2 * C::KB, bar,
                              F, k, g);
         fa3_put(p, bar, k + 1, nx);
         x = nx;
@@ -842,12 +841,8 @@ template <typename T, int D>
 nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_params p, int nkb) {
   const int64_t rows = (int64_t)p.B * p.Lp;
   const int64_t per_b = 4 * (int64_t)p.Lq * D + 4 * (int64_t)p.Lp * D; /* streamed: Q, dO, the accumulator */
-  fa3_set_order(p, ctx, nkb, per_b, p.causal);                          /* the sections of p.cnt's counters */
-  nb_status st = NB_OK;
-  if (p.dside) /* the fused kernel computes the statistics too (fb_acc_side): only its counters to zero */
-    NB_CUDA_TRY(cudaMemsetAsync(p.cnt, 0, FB_NCNT * (size_t)(p.nfull + 1) * sizeof(unsigned), ctx->stream),
-                "attention_bwd (sm90): zeroing the section counters");
-  else st = fb_prep<T, D>(ctx, p, rows);
+  fa3_set_order(p, ctx, nkb, per_b, p.causal);                          /* the pre-pass zeroes its sections' counters */
+  nb_status st = fb_prep<T, D>(ctx, p, rows);
   if (st) return st;
   if (!p.cnt)
     NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
@@ -982,9 +977,6 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.o_rs = o->strides[nd - 2], p.g_rs = dout->strides[nd - 2];
   p.nbk = nbk;
   p.vec_og = fb_vec_ok(o->data, p.o_rs, p.o_bs, nbk) && fb_vec_ok(dout->data, p.g_rs, p.g_bs, nbk);
-  /* the fused kernel's side warps compute the statistics too, no pre-pass; NABLA_ATTENTION_SM90_BWD_DSIDE=0 (read at
-   * every call): the pre-pass */
-  p.dside = p.cnt && p.vec_og && fa3_switch("NABLA_ATTENTION_SM90_BWD_DSIDE");
   p.vec_dq = fb_vec_ok(dq->data, p.dq_rs, p.dq_bs, nbk);
   p.vec_kv = fb_vec_ok(dk->data, p.dk_rs, p.dk_bs, nbk) && fb_vec_ok(dv->data, p.dv_rs, p.dv_bs, nbk);
   p.B = (int)B;

@@ -56,7 +56,6 @@ struct fb_params {
   int vec_kv;            /* dk and dv: rows and batch offsets 16-byte aligned (fb_store16) */
   unsigned *cnt;         /* fused at D 128: the sections' accumulator counters (fb_acc_side); NULL: none */
   int cmax;              /* units a warp of fb_acc_side converts at most; -1: its query tiles / 16 */
-  int dside;             /* p.cnt: the statistics by fb_acc_side's warps too (fb_delta_unit), no pre-pass */
 };
 
 /* Element offset of batch index b in a view of batch strides bs. */
@@ -77,14 +76,11 @@ __device__ __forceinline__ int64_t fb_off(const fb_params &p, int b, const int64
  * The sections of the work order (fa3_section: p.nfull of p.hg batch
  * indices, then the last of the rest) each own the accumulator's rows of
  * their batch indices: units of one query tile (64 rows, its D / 64
- * chunks, contiguous), p.ntq per batch index, unit v = b ntq + t. Six
- * counters per section c at p.cnt + FB_NCNT c (zeroed before the fused
- * kernel): units claimed for zeroing, units zeroed, consumer warpgroups
- * done (two per item), units claimed for conversion, and with p.dside the
- * statistics' units of FB_DROWS scratch rows claimed and done
- * (fb_acc_side). */
-enum { FB_ZCLAIM, FB_ZDONE, FB_WGDONE, FB_CCLAIM, FB_DCLAIM, FB_DDONE, FB_NCNT };
-#define FB_DROWS 32 /* scratch rows of a statistics unit (fb_delta_unit; divides 64) */
+ * chunks, contiguous), p.ntq per batch index, unit v = b ntq + t. Four
+ * counters per section c at p.cnt + 4 c (the pre-pass zeroes them): units
+ * claimed for zeroing, units zeroed, consumer warpgroups done (two per
+ * item), units claimed for conversion (fb_acc_side). */
+enum { FB_ZCLAIM, FB_ZDONE, FB_WGDONE, FB_CCLAIM, FB_NCNT };
 __device__ __forceinline__ int fb_sec_of(const fb_params &p, int b) {
   return min((int)nb_fastdiv_div(p.dhg, (uint32_t)b), p.nfull);
 }

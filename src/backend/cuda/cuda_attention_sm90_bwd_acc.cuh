@@ -156,52 +156,6 @@ __device__ __forceinline__ void fb_wg_done(const fb_params &p, int b) {
   atomicAdd(p.cnt + FB_NCNT * fb_sec_of(p, b) + FB_WGDONE, 1u);
 }
 
-/* p.dside: the producer's wait, before its item's first statistics copy,
- * until its section's statistics are in the scratch (fb_delta_unit's
- * generic stores, then the async proxy's bulk copies). */
-__device__ __forceinline__ void fb_delta_wait(const fb_params &p, int b) {
-  const int c = fb_sec_of(p, b);
-  const unsigned n = (unsigned)(fb_sec_nb(p, c) * p.Lp / FB_DROWS);
-  while (fb_ld_acquire(p.cnt + FB_NCNT * c + FB_DDONE) < n) __nanosleep(64);
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
-/* The statistics of scratch rows [r0, r0 + FB_DROWS) (one batch index's)
- * by one warp, the pre-pass's vector path (p.vec_og) two rows at a time:
- * D / 8 lanes a row, fb_dot8's sum on each lane's 16 bytes of dout and o
- * (in two halves), the same butterfly, so the same bits. */
-template <typename T, int D> __device__ __forceinline__ void fb_delta_unit(const fb_params &p, int r0) {
-  constexpr int LPR = D / 8, RP = 32 / LPR; /* lanes per row, rows at a time */
-  const int lane = threadIdx.x % LPR, b = r0 / p.Lp;
-#pragma unroll 1
-  for (int r = r0 + (int)(threadIdx.x % 32) / LPR; r < r0 + FB_DROWS; r += RP) {
-    const int i = r - b * p.Lp;
-    float l = -INFINITY, d = 0.0f;
-    if (i < p.Lq) { /* fb_dot8's sum, a half (4 elements of each) at a time: 24 registers */
-      const uint2 *gr = (const uint2 *)(p.g + fb_off(p, b, p.g_bs) + (int64_t)i * p.g_rs) + 2 * lane;
-      const uint2 *orow = (const uint2 *)(p.o + fb_off(p, b, p.o_bs) + (int64_t)i * p.o_rs) + 2 * lane;
-      l = p.lse[(int64_t)b * p.Lq + i];
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const uint2 gv = __ldg(gr + h), ov = __ldg(orow + h);
-        const T *ge = (const T *)&gv, *oe = (const T *)&ov;
-#pragma unroll
-        for (int e = 0; e < 4; e += 2)
-          d = __fadd_rn(d, fmaf(nb_to_f(ge[e]), nb_to_f(oe[e]), __fmul_rn(nb_to_f(ge[e + 1]), nb_to_f(oe[e + 1]))));
-      }
-    }
-#pragma unroll
-    for (int m = LPR / 2; m > 0; m /= 2) d += __shfl_xor_sync(0xffffffffu, d, m);
-    if (lane == 0) p.sl[r] = fb_lse2(l), p.sd[r] = d;
-  }
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) { /* the warp's rows, then lane 0's release */
-    __threadfence();
-    atomicAdd(p.cnt + FB_NCNT * fb_sec_of(p, b) + FB_DDONE, 1u);
-  }
-}
-
 /* A warp's claim of the next unit of counter *c (below n), -1 when none is
  * left. */
 __device__ __forceinline__ int fb_claim(unsigned *c, int n) {
@@ -240,10 +194,7 @@ template <typename T, int D>
 __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntiles) {
   constexpr int UF = D / 64 * 4096; /* floats per unit */
   const int s = fb_sec_of(p, b);
-  for (int c = s; c < s + 3 && c <= p.nfull; c++) {
-    if (p.dside) /* the statistics first: producers wait for them before their first tile */
-      for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_DCLAIM, fb_sec_nb(p, c) * p.Lp / FB_DROWS)) >= 0;)
-        fb_delta_unit<T, D>(p, (c * p.hg * p.Lp) + u * FB_DROWS);
+  for (int c = s; c < s + 3 && c <= p.nfull; c++)
     for (int u; (u = fb_claim(p.cnt + FB_NCNT * c + FB_ZCLAIM, fb_sec_units(p, c))) >= 0;) {
       float4 *a = (float4 *)(p.acc + ((int64_t)c * p.hg * p.ntq + u) * UF) + threadIdx.x % 32;
 #pragma unroll 4
@@ -255,7 +206,6 @@ __device__ __forceinline__ void fb_acc_side(const fb_params &p, int b, int ntile
         atomicAdd(p.cnt + FB_NCNT * c + FB_ZDONE, 1u);
       }
     }
-  }
   for (int c = max(s - 8, 0), n = p.cmax >= 0 ? p.cmax : ntiles / 16; c < s && n > 0; c++) {
     /* lane 0 decides for the warp (fb_claim's shuffle needs every lane), the others acquire after it */
     int done = 0;
