@@ -114,9 +114,15 @@ if [ "$built" -eq 0 ]; then
           step "memcheck-$t" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
             --report-api-errors no --error-exitcode 99 "$BUILD/tests/test_$t"
         fi
+        # The clustered sm_90a forward (two CTAs sharing K/V tiles by TMA
+        # multicast) stops racecheck with "Internal Sanitizer Error: The
+        # Sanitizer failed to handle a hardware exception" even when no kernel
+        # is instrumented (--kernel-name matching none; H100, CUDA 13,
+        # 2026-11-25), while memcheck and synccheck pass on it; so racecheck
+        # runs the attention programs with the unclustered forward.
         if want sanitize || want racecheck; then
-          step "racecheck-$t" 1 env NABLA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
-            --error-exitcode 99 "$BUILD/tests/test_$t"
+          step "racecheck-$t" 1 env NABLA_TEST_QUICK=1 NABLA_ATTENTION_SM90_CLUSTER=0 compute-sanitizer \
+            --tool racecheck --error-exitcode 99 "$BUILD/tests/test_$t"
         fi
       done
       if want sanitize || want racecheck; then
