@@ -472,7 +472,12 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
    * as for the stages), the split kernel's once dK and dV have gone
    * through this warpgroup's rows of K and V (fb_store16) */
   if (!ntiles) nx = fa3_take(p, bar, k + 1);
-  if (!F && p.vec_kv) {
+  /* the fused kernel at D 128 too, once both warpgroups' dQ products,
+   * which read all of K, have completed: its 4-byte pair stores took
+   * 6.7 us of each CTA's ~100 (H100, B4 H16 N4096 D128 causal; timestamps
+   * per CTA) */
+  if ((!F || D == 128) && p.vec_kv) {
+    if (F) fb_bar_both();
     fb_store16<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kw - 16 * w, p.Lk, wg, ka, dk, p.scale);
     fb_store16<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kw - 16 * w, p.Lk, wg, va, dv, 1.0f);
     fb_fence_async(); /* the generic writes before the copy engine's next ones */
@@ -978,7 +983,9 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.nbk = nbk;
   p.vec_og = fb_vec_ok(o->data, p.o_rs, p.o_bs, nbk) && fb_vec_ok(dout->data, p.g_rs, p.g_bs, nbk);
   p.vec_dq = fb_vec_ok(dq->data, p.dq_rs, p.dq_bs, nbk);
-  p.vec_kv = fb_vec_ok(dk->data, p.dk_rs, p.dk_bs, nbk) && fb_vec_ok(dv->data, p.dv_rs, p.dv_bs, nbk);
+  /* NABLA_ATTENTION_SM90_BWD_STORE16=0 (read at every call): dk and dv by 4-byte pair stores (fb_store) */
+  p.vec_kv = fb_vec_ok(dk->data, p.dk_rs, p.dk_bs, nbk) && fb_vec_ok(dv->data, p.dv_rs, p.dv_bs, nbk) &&
+             fa3_switch("NABLA_ATTENTION_SM90_BWD_STORE16");
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
