@@ -13,12 +13,11 @@
  * D 64, where o's map exists, without 1: the dQ kernel computes the
  * statistics itself (fb_qstats) and writes them for the dK/dV kernel:
  *   1. the pre-pass (fb_prep_kernel: D / 8 lanes per row, 16-byte loads,
- *      where the views allow, else a warp per row; two rows a thread
- *      group, the vector path's loads issued first): delta = rowsum(dO o) in f32, and lse
- *      log2(e) (+inf for lse = -inf: p = 0)
- *      into a scratch of two (B, Lp) f32 arrays, Lp = Lq rounded up to 128,
- *      the rows past Lq +inf and 0 (p = 0, dS = 0 there), so that a tile's
- *      64 values are one 256-byte bulk copy.
+ *      where the views allow, else a warp per row; two rows a thread group,
+ *      the vector path's loads issued first): delta = rowsum(dO o) in f32,
+ *      and lse log2(e) (+inf for lse = -inf: p = 0) into a scratch of two
+ *      (B, Lp) f32 arrays, Lp = Lq rounded up to 128, the rows past Lq +inf
+ *      and 0 (p = 0, dS = 0 there): a tile's 64 values, one bulk copy.
  *   2. dK, dV: work items (128 keys, batch index), the heaviest key blocks
  *      (causal: the first) first in each section of batch indices
  *      (fa3_section). Persistent: min(SMs, items) CTAs of 384 threads
@@ -34,44 +33,42 @@
  *      and first products overlap them. Warpgroup 0, the
  *      producer (setmaxnreg 24): one thread loads an item's K and V (128 x
  *      D) into one of two K/V buffers (the CTA's k-th item into buffer
- *      k % 2, once the consumers have freed it: an empty
- *      mbarrier each, every consumer thread arriving once the item's
- *      products have completed and, in the split kernel, its dK and dV
- *      have gone through its rows of the buffer: fb_store16), then for every
- *      QT-query tile that sees the block (causal: from the
- *      block's first key on; QT = 64, or 128 for the split kernel at D 64:
- *      fb_kv_qt) Q, dO (QT x D; both 64-row halves, zero-filled past Lq) and,
- *      by a bulk copy, the tile's QT lse2 and delta values into the next
- *      stage of a ring that runs on across items (ST = 2, or 3
- *      for the split kernel at D 64: fb_kv_stages; full mbarrier per
- *      stage, completed by the copy engine's bytes; empty mbarrier, one
- *      arrival per consumer thread once its wgmma reading the stage have
- *      completed and it has read the statistics. They used to be read
- *      from global memory after each S^T product; that L2 latency was 12%
- *      of the fused kernel's stall samples). Warpgroups 1
- *      and 2, the consumers (setmaxnreg 240): keys [64 c, 64 c + 64) of the
- *      block each, computing the transposed products so that nothing goes
- *      through shared memory: S^T = K Q^T and dP^T = V dO^T (m64nQTk16,
- *      both operands from shared memory, K-major), P^T = exp2(S^T sl2 -
- *      lse2[query]) (zero for a query before the key when causal, only on
- *      tiles that reach the diagonal: at D 64 the other tiles take a path
- *      without the compares; queries past Lq have lse2 = +inf),
- *      dV += P^T dO with P^T rounded to the input dtype as wgmma's register
- *      A operand (dO as B, MN-major, transpose bit), dS^T = P^T (dP^T -
- *      delta[query]), dK += dS^T Q the same way. S^T and dP^T are two commit
- *      groups: P^T is computed while dP^T is on the tensor cores, dS^T
- *      while dV's product is (QT 64). QT 128 (the split kernel at D 64:
- *      twice the work per wgmma of S^T and dP^T and per barrier round
- *      trip, statistics copy and stage release; ncu on the H100 at GPT-2's
- *      shape, B16 H12 N1024 D64 causal bf16: 188.9 us at 40% tensor-pipe
- *      active against 206.9 us at 36% with 64-query tiles; fwd+bwd 0.4007
- *      to 0.4128 ms against 0.4182 to 0.4221 in three interleaved rounds):
- *      S^T, dP^T, P^T and dK, dV hold 224 registers at once if P^T's
- *      fragments coexist with dP^T's accumulators, so both P^T and dS^T
- *      are packed once dP^T has completed, the dV and dK products are
- *      issued together and run on into the next tile's S^T, and its dP^T
- *      is issued once they have completed (their fragments' registers are
- *      then free).
+ *      k % 2, once the consumers have freed it: an empty mbarrier each,
+ *      every consumer thread arriving once the item's products have
+ *      completed and, but in the fused kernel at D 64, its dK and dV have
+ *      gone through its rows of the buffer: fb_store16), then for every
+ *      QT-query tile that sees the block (causal: from the block's first
+ *      key on; QT = 64, or 128 for the split kernel at D 64: fb_kv_qt) Q,
+ *      dO (QT x D; both 64-row halves, zero-filled past Lq) and, by a bulk
+ *      copy, the tile's QT lse2 and delta values into the next stage of a
+ *      ring that runs on across items (ST = 2, or 3 for the split kernel
+ *      at D 64: fb_kv_stages; full mbarrier per stage, completed by the
+ *      copy engine's bytes; empty mbarrier, one arrival per consumer
+ *      thread once its wgmma reading the stage have completed and it has
+ *      read the statistics. They used to be read from global memory after
+ *      each S^T product; that L2 latency was 12% of the fused kernel's
+ *      stall samples). Warpgroups 1 and 2, the consumers (setmaxnreg 240):
+ *      keys [64 c, 64 c + 64) of the block each, computing the transposed
+ *      products so that nothing goes through shared memory: S^T = K Q^T
+ *      and dP^T = V dO^T (m64nQTk16, both operands from shared memory,
+ *      K-major), P^T = exp2(S^T sl2 - lse2[query]) (zero for a query
+ *      before the key when causal, only on tiles that reach the diagonal:
+ *      at D 64 the other tiles take a path without the compares; queries
+ *      past Lq have lse2 = +inf), dV += P^T dO with P^T rounded to the
+ *      input dtype as wgmma's register A operand (dO as B, MN-major,
+ *      transpose bit), dS^T = P^T (dP^T - delta[query]), dK += dS^T Q the
+ *      same way. S^T and dP^T are two commit groups: P^T is computed while
+ *      dP^T is on the tensor cores, dS^T while dV's product is (QT 64). QT 128
+ *      (the split kernel at D 64: twice the work per wgmma of S^T and dP^T and
+ *      per barrier round trip, statistics copy and stage release; ncu on the
+ *      H100 at GPT-2's shape, B16 H12 N1024 D64 causal bf16: 188.9 us at 40%
+ *      tensor-pipe active against 206.9 us at 36% with 64-query tiles; fwd+bwd
+ *      0.4007 to 0.4128 ms against 0.4182 to 0.4221 in three interleaved
+ *      rounds): S^T, dP^T, P^T and dK, dV hold 224 registers at once if P^T's
+ *      fragments coexist with dP^T's accumulators, so both P^T and dS^T are
+ *      packed once dP^T has completed, the dV and dK products are issued
+ *      together and run on into the next tile's S^T, and its dP^T is issued
+ *      once they have completed (their fragments' registers are then free).
  *   3. dQ: work items (128 queries, batch index), heaviest (causal: the
  *      last) first, persistent as the dK/dV kernel (the same switch): the
  *      producer loads an item's Q and dO (128 x D) into one of two Q/dO
@@ -469,13 +466,11 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
   }
   /* every product of the item has completed (each path waits for all of
    * them above): K/V buffer k % 2 is free (every consumer thread arrives,
-   * as for the stages), the split kernel's once dK and dV have gone
-   * through this warpgroup's rows of K and V (fb_store16) */
+   * as for the stages) once dK and dV have gone through this warpgroup's
+   * rows of K and V (fb_store16; the fused kernel at D 128 after both
+   * warpgroups' dQ products, which read all of K: its 4-byte pair stores
+   * took 6.7 us of each CTA's ~100, B4 H16 N4096 D128 causal) */
   if (!ntiles) nx = fa3_take(p, bar, k + 1);
-  /* the fused kernel at D 128 too, once both warpgroups' dQ products,
-   * which read all of K, have completed: its 4-byte pair stores took
-   * 6.7 us of each CTA's ~100 (H100, B4 H16 N4096 D128 causal; timestamps
-   * per CTA) */
   if ((!F || D == 128) && p.vec_kv) {
     if (F) fb_bar_both();
     fb_store16<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kw - 16 * w, p.Lk, wg, ka, dk, p.scale);
@@ -983,9 +978,8 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   p.nbk = nbk;
   p.vec_og = fb_vec_ok(o->data, p.o_rs, p.o_bs, nbk) && fb_vec_ok(dout->data, p.g_rs, p.g_bs, nbk);
   p.vec_dq = fb_vec_ok(dq->data, p.dq_rs, p.dq_bs, nbk);
-  /* NABLA_ATTENTION_SM90_BWD_STORE16=0 (read at every call): dk and dv by 4-byte pair stores (fb_store) */
   p.vec_kv = fb_vec_ok(dk->data, p.dk_rs, p.dk_bs, nbk) && fb_vec_ok(dv->data, p.dv_rs, p.dv_bs, nbk) &&
-             fa3_switch("NABLA_ATTENTION_SM90_BWD_STORE16");
+             fa3_switch("NABLA_ATTENTION_SM90_BWD_STORE16"); /* =0 (read at every call): pair stores, fb_store */
   p.B = (int)B;
   p.Lq = (int)Lq;
   p.Lk = (int)Lk;
