@@ -45,7 +45,8 @@
  * default, dQ (whose reduce order varies) against float64 and the fused
  * default in norm. At D 128 the fused kernel zeroes and converts its f32
  * dQ accumulator itself: also run with NABLA_ATTENTION_SM90_BWD_ACC=0 (a
- * memset before, a conversion after) and, counting the query tiles the
+ * memset before, a conversion after; with dK and dV by 4-byte pair stores,
+ * NABLA_ATTENTION_SM90_BWD_STORE16=0) and, counting the query tiles the
  * kernel converted, =2 in sections of one batch index; against float64,
  * dK and dV bit for bit, and some tile converted in the kernel over all
  * the cases. Before each fused run the allocator's blocks of the
@@ -139,12 +140,15 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
     atest_free(&gr);
   }
   /* D 128: the accumulator zeroed before the kernel and converted after
-   * it (NABLA_ATTENTION_SM90_BWD_ACC=0), then by the kernel itself in
-   * sections of one batch index, 2 query tiles a warp at most, counted */
+   * it (NABLA_ATTENTION_SM90_BWD_ACC=0), with dK and dV by 4-byte pair
+   * stores (NABLA_ATTENTION_SM90_BWD_STORE16=0), then by the kernel itself
+   * in sections of one batch index, 2 query tiles a warp at most, counted */
   setenv("NABLA_ATTN_BWD", "fused", 1);
   setenv("NABLA_ATTENTION_SM90_BWD_ACC", "0", 1);
+  setenv("NABLA_ATTENTION_SM90_BWD_STORE16", "0", 1);
   poison(c, dt);
   sresult sep = run(c, causal, s->in, n, dt, GPU);
+  unsetenv("NABLA_ATTENTION_SM90_BWD_STORE16");
   setenv("NABLA_ATTENTION_SM90_BWD_ACC", "2", 1);
   setenv("NABLA_ATTENTION_SM90_SECTION", "1", 1);
   setenv("NABLA_ATTENTION_SM90_TAIL", "0", 1);
@@ -157,11 +161,11 @@ static void check_fused(const scase *c, int causal, const sinputs *s, nb_dtype d
   unsetenv("NABLA_ATTENTION_SM90_TAIL");
   unsetenv("NABLA_ATTENTION_SM90_BWD_ACC");
   unsetenv("NABLA_ATTN_BWD");
-  compare(name, "float64 (fused, NABLA_ATTENTION_SM90_BWD_ACC=0)", &sep, ref, ref, n, s->tol);
+  compare(name, "float64 (fused, NABLA_ATTENTION_SM90_BWD_ACC=0, STORE16=0)", &sep, ref, ref, n, s->tol);
   compare(name, "float64 (fused, sections of one batch index)", &sec1, ref, ref, n, s->tol);
   NBT_CHECK(same_kv_bits(c, &fus, &sep, n) && same_kv_bits(c, &fus, &sec1, n),
-            "%s: fused, the accumulator zeroed and converted outside the kernel or in sections of one batch "
-            "index: the output or dK, dV differ from the fused default", name);
+            "%s: fused, the accumulator zeroed and converted outside the kernel (and pair stores) or in "
+            "sections of one batch index: the output or dK, dV differ from the fused default", name);
   if (u0 >= 0) {
     const int64_t tiles = c->runs && c->D == 128 ? c->B * c->H * ((c->Lq + 127) / 128 * 2) : 0;
     NBT_CHECK(a1 - a0 == tiles, "%s: the fused kernel converted %lld of %lld query tiles (%lld expected in all)",
