@@ -35,8 +35,8 @@
  *      D) into one of two K/V buffers (the CTA's k-th item into buffer
  *      k % 2, once the consumers have freed it: an empty mbarrier each,
  *      every consumer thread arriving once the item's products have
- *      completed and, but in the fused kernel at D 64, its dK and dV have
- *      gone through its rows of the buffer: fb_store16), then for every
+ *      completed and, where p.vec_kv but in the fused kernel at D 64, its
+ *      dK and dV have gone through its rows of the buffer: fb_store16), then for every
  *      QT-query tile that sees the block (causal: from the block's first
  *      key on; QT = 64, or 128 for the split kernel at D 64: fb_kv_qt) Q,
  *      dO (QT x D; both 64-row halves, zero-filled past Lq) and, by a bulk

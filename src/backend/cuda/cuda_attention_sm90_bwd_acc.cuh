@@ -183,7 +183,8 @@ __device__ __forceinline__ int fb_claim(unsigned *c, int n) {
  *     sections).
  * The warps keep the producer's 24 registers: the launch holds 168 x 384,
  * so 32 here left the consumers' setmaxnreg.inc to 240 waiting forever.
- * ptxas spills 4 bytes in this kernel for it (two rows' loads at a time
+ * ptxas spills in this kernel for it, in an 8-byte frame (4 bytes; 16
+ * since the consumers' fb_store16 epilogue; two rows' loads at a time
  * spilled 8-48). H100, B4 H16 N4096 D128 causal
  * (ncu): the fused kernel 1254 -> 1316 us (the zeros are written back
  * before the reduces reach them, and the conversion reads from DRAM: the
