@@ -173,6 +173,59 @@ template <typename T, int D, bool V> __global__ void __launch_bounds__(256) fb_p
   }
 }
 
+/* The dK/dV ring's stages: 3 for the split kernel at D 64, whose dV and dK
+ * products run on into the next tile's S^T (the stage is freed once they
+ * have completed); 2 otherwise: at D 128 keeping dS^T and the
+ * accumulators live across tiles leaves ptxas too few registers (it
+ * serialises every wgmma, C7512), and the fused kernel sends its dQ
+ * partial and frees the stage in the tile itself. */
+__host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fused && D == 64 ? FB_QST : FB_ST; }
+/* The dK/dV kernel's query tile: 128 rows for the split kernel at D 64
+ * (m64n128 S^T and dP^T products, half the per-tile fixed costs per
+ * query), 64 otherwise (the fused kernel's dS^T exchange and dQ partials
+ * are 64-query tiles; at D 128 the accumulators leave no registers). */
+__host__ __device__ constexpr int fb_kv_qt(bool fused, int D) { return !fused && D == 64 ? 128 : FB_BQ; }
+/* Whether the fused kernel is persistent (a second K/V buffer: D 64; at D
+ * 128 its shared memory would exceed 227 KB, fb_cfg: a CTA per item). */
+__host__ __device__ constexpr bool fb_fu_persistent(int D) { return D == 64; }
+
+/* Whether the dQ kernel computes the statistics itself, without the
+ * pre-pass (fb_qstats): at D 64, where o's tile fits in its Q/dO buffers
+ * (at D 128 they and the K/V ring take 224 KB). */
+__host__ __device__ constexpr bool fb_q_fold(int D) { return D == 64; }
+
+template <int D, int QT = FB_BQ> struct fb_cfg {
+  /* dK/dV: K, V (128 x D), then per stage Q, dO (QT x D: the query tile,
+   * 64 rows, or 128 for the split kernel at D 64: fb_kv_qt), then per stage
+   * the query tile's statistics (lse2 [QT], delta [QT]) */
+  static constexpr int KB = FB_BK * D * 2, QB = QT * D * 2, STAGE = 2 * QB, STATS = 2 * QT * 4;
+  /* the tiles of the dK/dV kernels before the fused kernel's buffers */
+  __host__ __device__ static constexpr int kv_tiles(bool fused) {
+    return 2 * KB + fb_kv_stages(fused, D) * (STAGE + STATS);
+  }
+  /* the split kernel: then K, V of the next item (K/V buffer 1: fb_kv_kernel) */
+  static constexpr size_t SMEM_KV = 1024 + kv_tiles(false) + 2 * KB + 8 * FB_NBAR;
+  /* fused: then two dS^T buffers (128 keys x 64 queries; 128-byte swizzle,
+   * so 1024-byte aligned) and two dQ partials (64 x 64 f32) per consumer */
+  static constexpr int DS = FB_BK * FB_BQ * 2, PART = FB_PART;
+  /* then, persistent (D 64: fb_fu_persistent), K, V of the next item (K/V
+   * buffer 1); at D 128 it would not fit (asserted below) */
+  static constexpr int FU_KV1 = kv_tiles(true) + 2 * DS + 4 * PART;
+  static constexpr size_t SMEM_FU = 1024 + FU_KV1 + (fb_fu_persistent(D) ? 2 * KB : 0) + 8 * FB_NBAR;
+  static_assert(kv_tiles(true) % 1024 == 0 && FU_KV1 % 1024 == 0,
+                "the fused kernel's dS^T buffers and K/V buffer 1 must be 1024-byte aligned");
+  static_assert(QT != FB_BQ || fb_fu_persistent(D) == (1024 + FU_KV1 + 2 * KB + 8 * FB_NBAR <= 232448),
+                "the fused kernel is persistent exactly where its second K/V buffer fits");
+  /* dQ: Q, dO (128 x D) and at D 64 o (fb_q_fold: the kernel's own
+   * statistics), then per stage K, V (64 x D), then Q, dO (, o) of the
+   * next item (Q/dO buffer 1: fb_q_kernel) */
+  static constexpr int MB = FB_BM * D * 2, NB = FB_BN * D * 2, QBUF = (fb_q_fold(D) ? 3 : 2) * MB;
+  static constexpr int Q_TILES = QBUF + FB_QST * 2 * NB; /* buffer 1's offset */
+  static constexpr size_t SMEM_Q = 1024 + Q_TILES + QBUF + 8 * FB_NBAR;
+  static_assert(SMEM_KV <= 232448 && (QT != FB_BQ || SMEM_FU <= 232448) && SMEM_Q <= 232448,
+                "a backward kernel's shared memory exceeds the H100's 227 KB");
+};
+
 } /* namespace */
 
 #ifdef NB_SM90A_DEVICE
