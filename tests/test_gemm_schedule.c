@@ -37,7 +37,7 @@
 #include "backend/cuda/cuda_gemm.h"
 
 enum { DEFAULT, GROUP4, GROUP16, DATA_PARALLEL, STREAM_K, CTA_PER_TILE, CLUSTER2, DPSK, SK_HEADS, SPLIT_SYNC,
-       SPLIT_SYNC2, PINGPONG, PINGPONG2, LAST = PINGPONG2 };
+       SPLIT_SYNC2, PINGPONG, LAST = PINGPONG };
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -131,17 +131,6 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
                 pp.grid == (pt_tiles < n_sm ? pt_tiles : n_sm) && pp.group == (8 < tm ? 8 : tm),
             "%s pingpong: %lld tiles of 128 x %d (want %lld), grid %lld", what, (long long)pp.tiles, pp.tile_n,
             (long long)pt_tiles, (long long)pp.grid);
-  /* pingpong2: the same tiles in clusters of 2 over units of two tile rows (as cluster2), given
-   * two tile rows and two SMs; else pingpong's launch */
-  nb_gemm_own_schedule p2 = sched_of(f8, PINGPONG2, M, N, K, n_sm);
-  const int64_t pu = cdiv(tm, 2) * cdiv(N, 128), prow = cdiv(tm, 2);
-  if (tm >= 2 && n_sm >= 2)
-    NBT_CHECK(p2.tile_n == 128 && p2.tiles == pt_tiles && p2.cluster == 2 && p2.splits == 1 && !p2.stream_k &&
-                  p2.grid == 2 * (pu < n_sm / 2 ? pu : n_sm / 2) && p2.group == (4 < prow ? 4 : prow),
-              "%s pingpong2: cluster %d, grid %lld, group %d", what, p2.cluster, (long long)p2.grid, p2.group);
-  else
-    NBT_CHECK(p2.tile_n == 128 && p2.cluster == 1 && p2.grid == pp.grid && p2.group == pp.group,
-              "%s pingpong2 with one tile row or one SM: pingpong's launch", what);
   if (heur_pp) {
     nb_gemm_own_schedule h0 = sched_of(f8, DEFAULT, M, N, K, n_sm);
     NBT_CHECK(h0.tile_n == 128 && h0.tiles == pt_tiles && h0.splits == 1 && !h0.stream_k && h0.cluster == 1 &&

@@ -26,16 +26,7 @@
  * rows: one half of its B tile, now the whole B tile). Data-parallel only
  * (a persistent grid of min(tiles, SMs) CTAs, tile t of the CTA
  * blockIdx.x + t gridDim.x in the grouped raster of 128 x 128 tiles):
- * p.tiles_n counts 128-wide tile columns, p.pingpong is 1.
- *
- * In clusters of 2 (candidate pingpong2, p.cluster 2) the grid walks units
- * of two vertically adjacent tiles that share their B tile, as the
- * cooperative kernel's clusters do (sm90_tile; rank r takes tile row 2u +
- * r, past the last row when tiles_m is odd: zeros in, nothing stored): each
- * CTA loads its own A, and B comes once for both by multicast (MN-major B:
- * rank r loads 64-column block r; K-major B, one 128-row box: rank 0 loads
- * it), so the operands' L2 reads fall by a quarter. A stage's empty barrier
- * then counts the warpgroup that read it in both CTAs (sm90_release). */
+ * p.tiles_n counts 128-wide tile columns, p.pingpong is 1. */
 #ifndef NB_GEMM_SM90_PINGPONG_CUH
 #define NB_GEMM_SM90_PINGPONG_CUH
 
@@ -87,24 +78,15 @@ __device__ __forceinline__ void sm90_pp_pass(int c) {
   asm volatile("bar.arrive %0, 256;" ::"r"(3 + (c ^ 1)) : "memory");
 }
 
-/* The units (tiles, or with clusters pairs of tile rows' tiles) and this
- * CTA's first one and step: unit u0 + j step is the CTA's j-th. */
-__device__ __forceinline__ int sm90_pp_units(const nb_sm90_params &p, int *u0, int *step) {
-  *u0 = (int)blockIdx.x / p.cluster;
-  *step = (int)gridDim.x / p.cluster;
-  return (p.tiles_m + p.cluster - 1) / p.cluster * p.tiles_n;
-}
-
 /* Producer: the k-tiles of the CTA's tiles in order into the ring. */
 template <typename T, int TA, int TB>
 __device__ __forceinline__ void sm90_pp_produce(const CUtensorMap *ma, const CUtensorMap *mb,
                                                 const nb_sm90_params &p, uint32_t ring, uint32_t full,
                                                 uint32_t empty) {
-  int it = 0, u0, step, units = sm90_pp_units(p, &u0, &step);
-  const uint32_t rank = sm90_rank(p);
-  for (int t = u0; t < units; t += step) {
+  int it = 0, tiles = p.tiles_m * p.tiles_n;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     int m0, n0;
-    sm90_tile<kPPBN>(t, p, rank, &m0, &n0);
+    sm90_tile<kPPBN>(t, p, 0, &m0, &n0);
     for (int kt = 0; kt < p.ktiles; kt++, it++) {
       int s = it % kPPStages;
       sm90_bar_wait(empty + 8 * s, ((it / kPPStages) & 1) ^ 1); /* fresh barriers pass parity 1 */
@@ -112,10 +94,7 @@ __device__ __forceinline__ void sm90_pp_produce(const CUtensorMap *ma, const CUt
       sm90_bar_expect(fb, kPPStageBytes);
       int k0 = kt * sm90_in<T>::bk;
       sm90_load_a<TA>(sa, ma, fb, m0, k0);
-      if (p.cluster > 1) { /* B once for both CTAs */
-        if (TB) sm90_tma_load_mc(sb + rank * kBlock64, mb, fb, n0 + 64 * (int)rank, k0, 3);
-        else if (rank == 0) sm90_tma_load_mc(sb, mb, fb, k0, n0, 3);
-      } else if (TB) {
+      if (TB) {
         for (int j = 0; j < kPPBN / 64; j++) sm90_tma_load(sb + j * kBlock64, mb, fb, n0 + 64 * j, k0);
       } else {
         sm90_tma_load(sb, mb, fb, k0, n0);
@@ -149,12 +128,12 @@ __device__ __forceinline__ void sm90_pp_consume(float *d, int c, uint32_t ring, 
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     sm90_fence_acc(d);
-    if (kt > 0 && lead) sm90_release(p, empty, (it - 1) % kPPStages);
+    if (kt > 0 && lead) sm90_bar_arrive(empty + 8 * ((it - 1) % kPPStages));
   }
   if (pass) sm90_pp_pass(c);
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   sm90_fence_acc(d);
-  if (lead) sm90_release(p, empty, (it0 + p.ktiles - 1) % kPPStages);
+  if (lead) sm90_bar_arrive(empty + 8 * ((it0 + p.ktiles - 1) % kPPStages));
 }
 #endif /* NB_SM90A_DEVICE */
 
@@ -172,14 +151,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kPPStages; s++) {
       sm90_bar_init(full + 8 * s, 1);
-      sm90_bar_init(empty + 8 * s, p.cluster);
+      sm90_bar_init(empty + 8 * s, 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  /* the other CTA's barriers must exist before anything lands in them */
-  if (p.cluster > 1) sm90_cluster_sync();
   int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -191,12 +168,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 128; i++) d[i] = 0.0f;
     int c = wg - 1, nbuf = 0, lead = threadIdx.x % 128 == 0;
     const float scale = sm90_in<T>::f8 ? __ldg(p.scale_a) * __ldg(p.scale_b) : 1.0f;
-    int u0, step, units = sm90_pp_units(p, &u0, &step), n = (units - u0 + step - 1) / step;
+    int tiles = p.tiles_m * p.tiles_n, n = ((tiles - (int)blockIdx.x) + (int)gridDim.x - 1) / (int)gridDim.x;
     /* consumer 1 lets consumer 0 take the first turn */
     if (c == 1) sm90_pp_pass(c);
     for (int j = c; j < n; j += 2) {
       int m0, n0;
-      sm90_tile<kPPBN>(u0 + j * step, p, sm90_rank(p), &m0, &n0);
+      sm90_tile<kPPBN>((int)blockIdx.x + j * (int)gridDim.x, p, 0, &m0, &n0);
       sm90_pp_wait(c);
       sm90_pp_consume<T, TA, TB>(d, c, ring, full, empty, p, j * p.ktiles, lead, j + 1 < n);
       if (sm90_in<T>::f8) { /* the scales, once, on the full sum */
@@ -208,9 +185,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (lead) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
-  /* a CTA leaves only after the other one's last arrivals on its barriers */
-  __syncwarp();
-  if (p.cluster > 1) sm90_cluster_sync();
 #else
   (void)ma; (void)mb; (void)mc; (void)maux; (void)p;
 #endif

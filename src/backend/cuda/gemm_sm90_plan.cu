@@ -185,15 +185,14 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * heuristic's choice); dpsk, sk-heads (below); pingpong (the ping-pong kernel,
  * gemm_sm90_pingpong.cuh: 128 x 128 tiles, one per consumer warpgroup in
  * turn, data-parallel on min(tiles, SMs) CTAs in groups of 8 tile rows,
- * its tile columns 128 wide); pingpong2 (the same in clusters of 2: pairs of
- * tile rows share each B tile by multicast, as cluster2's). An output tile
+ * its tile columns 128 wide). An output tile
  * is summed over k in order by one CTA, except that split-K and stream-K
  * add the partial sums of their k ranges in a fixed order: a candidate
  * changes results at most by rounding. */
 static const char *const sm90_cand_names[] = {"default",      "group4",       "group16", "data-parallel",
                                               "stream-k",     "cta-per-tile", "cluster2", "dpsk",
                                               "sk-heads",     "split-sync",   "split-sync2",
-                                              "pingpong",     "pingpong2"};
+                                              "pingpong"};
 enum sm90_split { SM90_SPLIT_K, SM90_NO_SPLIT, SM90_STREAM_K, SM90_DPSK, SM90_SK_HEADS, SM90_SYNC };
 static const struct {
   int group;          /* tile rows per raster group */
@@ -206,8 +205,7 @@ static const struct {
                   {kGroupM, SM90_STREAM_K, 0, 1, 0}, {kGroupM, SM90_NO_SPLIT, 1, 1, 0},
                   {kGroupM, SM90_NO_SPLIT, 0, 2, 0}, {kGroupM, SM90_DPSK, 0, 1, 0},
                   {kGroupM, SM90_SK_HEADS, 0, 1, 0}, {kGroupM, SM90_SYNC, 0, 1, 0},
-                  {kGroupM, SM90_SYNC, 0, 2, 0},     {kGroupM, SM90_NO_SPLIT, 0, 1, 1},
-                  {kGroupM, SM90_NO_SPLIT, 0, 2, 1}};
+                  {kGroupM, SM90_SYNC, 0, 2, 0},     {kGroupM, SM90_NO_SPLIT, 0, 1, 1}};
 constexpr int kCands = (int)(sizeof sm90_cands / sizeof *sm90_cands);
 static_assert(sizeof sm90_cand_names / sizeof *sm90_cand_names == kCands, "one name per candidate");
 
@@ -402,8 +400,8 @@ static void sm90_split_sync(nb_sm90_sched *s, const nb_sm90_sync &y, int64_t til
  * shared-memory and L2 reads per flop dominate. Below a wave the
  * cooperative kernel's split-K and fewer, wider tiles stay. */
 constexpr int kPPMaxKtiles = 12;
-constexpr int kCandPingpong = 11; /* sm90_cands[kCandPingpong]; pingpong2 after it */
-static_assert(kCandPingpong == kCands - 2, "pingpong and pingpong2 are the last candidates");
+constexpr int kCandPingpong = 11; /* sm90_cands[kCandPingpong], the last */
+static_assert(kCandPingpong == kCands - 1, "pingpong is the last candidate");
 
 static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm) {
   int64_t tiles = (int64_t)tiles_m * ((N + kBN / 2 - 1) / (kBN / 2));
