@@ -41,8 +41,7 @@
  * do sections of one batch index on 3 CTAs and ordinary launches instead
  * of programmatic dependent ones (NABLA_ATTENTION_SM90_PDL=0).
  * The fused path runs with the switch at 0 and at 3 too (its kernel is
- * persistent; at D 128 item k + 1's K and V take item k's dS^T and
- * partial buffers, so =3 runs both layouts in turn): its output and dK, dV bit for bit with the fused
+ * persistent at D 64): its output and dK, dV bit for bit with the fused
  * default, dQ (whose reduce order varies) against float64 and the fused
  * default in norm. At D 128 the fused kernel zeroes and converts its f32
  * dQ accumulator itself: also run with NABLA_ATTENTION_SM90_BWD_ACC=0 (a
@@ -103,7 +102,7 @@ static void poison(const scase *c, nb_dtype dt) {
 
 /* The fused path's runs of a case: NABLA_ATTN_BWD=fused against float64
  * and the split path's result; with NABLA_ATTENTION_SM90_BWD_PERSISTENT=0
- * and =3 (the fused kernel is persistent) against float64, against
+ * and =3 (the fused kernel is persistent at D 64) against float64, against
  * the default's dQ in norm and its dK, dV bit for bit; and (small cases)
  * nb_set_deterministic(0) alone, then with NABLA_ATTN_BWD=split (the split
  * path). */

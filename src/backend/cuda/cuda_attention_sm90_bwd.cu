@@ -184,20 +184,11 @@ __device__ __forceinline__ void fb_kv_item(const fb_params &p, int x, int *b, in
  * 128-row tile are loaded, the second zero-filled when it lies wholly past
  * Lq: its rows are the k of the dV and dK products, where stale data (or a
  * NaN) would count. */
-template <int D, bool SW>
-__device__ __forceinline__ void fb_kv_load(const CUtensorMap *mk, const CUtensorMap *mv, const fb_params &p, int j0,
-                                           int nh, const int *c, uint32_t sk, fb_bars bar, int k) {
-  if (!SW) sm90_bar_wait(bar.once_empty(k), fb_bars::once_ph(k) ^ 1);
-  else if (k > 0) sm90_bar_wait(bar.once_empty(k - 1), fb_bars::once_ph(k - 1));
-  sm90_bar_expect(bar.once(k), 2 * nh * 64 * D * 2);
-  fb_tile<D, FB_BK>(sk, mk, bar.once(k), j0, nh, c, p.nbk);
-  fb_tile<D, FB_BK>(sk + FB_BK * D * 2, mv, bar.once(k), j0, nh, c, p.nbk);
-}
-template <int D, int QT, bool SW>
+template <int D, int QT>
 __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUtensorMap *mk, const CUtensorMap *mv,
                                               const CUtensorMap *mg, const fb_params &p, int b, int j0, int ibeg,
-                                              int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar, bool fused,
-                                              int k, int g) {
+                                              int ntiles, uint32_t sk, uint32_t ss0, fb_bars bar, bool fused, int k,
+                                              int g) {
   typedef fb_cfg<D, QT> C;
   int c[FB_MAXK];
   fa3_coords(p, b, c);
@@ -206,11 +197,10 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
    * holds), but for the fused kernel, whose dQ product reads every key row
    * of K (TMA fills them with zeros) */
   const int nh = fused || j0 + 64 < p.Lk ? 2 : 1;
-  /* SW (fb_fu_swap): K, V go where the item before had its dS^T and
-   * consumer 0's partials, free once that item is done (its consumers'
-   * arrival on once_empty(k - 1)), after the item's first query tile,
-   * whose stage frees earlier */
-  if (!SW || ntiles == 0) fb_kv_load<D, SW>(mk, mv, p, j0, nh, c, sk, bar, k);
+  sm90_bar_wait(bar.once_empty(k), fb_bars::once_ph(k) ^ 1);
+  sm90_bar_expect(bar.once(k), 2 * nh * 64 * D * 2);
+  fb_tile<D, FB_BK>(sk, mk, bar.once(k), j0, nh, c, p.nbk);
+  fb_tile<D, FB_BK>(sk + C::KB, mv, bar.once(k), j0, nh, c, p.nbk);
   const int ST = fb_kv_stages(fused, D); /* ring stages */
   for (int it = 0; it < ntiles; it++) {
     const int s = (g + it) % ST, i0 = ibeg + it * QT;
@@ -225,7 +215,6 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
     const uint32_t sst = ss0 + ST * C::STAGE + s * C::STATS;
     fb_bulk(sst, p.sl + (int64_t)b * p.Lp + i0, QT * 4, bar.full(s));
     fb_bulk(sst + QT * 4, p.sd + (int64_t)b * p.Lp + i0, QT * 4, bar.full(s));
-    if (SW && it == 0) fb_kv_load<D, SW>(mk, mv, p, j0, nh, c, sk, bar, k);
   }
 }
 
@@ -238,12 +227,11 @@ __device__ __forceinline__ void fb_kv_produce(const CUtensorMap *mq, const CUten
  * item runs. Returns the next item (fa3_take at the last tile). */
 template <typename T, int D, bool F, int QT>
 __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, int ibeg, int ntiles, int wg,
-                                             uint32_t sk, uint32_t ss0, uint32_t sds, uint32_t pb0, fb_bars bar,
-                                             int k, int g) {
+                                             uint32_t sk, uint32_t ss0, uint32_t sds, fb_bars bar, int k, int g) {
   typedef fb_cfg<D, QT> C;
   constexpr int NQ = QT / 16; /* k-steps of the register-A products */
-  constexpr bool SW = F && fb_fu_swap(D); /* the item's dS^T and consumer 0's partials in last item's K/V */
   const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, t = lane % 4, x = threadIdx.x % 128;
+  const uint32_t pb0 = sds + 2 * C::DS + 2 * wg * C::PART; /* fused: this warpgroup's two dQ partials */
   const int kw = j0 + 64 * wg + 16 * w, kr = kw + lane / 4; /* the warp's first key; this thread's key g */
   const uint32_t ka = sk + wg * 64 * 128, va = ka + C::KB;  /* this warpgroup's rows of K, V */
   float dk[D / 2], dv[D / 2], s[QT / 2], dp[QT / 2];
@@ -254,9 +242,9 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
   for (int i = 0; i < QT / 2; i++) s[i] = dp[i] = 0.0f;
   sm90_bar_wait(bar.once(k), fb_bars::once_ph(k));
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
-  /* ZW: an item's first reduce waits for its section's zeros (p.cnt: the
-   * fused kernel at D 128) */
-  const bool ZW = SW && p.cnt;
+  /* ZW: the first reduce waits for the section's zeros (p.cnt: the fused
+   * kernel at D 128, one item per CTA) */
+  const bool ZW = F && !fb_fu_persistent(D) && p.cnt;
   /* Q2 (128-query tiles): P^T and dS^T are packed once dP^T has completed
    * (P^T's fragments and dP^T's accumulators are never live at once: 224 of
    * them with dK, dV, S^T made ptxas serialise every wgmma, C7512); dV's
@@ -431,26 +419,8 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
    * warpgroups' dQ products, which read all of K: its 4-byte pair stores
    * took 6.7 us of each CTA's ~100, B4 H16 N4096 D128 causal) */
   if (!ntiles) nx = fa3_take(p, bar, k + 1);
-  if (SW) {
-    /* the next item's K and V go where this item's dS^T and consumer 0's
-     * partials are: free once both warpgroups' dQ products have completed
-     * and consumer 0's last reduce has read its partial (the generic writes
-     * there were fenced before the products and reduces read them); this
-     * item's K/V buffer then takes dK and dV (fb_store16), whose rows of it
-     * are the warpgroup's own but for consumer 1's of V, which consumer 0's
-     * next partial overwrites only after the next item's first exchange */
-    if (wg == 0 && x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-    fb_bar_both();
-    sm90_bar_arrive(bar.once_empty(k));
-    if (p.vec_kv) {
-      fb_store16<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kw - 16 * w, p.Lk, wg, ka, dk, p.scale);
-      fb_store16<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kw - 16 * w, p.Lk, wg, va, dv, 1.0f);
-      fb_fence_async(); /* the generic writes before the copy engine's next ones */
-    } else {
-      fb_store<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kr, p.Lk, t, dk, p.scale);
-      fb_store<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kr, p.Lk, t, dv, 1.0f);
-    }
-  } else if (!F && p.vec_kv) {
+  if ((!F || D == 128) && p.vec_kv) {
+    if (F) fb_bar_both();
     fb_store16<T, D>(p.dk + fb_off(p, b, p.dk_bs), p.dk_rs, kw - 16 * w, p.Lk, wg, ka, dk, p.scale);
     fb_store16<T, D>(p.dv + fb_off(p, b, p.dv_bs), p.dv_rs, kw - 16 * w, p.Lk, wg, va, dv, 1.0f);
     fb_fence_async(); /* the generic writes before the copy engine's next ones */
@@ -467,14 +437,14 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
 
 /* Shared setup of both kernels: the tiles' base (1024-aligned: the 128-byte
  * swizzle repeats every 1024 bytes), barrier init by thread 0, NEMPTY the
- * empty barriers' arrival count, NITE the item slots' (fb_bar_count). */
-#define FB_PROLOGUE(SMEM_TILES, NEMPTY, NITE)                                            \
+ * empty barriers' arrival count. */
+#define FB_PROLOGUE(SMEM_TILES, NEMPTY)                                                  \
   extern __shared__ uint8_t fb_raw[];                                                    \
   const uint32_t s0 = (sm90_smem(fb_raw) + 1023) & ~1023u;                               \
   const fb_bars bar = {s0 + (SMEM_TILES)};                                               \
   if (threadIdx.x == 0) {                                                                \
     for (int i = 0; i < FB_NBAR; i++)                                                    \
-      sm90_bar_init(bar.base + 8 * i, fb_bar_count(i, (NEMPTY), (NITE)));                 \
+      sm90_bar_init(bar.base + 8 * i, fb_bar_count(i, (NEMPTY)));                         \
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");                   \
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");                         \
   }                                                                                      \
@@ -493,17 +463,16 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   static_assert(QT == fb_kv_qt(F, D), "the query tile is fb_kv_qt's");
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
   /* K/V buffer 1 after the ring and its statistics (the split kernel),
-   * after the dS^T and dQ partial buffers (the fused kernel at D 64), or
-   * those buffers themselves, but for consumer 1's partials (SW: the fused
-   * kernel at D 128, fb_fu_swap: item k's dS^T and consumer 0's partials in
-   * the other region) */
-  constexpr bool SW = F && fb_fu_swap(D);
+   * after the dS^T and dQ partial buffers (the fused kernel at D 64; at D
+   * 128 it is launched one CTA per item, grid == items in fb_launch_fused,
+   * and never takes it: a smaller grid would put two items' K/V in buffer 0) */
+  constexpr bool KV2 = !F || fb_fu_persistent(D);
   /* ZC: the accumulator zeroed and converted beside the products
-   * (fb_acc_side; p.cnt) by the side warps, which take each item too */
-  constexpr bool ZC = SW;
-  constexpr uint32_t KV1 = !F ? C::kv_tiles(false) : SW ? C::FU_DS : C::FU_KV1;
+   * (fb_acc_side; p.cnt) by the fused kernel of one item per CTA */
+  constexpr bool ZC = F && !KV2;
+  constexpr uint32_t KV1 = !KV2 ? 0 : F ? C::FU_KV1 : C::kv_tiles(false);
   static_assert(KV1 % 1024 == 0, "K/V buffer 1 must be 1024-byte aligned");
-  FB_PROLOGUE(!F ? C::kv_tiles(false) + 2 * C::KB : C::FU_KV1 + (SW ? 0 : 2 * C::KB), 256, ZC && p.cnt ? 11 : 8);
+  FB_PROLOGUE(F ? C::FU_KV1 + (KV2 ? 2 * C::KB : 0) : C::kv_tiles(false) + 2 * C::KB, 256);
   (void)mo; /* the dQ kernel's (fb_qstats) */
   /* k: the CTA's items so far (item slot and K/V buffer k % 2; an item
    * without query tiles too, rare: causal, Lk > Lq), g their query tiles
@@ -517,37 +486,22 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
       for (; x < p.items; k++, g += ntiles) {
         const int nx = fa3_next(p);
         fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
-        fb_kv_produce<D, QT, SW>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0 + (k & 1) * KV1, s0 + 2 * C::KB,
-                                 bar, F, k, g);
+        fb_kv_produce<D, QT>(&mq, &mk, &mv, &mg, p, b, j0, ibeg, ntiles, s0 + (k & 1) * KV1, s0 + 2 * C::KB, bar,
+                             F, k, g);
         fa3_put(p, bar, k + 1, nx);
         x = nx;
       }
       fa3_work_done(p);
     } else if (ZC && threadIdx.x >= 32 && p.cnt) {
-      /* the side warps take every item of the CTA as the consumers do */
-      for (int n = 0, x; (x = fa3_take(p, bar, n)) < p.items; n++) {
-        fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
-        fb_acc_side<T, D>(p, b, ntiles);
-      }
+      fb_kv_item<QT>(p, (int)blockIdx.x, &b, &j0, &ibeg, &ntiles);
+      fb_acc_side<T, D>(p, b, ntiles);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-    const int wg = threadIdx.x / 128 - 1;
     for (int x = fa3_take(p, bar, 0); x < p.items; k++, g += ntiles) {
-      /* ZC: the item before's reduces have completed (its last went out
-       * before its dK and dV stores), so its warpgroup counts itself done
-       * (fb_wg_done; b is still that item's) */
-      if (ZC && p.cnt && k > 0 && threadIdx.x % 128 == 0) {
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-        fb_wg_done(p, b);
-      }
       fb_kv_item<QT>(p, x, &b, &j0, &ibeg, &ntiles);
-      /* the dS^T buffers: fused, after the ring (SW: in K/V buffer 1 - k % 2);
-       * the warpgroup's two partials after them (SW: consumer 1's fixed) */
-      const uint32_t sds = s0 + (SW ? ((k + 1) & 1) * KV1 : C::FU_DS);
-      const uint32_t pb0 = SW && wg ? s0 + C::FU_DS + 2 * C::DS + 2 * C::PART : sds + 2 * C::DS + 2 * wg * C::PART;
-      x = fb_kv_consume<T, D, F, QT>(p, b, j0, ibeg, ntiles, wg, s0 + (k & 1) * KV1, s0 + 2 * C::KB, sds, pb0, bar,
-                                     k, g);
+      x = fb_kv_consume<T, D, F, QT>(p, b, j0, ibeg, ntiles, threadIdx.x / 128 - 1, s0 + (k & 1) * KV1,
+                                     s0 + 2 * C::KB, s0 + 2 * C::KB + ST * (C::STAGE + C::STATS), bar, k, g);
     }
     /* fused: every dQ partial's reduce has completed (the partial buffers
      * alternate by the CTA's running tile count, across items as within
@@ -555,7 +509,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
      * holds at an item boundary too) */
     if (F && threadIdx.x % 128 == 0) {
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-      if (ZC && p.cnt && k > 0) fb_wg_done(p, b);
+      if (ZC && p.cnt) fb_wg_done(p, b);
     }
   }
 #else
@@ -572,7 +526,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
 #ifdef NB_SM90A_DEVICE
   typedef fb_cfg<D> C;
   static_assert(C::Q_TILES % 1024 == 0, "Q/dO buffer 1 must be 1024-byte aligned");
-  FB_PROLOGUE(C::Q_TILES + C::QBUF, 8, 8); /* Q/dO buffer 1 after the ring */
+  FB_PROLOGUE(C::Q_TILES + C::QBUF, 8); /* Q/dO buffer 1 after the ring */
   /* k: the CTA's items so far (item slot and Q/dO buffer k % 2), g their
    * key tiles (the ring's running count) */
   int k = 0, g = 0, b, i0, ntiles;
@@ -702,7 +656,8 @@ nb_status fb_launch_fused(const nb_cuda_ctx *ctx, const CUtensorMap *m, fb_param
   if (!p.cnt)
     NB_CUDA_TRY(cudaMemsetAsync(p.acc, 0, (size_t)rows * D * sizeof(float), ctx->stream),
                 "attention_bwd (sm90): zeroing the dq accumulator");
-  st = fb_go(ctx, fb_kv_kernel<T, D, true>, fb_cfg<D>::SMEM_FU, m, p, 1,
+  /* D 128: one CTA per item */
+  st = fb_go(ctx, fb_kv_kernel<T, D, true>, fb_cfg<D>::SMEM_FU, m, p, fb_fu_persistent(D),
              "attention_bwd (sm90 fused dk, dv, dq)");
   if (st) return st;
   const int64_t nv = (int64_t)p.B * p.ntq;
@@ -808,7 +763,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   memset(&maps[4], 0, sizeof maps[4]);
   p.fold = !fused && fb_q_fold((int)D) && fa3_switch("NABLA_ATTENTION_SM90_BWD_FOLD") &&
            nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
-  const int zc = fb_acc_in_kernel(fused && fb_fu_swap((int)D), &p.cmax); /* D 128 */
+  const int zc = fb_acc_in_kernel(fused && !fb_fu_persistent((int)D), &p.cmax); /* D 128: one CTA per item */
   const size_t half = (size_t)B * Lp * sizeof(float);
   const size_t bytes = 2 * half + (fused ? half * (size_t)D : 0) + (zc ? FB_NCNT * (size_t)(B + 1) * 4 : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);

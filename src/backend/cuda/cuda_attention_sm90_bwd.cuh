@@ -185,12 +185,9 @@ __host__ __device__ constexpr int fb_kv_stages(bool fused, int D) { return !fuse
  * query), 64 otherwise (the fused kernel's dS^T exchange and dQ partials
  * are 64-query tiles; at D 128 the accumulators leave no registers). */
 __host__ __device__ constexpr int fb_kv_qt(bool fused, int D) { return !fused && D == 64 ? 128 : FB_BQ; }
-/* Where the persistent fused kernel puts the next item's K and V: at D 64
- * in a K/V buffer 1 after the dQ partials' buffers; at D 128, where that
- * would take its shared memory past 227 KB, in the 64 KB of the dS^T
- * buffers and consumer 0's two partials, which swap roles with K/V buffer
- * 0 every item (fb_fu_swap; fb_cfg). */
-__host__ __device__ constexpr bool fb_fu_swap(int D) { return D == 128; }
+/* Whether the fused kernel is persistent (a second K/V buffer: D 64; at D
+ * 128 its shared memory would exceed 227 KB, fb_cfg: a CTA per item). */
+__host__ __device__ constexpr bool fb_fu_persistent(int D) { return D == 64; }
 
 /* Whether the dQ kernel computes the statistics itself, without the
  * pre-pass (fb_qstats): at D 64, where o's tile fits in its Q/dO buffers
@@ -211,19 +208,14 @@ template <int D, int QT = FB_BQ> struct fb_cfg {
   /* fused: then two dS^T buffers (128 keys x 64 queries; 128-byte swizzle,
    * so 1024-byte aligned) and two dQ partials (64 x 64 f32) per consumer */
   static constexpr int DS = FB_BK * FB_BQ * 2, PART = FB_PART;
-  /* then, at D 64, K, V of the next item (K/V buffer 1); at D 128
-   * (fb_fu_swap) the dS^T buffers and consumer 0's partials (FU_DS, 64 KB)
-   * are K/V buffer 1: the CTA's k-th item has its K, V at s0 + (k % 2)
-   * FU_DS and its dS^T and consumer 0's partials at the other; consumer
-   * 1's partials stay after them */
-  static constexpr int FU_DS = kv_tiles(true), FU_KV1 = FU_DS + 2 * DS + 4 * PART;
-  static constexpr size_t SMEM_FU = 1024 + FU_KV1 + (fb_fu_swap(D) ? 0 : 2 * KB) + 8 * FB_NBAR;
-  static_assert(FU_DS % 1024 == 0 && FU_KV1 % 1024 == 0,
+  /* then, persistent (D 64: fb_fu_persistent), K, V of the next item (K/V
+   * buffer 1); at D 128 it would not fit (asserted below) */
+  static constexpr int FU_KV1 = kv_tiles(true) + 2 * DS + 4 * PART;
+  static constexpr size_t SMEM_FU = 1024 + FU_KV1 + (fb_fu_persistent(D) ? 2 * KB : 0) + 8 * FB_NBAR;
+  static_assert(kv_tiles(true) % 1024 == 0 && FU_KV1 % 1024 == 0,
                 "the fused kernel's dS^T buffers and K/V buffer 1 must be 1024-byte aligned");
-  static_assert(QT != FB_BQ || !fb_fu_swap(D) || 2 * DS + 2 * PART == 2 * KB,
-                "the swapping regions: K/V buffer 0 and the dS^T and consumer 0's partials, 64 KB each");
-  static_assert(QT != FB_BQ || fb_fu_swap(D) != (1024 + FU_KV1 + 2 * KB + 8 * FB_NBAR <= 232448),
-                "the fused kernel swaps its regions exactly where a second K/V buffer does not fit");
+  static_assert(QT != FB_BQ || fb_fu_persistent(D) == (1024 + FU_KV1 + 2 * KB + 8 * FB_NBAR <= 232448),
+                "the fused kernel is persistent exactly where its second K/V buffer fits");
   /* dQ: Q, dO (128 x D) and at D 64 o (fb_q_fold: the kernel's own
    * statistics), then per stage K, V (64 x D), then Q, dO (, o) of the
    * next item (Q/dO buffer 1: fb_q_kernel) */
@@ -529,12 +521,11 @@ __device__ __forceinline__ void fb_qstats_finish(const fb_params &p, int t, int 
 
 /* Arrivals of mbarrier i (fb_bars): 1 for the full barriers (the
  * producer's, with the copy engine's bytes), nempty for the empty ones of
- * the ring and the item tiles, the nite warps that take each item for the
- * item slots' empty ones (fa3_take: the 8 consumer warps, and in the fused
- * kernel at D 128 the 3 side warps of fb_acc_side). */
-__device__ constexpr int fb_bar_count(int i, int nempty, int nite) {
+ * the ring and the item tiles, the 8 consumer warps for the item slots'
+ * empty ones (fa3_take). */
+__device__ constexpr int fb_bar_count(int i, int nempty) {
   return i < 1 + FB_QST || i == 1 + 2 * FB_QST || i == 4 + 2 * FB_QST || i == 5 + 2 * FB_QST ? 1
-         : i >= 6 + 2 * FB_QST                                                            ? nite
+         : i >= 6 + 2 * FB_QST                                                            ? 8
                                                                                           : nempty;
 }
 } /* namespace */

@@ -88,14 +88,14 @@ template <typename T, int D> __global__ void __launch_bounds__(256) fb_dq_kernel
 }
 
 /* Whether the fused kernel zeroes and converts its accumulator itself
- * (fb_acc_side): where it has the side warps for it (side: D 128), unless
+ * (fb_acc_side): where it runs one CTA per item (one_each), unless
  * NABLA_ATTENTION_SM90_BWD_ACC=0 (read at every call: a memset before it and
  * a conversion after); =n, n > 0 (the tests): *cmax = n units a warp at
  * most, whatever the item, and the units counted (fb_count_units); else
  * *cmax = -1. */
-int fb_acc_in_kernel(int side, int *cmax) {
+int fb_acc_in_kernel(int one_each, int *cmax) {
   const char *e = getenv("NABLA_ATTENTION_SM90_BWD_ACC");
-  const int zc = side && !(e && !strcmp(e, "0"));
+  const int zc = one_each && !(e && !strcmp(e, "0"));
   *cmax = zc && e && atoi(e) > 0 ? atoi(e) : -1;
   return zc;
 }
