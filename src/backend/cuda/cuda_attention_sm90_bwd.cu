@@ -242,9 +242,8 @@ __device__ __forceinline__ int fb_kv_consume(const fb_params &p, int b, int j0, 
   for (int i = 0; i < QT / 2; i++) s[i] = dp[i] = 0.0f;
   sm90_bar_wait(bar.once(k), fb_bars::once_ph(k));
   constexpr int ST = fb_kv_stages(F, D); /* ring stages */
-  /* ZW: the first reduce waits for the section's zeros (p.cnt: the fused
-   * kernel at D 128, one item per CTA) */
-  const bool ZW = F && !fb_fu_persistent(D) && p.cnt;
+  /* ZW: the first reduce waits for the section's zeros (fb_fu_side, p.cnt) */
+  const bool ZW = fb_fu_side(F, D) && p.cnt;
   /* Q2 (128-query tiles): P^T and dS^T are packed once dP^T has completed
    * (P^T's fragments and dP^T's accumulators are never live at once: 224 of
    * them with dK, dV, S^T made ptxas serialise every wgmma, C7512); dV's
@@ -469,7 +468,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
   constexpr bool KV2 = !F || fb_fu_persistent(D);
   /* ZC: the accumulator zeroed and converted beside the products
    * (fb_acc_side; p.cnt) by the fused kernel of one item per CTA */
-  constexpr bool ZC = F && !KV2;
+  constexpr bool ZC = fb_fu_side(F, D);
   constexpr uint32_t KV1 = !KV2 ? 0 : F ? C::FU_KV1 : C::kv_tiles(false);
   static_assert(KV1 % 1024 == 0, "K/V buffer 1 must be 1024-byte aligned");
   FB_PROLOGUE(F ? C::FU_KV1 + (KV2 ? 2 * C::KB : 0) : C::kv_tiles(false) + 2 * C::KB, 256);
@@ -763,7 +762,7 @@ int nb_cuda_attn_sm90_bwd(const nb_cuda_ctx *ctx, const nb_kview *dq, const nb_k
   memset(&maps[4], 0, sizeof maps[4]);
   p.fold = !fused && fb_q_fold((int)D) && fa3_switch("NABLA_ATTENTION_SM90_BWD_FOLD") &&
            nb_fa3_map(&maps[4], o, Lq, D, axes, nbk, 64);
-  const int zc = fb_acc_in_kernel(fused && !fb_fu_persistent((int)D), &p.cmax); /* D 128: one CTA per item */
+  const int zc = fb_acc_in_kernel(fb_fu_side(fused, (int)D), &p.cmax); /* D 128: one CTA per item */
   const size_t half = (size_t)B * Lp * sizeof(float);
   const size_t bytes = 2 * half + (fused ? half * (size_t)D : 0) + (zc ? FB_NCNT * (size_t)(B + 1) * 4 : 0);
   float *scratch = (float *)nb_cuda_scratch(ctx, bytes);

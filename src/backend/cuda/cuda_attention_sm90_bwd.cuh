@@ -188,6 +188,10 @@ __host__ __device__ constexpr int fb_kv_qt(bool fused, int D) { return !fused &&
 /* Whether the fused kernel is persistent (a second K/V buffer: D 64; at D
  * 128 its shared memory would exceed 227 KB, fb_cfg: a CTA per item). */
 __host__ __device__ constexpr bool fb_fu_persistent(int D) { return D == 64; }
+/* Whether the dK/dV kernel is the fused one of a CTA per item (D 128),
+ * whose idle producer warps zero and convert the dQ accumulator beside
+ * the products (fb_acc_side; with p.cnt set, fb_acc_in_kernel). */
+__host__ __device__ constexpr bool fb_fu_side(bool fused, int D) { return fused && !fb_fu_persistent(D); }
 
 /* Whether the dQ kernel computes the statistics itself, without the
  * pre-pass (fb_qstats): at D 64, where o's tile fits in its Q/dO buffers
