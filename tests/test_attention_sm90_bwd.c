@@ -295,7 +295,64 @@ static void some_in_kernel(void) {
   if (u >= 0) NBT_CHECK(u > 0, "the fused kernel converted %lld of %lld query tiles itself", (long long)u, (long long)a);
 }
 
+/* Rows whose every score is far below zero: q = 4 + noise, k = -4 + noise
+ * (unit normal noise) in every column, so that scale q.k is about -128 at
+ * D 64 (-181 at D 128), spread 6, and lse below -100. Lk = 200 leaves the
+ * last 128-key block 56 keys past Lk, zero rows of K in the fused kernel,
+ * where exp(-lse) overflows: their P must be 0 or dS K gives NaN in dq.
+ * Fused and split paths, causal and not, against the float64 CPU run.
+ * dq = scale dS K where each row of dS sums to 0, so K's common -4 cancels
+ * in exact arithmetic but not once dS is rounded to bf16 for the product:
+ * the error grows with the common part over the noise (0.1 at 35 to 1, in
+ * any kernel that rounds dS, as FlashAttention's do), about 0.012 here;
+ * dq gets three times the tolerance, the rest the usual one. */
+static void check_far_scores(void) {
+  for (int64_t D = 64; D <= 128; D += 64)
+    for (int causal = 0; causal < 2; causal++)
+      for (int fused = 0; fused < 2; fused++) {
+        const scase c = {1, 2, 200, 200, D, 0, 1};
+        sinputs s;
+        sm90_inputs(&s, fused ? "sm90 bwd far scores (fused)" : "sm90 bwd far scores", &c, causal, NB_BF16,
+                    4242 + (uint64_t)D);
+        nb_scope_begin();
+        for (int i = 0; i < 2; i++) { /* q and k: +-4 plus the noise, rounded again */
+          nb_tensor *x = nb_keep(nb_add_scalar(s.in[i], i ? -4.0 : 4.0));
+          nb_release(s.in[i]);
+          nb_release(s.rounded[i]);
+          s.in[i] = x;
+          s.rounded[i] = nb_keep(nb_cast(nb_cast(x, NB_BF16), NB_F64));
+        }
+        nb_scope_end();
+        if (fused) setenv("NABLA_ATTN_BWD", "fused", 1);
+        sresult got = run(&c, causal, s.in, s.n, NB_BF16, GPU);
+        unsetenv("NABLA_ATTN_BWD");
+        sresult ref = run(&c, causal, s.rounded, s.n, NB_F64, CPU);
+        int finite = got.y != NULL;
+        for (int i = 0; i < s.n && finite; i++)
+          for (int64_t e = 0; e < got.ng[i] && finite; e++) finite = isfinite(got.g[i][e]);
+        NBT_CHECK(finite, "%s: a gradient element is not finite", s.name);
+        if (got.y && ref.y) {
+          double e = atest_norm_err_to(got.y, ref.y, ref.y, got.ny);
+          NBT_CHECK(e <= s.tol, "%s: output against float64, norm error %.3g (tolerance %g)", s.name, e, s.tol);
+          for (int i = 0; i < s.n; i++) {
+            const double tol = i == 0 ? 3 * s.tol : s.tol;
+            e = atest_norm_err_to(got.g[i], ref.g[i], ref.g[i], got.ng[i]);
+            NBT_CHECK(e <= tol, "%s: gradient %d against float64, norm error %.3g (tolerance %g)", s.name, i, e,
+                      tol);
+          }
+        }
+        atest_free(&got);
+        atest_free(&ref);
+        sm90_inputs_free(&s);
+      }
+}
+
+static void after_cases(void) {
+  some_in_kernel();
+  check_far_scores();
+}
+
 int main(void) {
   setenv("NABLA_ATTENTION_SM90_STREAMK", "0", 1); /* the forward's items whole, whatever the section */
-  return sm90_run_cases("test_attention_sm90_bwd", launches, check_case, some_in_kernel);
+  return sm90_run_cases("test_attention_sm90_bwd", launches, check_case, after_cases);
 }
