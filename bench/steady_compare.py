@@ -11,14 +11,14 @@ torch SDPA's forward at B4 H16 N4096 D128 timed 0.82 ms at 1980 MHz there,
 and 0.95 ms at 1515-1560 MHz when run as below.
 
 Here each case runs alternately in nabla (`nabla bench --only ID`, its own
-process) and in torch (this one, the case rebuilt by compare_torch.Case),
-each side warmed up by back-to-back runs for --warmup seconds right after the
-other side's timed runs, so both start from a GPU at full load. For each
-side it prints the median ms of the timed runs (CUDA events around each,
-inputs rotated as nabla does), the SM clock (torch: the median of NVML
-samples every 10 ms over the timed runs; nabla: its bench's reading), the
-mean power over the timed runs (NVML's energy counter) and the energy per
-run, then each case's ratio torch / nabla over the medians of the rounds.
+process) and in torch (this one: the case rebuilt and timed by
+compare_torch's Case and do_bench), for a number of rounds, each side warmed
+up by back-to-back runs right after the other side's timed runs, so both
+start from a GPU at full load. For each side and round it prints the median
+ms of the timed runs (CUDA events around each, inputs rotated as nabla
+does), the SM clock while they run, their mean power (NVML's energy counter)
+and the energy per run; then each case's ratio torch / nabla over the
+medians of the rounds.
 
     python3 bench/steady_compare.py build/nabla attention_fwd:4x16x4096x128:bf16 ...
 """
@@ -29,42 +29,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
+import types
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import Case, GpuState, n_sets_for  # noqa: E402
-
-
-class ClockSampler:
-    """NVML's SM clock every 10 ms while running (empty without NVML)."""
-
-    def __init__(self, gpu):
-        self.gpu, self.on, self.got = gpu, False, []
-        self.thread = None
-
-    def start(self):
-        self.on, self.got = True, []
-        self.thread = threading.Thread(target=self.loop, daemon=True)
-        self.thread.start()
-
-    def loop(self):
-        while self.on:
-            m = self.gpu.sm_mhz()
-            if m:
-                self.got.append(m)
-            time.sleep(0.01)
-
-    def stop(self):
-        self.on = False
-        self.thread.join()
-        return statistics.median(self.got) if self.got else None
+from compare_torch import Case, GpuState, Timer, do_bench, n_sets_for  # noqa: E402
 
 
 def nabla_side(nabla, case_id, warmup, seconds):
-    """nabla's bench on one case: its JSON entry (ms_median, sm_mhz, watts)."""
+    """nabla's bench on one case: its JSON entry (ms_median, sm_mhz, watts)
+    and the bench's rotation bytes. The bench also times its ceiling cases
+    (a copy and a GEMM) first: the entry is the one with case_id's id."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     try:
@@ -74,54 +50,22 @@ def nabla_side(nabla, case_id, warmup, seconds):
             doc = json.load(f)
     finally:
         os.unlink(path)
-    spec = doc["cases"][0]
-    if spec.get("status") != "ok":
-        raise RuntimeError("nabla bench %s: %s" % (case_id, spec.get("error")))
-    return spec, doc.get("rotate_bytes", 256 << 20)
+    specs = [c for c in doc["cases"] if c.get("id") == case_id]
+    if not specs:
+        raise RuntimeError("nabla bench ran no case %s (nabla bench --list names them)" % case_id)
+    if specs[0].get("status") != "ok":
+        raise RuntimeError("nabla bench %s: %s" % (case_id, specs[0].get("error")))
+    return specs[0], doc.get("rotate_bytes", 256 << 20)
 
 
-def torch_side(spec, rotate_bytes, warmup, seconds, gpu):
-    """The case in torch eager: back-to-back runs for warmup seconds (a
-    synchronisation every 50 ms of them), then timed runs filling about
-    seconds (at most 500, as nabla's bench), each between its own events, read at the end."""
-    dev = torch.device("cuda")
-    case = Case(spec, dev, None)
+def torch_side(spec, rotate_bytes, opts):
+    """The case in torch eager, timed by compare_torch's do_bench."""
+    case = Case(spec, torch.device("cuda"), None)
     sets = [case.make_set() for _ in range(n_sets_for(spec, rotate_bytes))]
     run, _ = case.bodies()
-    i, batch, t0 = 0, 1, time.perf_counter()
-    while time.perf_counter() - t0 < warmup:
-        a = time.perf_counter()
-        for _ in range(batch):
-            run(sets[i % len(sets)])
-            i += 1
-        torch.cuda.synchronize()
-        if time.perf_counter() - a < 0.05:
-            batch *= 2
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(batch):
-        run(sets[i % len(sets)])
-        i += 1
-    b.record()
-    torch.cuda.synchronize()
-    reps = max(10, min(500, int(seconds * 1e3 / max(a.elapsed_time(b) / batch, 1e-3))))
-    sampler = ClockSampler(gpu)
-    sampler.start()
-    e0, w0 = gpu.energy_mj(), time.perf_counter()
-    marks = []
-    for _ in range(reps):
-        x = torch.cuda.Event(enable_timing=True)
-        x.record()
-        run(sets[i % len(sets)])
-        i += 1
-        y = torch.cuda.Event(enable_timing=True)
-        y.record()
-        marks.append((x, y))
-    torch.cuda.synchronize()
-    e1, w1 = gpu.energy_mj(), time.perf_counter()
-    mhz = sampler.stop()
-    watts = (e1 - e0) / 1e3 / (w1 - w0) if None not in (e0, e1) else None
-    return {"ms_median": statistics.median(x.elapsed_time(y) for x, y in marks), "sm_mhz": mhz, "watts": watts}
+    ms, _, state = do_bench(run, sets, Timer(torch.device("cuda")), opts)
+    mhz, watts = (state[0], state[1]) if state else (None, None)
+    return {"ms_median": ms, "sm_mhz": mhz, "watts": watts}
 
 
 def fmt(side):
@@ -144,7 +88,8 @@ def main():
     if not torch.cuda.is_available():
         print("steady_compare: needs a CUDA GPU")
         return 2
-    gpu = GpuState(torch.device("cuda"))
+    opts = types.SimpleNamespace(warm_ms=1e3 * o.warmup, target_ms=1e3 * o.seconds, min_reps=10, max_reps=500,
+                                 gpu=GpuState(torch.device("cuda")))
     print("torch %s on %s; per run: median ms, SM clock, mean W, energy" % (
         torch.__version__, torch.cuda.get_device_name()))
     rows = []
@@ -153,7 +98,7 @@ def main():
         for r in range(o.rounds):
             spec, rotate = nabla_side(o.nabla, cid, o.warmup, o.seconds)
             nab.append(spec)
-            tor.append(torch_side(spec, rotate, o.warmup, o.seconds, gpu))
+            tor.append(torch_side(spec, rotate, opts))
             print("%-46s round %d  nabla %s | torch %s" % (cid, r + 1, fmt(nab[-1]), fmt(tor[-1])), flush=True)
         n = statistics.median(s["ms_median"] for s in nab)
         t = statistics.median(s["ms_median"] for s in tor)
