@@ -10,8 +10,8 @@ timings of such cases can come from a cooler GPU than nabla's: on the H100,
 torch SDPA's forward at B4 H16 N4096 D128 timed 0.82 ms at 1980 MHz there,
 and 0.95 ms at 1515-1560 MHz when run as below.
 
-Here each case runs alternately in nabla (`nabla bench --only ID`, its own
-process) and in torch (this one: the case rebuilt and timed by
+Here each case runs alternately in nabla (`nabla bench --only ID
+--no-ceilings`, its own process) and in torch (this one: the case rebuilt and timed by
 compare_torch's Case and do_bench), for a number of rounds, each side warmed
 up by back-to-back runs right after the other side's timed runs, so both
 start from a GPU at full load. For each side and round it prints the median
@@ -38,14 +38,14 @@ from compare_torch import Case, GpuState, Timer, do_bench, n_sets_for  # noqa: E
 
 
 def nabla_side(nabla, case_id, warmup, seconds):
-    """nabla's bench on one case: its JSON entry (ms_median, sm_mhz, watts)
-    and the bench's rotation bytes. The bench also times its ceiling cases
-    (a copy and a GEMM) first: the entry is the one with case_id's id."""
+    """nabla's bench on one case alone (--no-ceilings): its JSON entry
+    (ms_median, sm_mhz, watts), picked by its id, and the bench's rotation
+    bytes."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     try:
-        subprocess.run([nabla, "bench", "--device", "cuda", "--only", case_id, "--warmup", str(warmup),
-                        "--seconds", str(seconds), "--json", path], check=True, capture_output=True)
+        subprocess.run([nabla, "bench", "--device", "cuda", "--only", case_id, "--no-ceilings", "--warmup",
+                        str(warmup), "--seconds", str(seconds), "--json", path], check=True, capture_output=True)
         with open(path) as f:
             doc = json.load(f)
     finally:

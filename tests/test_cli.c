@@ -282,6 +282,16 @@ static void test_programs(void) {
   st = run(wrap, "--warmup=-1");
   NBT_CHECK(st == 2 && strstr(out, "nabla bench: --warmup expects a number in [0, 3600], got '-1'"),
             "bench --warmup=-1:\n%s", out);
+  /* --no-ceilings: the named case alone (sub-second at the quick CPU shapes),
+   * the ceiling rows gone, the summary saying why; without it, both first */
+  st = run(wrap, "--device=cpu --quick --only=add --no-ceilings --seconds=0.01 --warmup=0");
+  NBT_CHECK(st == 0 && strstr(out, "\nadd ") && !strstr(out, "copy ceiling") && !strstr(out, "GEMM ceiling") &&
+                strstr(out, "ceilings: not measured (--no-ceilings)"),
+            "bench --only=add --no-ceilings:\n%s", out);
+  st = run(wrap, "--device=cpu --quick --only=add --seconds=0.01 --warmup=0");
+  NBT_CHECK(st == 0 && strstr(out, "copy ceiling") && strstr(out, "GEMM ceiling") && strstr(out, "\nadd ") &&
+                strstr(out, "ceilings (this run): copy"),
+            "bench --only=add:\n%s", out);
   /* the op table as markdown: one row per entry with its autocast class */
   snprintf(wrap, sizeof wrap, "%s/nabla-info.sh", dir);
   st = run(wrap, "--ops");

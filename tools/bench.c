@@ -265,7 +265,10 @@ static void bench_usage(FILE *f) {
           "  --md FILE      write the table as markdown\n"
           "  --quick        fewer runs (and on the CPU smaller shapes)\n"
           "  --only LIST    comma-separated case families (prefixes match) or case ids;\n"
-          "                 the two ceilings always run\n"
+          "                 the two ceilings always run, first\n"
+          "  --no-ceilings  leave the ceilings out unless --only names them (the\n"
+          "                 fraction columns are then empty): one case alone, as\n"
+          "                 bench/steady_compare.py runs it\n"
           "  --list         print the case ids and exit\n"
           "  --ops          also time every op-table entry at its own benchmark call\n"
           "                 (nabla info --ops lists the table) and list the entries\n"
@@ -298,7 +301,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       CLI_OPT_STR("device", &device, 0), CLI_OPT_STR("json", &o->json_path, 0),
       CLI_OPT_STR("md", &o->md_path, 0), CLI_OPT_STR("only", &o->only, 0),
       CLI_OPT_FLAG("quick", 0, &o->quick), CLI_OPT_FLAG("list", 0, &o->list),
-      CLI_OPT_FLAG("ops", 0, &o->ops),
+      CLI_OPT_FLAG("ops", 0, &o->ops), CLI_OPT_FLAG("no-ceilings", 0, &o->no_ceilings),
       CLI_OPT_REAL("seconds", &seconds, 0, 3600, 1, 0), CLI_OPT_REAL("warmup", &warmup, 0, 3600, 0, 0),
       CLI_OPT_REAL("rotate-mb", &rotate_mb, 0, 1 << 20, 0, 0), CLI_OPT_FLAG("help", 'h', &help)};
   cli_spec spec = {.prog = "nabla bench", .opts = rows, .n_opts = sizeof rows / sizeof *rows};
@@ -344,9 +347,11 @@ static int bench_build(const bench_opts *o, bench_case *all, int max) {
 }
 
 /* --only: a token selects the cases whose family starts with it or whose
- * id or name equals it. Every token must select something. */
-static int bench_select(const char *only, bench_case *all, int n, int *sel) {
-  for (int i = 0; i < n; i++) sel[i] = !only || all[i].role != BC_NONE;
+ * id or name equals it. Every token must select something. The ceilings
+ * run too, but with --no-ceilings (no_ceil), where only a token selects
+ * them. */
+static int bench_select(const char *only, int no_ceil, bench_case *all, int n, int *sel) {
+  for (int i = 0; i < n; i++) sel[i] = all[i].role != BC_NONE ? !no_ceil : !only;
   if (!only) return 0;
   char buf[1024];
   snprintf(buf, sizeof buf, "%s", only);
@@ -417,8 +422,11 @@ static int bench_run_all(const bench_opts *o, bench_meta *m, bench_case **run, i
     if (c->status && bench_is_oom(c->status, c->error)) rc = NB_TOOL_EXIT_USAGE;
     else if (c->status && rc == 0) rc = NB_TOOL_EXIT_RUNTIME;
   }
-  printf("\nceilings (this run): copy %.1f GB/s, GEMM %.2f TFLOP/s (%s)\n", m->copy_gbs,
-         m->gemm_tflops, m->gemm_id ? m->gemm_id : "not measured");
+  if (!o->no_ceilings || m->copy_gbs > 0 || m->gemm_id)
+    printf("\nceilings (this run): copy %.1f GB/s, GEMM %.2f TFLOP/s (%s)\n", m->copy_gbs,
+           m->gemm_tflops, m->gemm_id ? m->gemm_id : "not measured");
+  else
+    printf("\nceilings: not measured (--no-ceilings)\n");
   if (o->ops) bench_op_missing(stdout);
   bench_report_files(o, m, run, n, &rc);
   return rc;
@@ -439,7 +447,7 @@ int nb_tool_bench(int argc, char **argv) {
     return NB_TOOL_EXIT_USAGE;
   }
   int n = bench_build(&o, all, max), n_run = 0;
-  rc = bench_select(o.only, all, n, sel);
+  rc = bench_select(o.only, o.no_ceilings, all, n, sel);
   for (int i = 0; i < n; i++)
     if (sel[i]) run[n_run++] = &all[i];
   if (!rc && o.list) {

@@ -84,6 +84,7 @@ typedef struct {
   const char *json_path, *md_path, *only;
   int list;
   int ops; /* --ops: also a case per op-table entry (bench_ops.c) */
+  int no_ceilings; /* --no-ceilings: the ceiling cases only where --only names them */
   int tuning; /* NABLA_AUTOTUNE=1: a case's first run may time GEMM candidates */
 } bench_opts;
 
