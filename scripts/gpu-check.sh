@@ -18,7 +18,8 @@ JOBS=${JOBS:-16}
 # (test_cuda), sanitize (memcheck + racecheck; or memcheck, racecheck alone), train (the main job, `make
 # run`, on the GPU, and a kernel profile of 10 steps of train-compare's model), bench (nabla bench + torch,
 # each case after BENCH_WARMUP seconds of warm-up, default 1), gemm (scripts/gemm-compare.sh: the own
-# GEMM's schedules GEMM_SCHEDULES, default heuristic,data-parallel,cluster2, against cuBLASLt).
+# GEMM's schedules GEMM_SCHEDULES, default heuristic,data-parallel,cluster2, against cuBLASLt), steady
+# (bench/steady_compare.py: nabla and torch alternately at the same load, about 7 s a case a round).
 STEPS=${STEPS:-cpu,cuda,sanitize,train,bench}
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
 
@@ -190,6 +191,19 @@ if [ "$built" -eq 0 ]; then
   else
     skip compare-torch "no bench/compare_torch.py or bench.json"
   fi
+  # nabla and torch alternately on the open issues' heavy cases, both at the
+  # same load (bench/steady_compare.py; STEADY_IDS overrides the cases)
+  if want steady; then
+    ids=${STEADY_IDS:-"attention_fwd:4x16x4096x128:bf16 attention_fwd_causal:4x16x4096x128:bf16
+      attention_fwdbwd_causal_nd:4x16x4096x128:bf16 attention_fwdbwd_causal_nd:16x12x1024x64:bf16
+      matmul_nn:8192x8192x8192:bf16 matmul_nn:4096x4096x4096:bf16 scaled_mm_nt:8192x8192x8192:bf16
+      matmul_nt:16384x2304x768:bf16 matmul_nn:16384x768x2304:bf16 matmul_tn:2304x768x16384:bf16
+      matmul_nt:16384x3072x768:bf16 matmul_nn:16384x768x3072:bf16 matmul_tn:3072x768x16384:bf16
+      matmul_nt:16384x768x3072:bf16 matmul_nn:16384x3072x768:bf16 matmul_tn:768x3072x16384:bf16
+      matmul_nt:16384x50304x768:bf16 matmul_nn:16384x768x50304:bf16 matmul_tn:50304x768x16384:bf16"}
+    # shellcheck disable=SC2086
+    step steady 0 timeout 900 python3 bench/steady_compare.py "$BUILD/nabla" --md "$OUT/steady.md" $ids
+  fi
 fi
 
 # Summary: pass counts from the test programs' last lines.
@@ -208,6 +222,7 @@ for i in "${!names[@]}"; do
       train-profile) detail=$(grep -E '^profile: ' "$OUT/$n.log") ;;
       precision-curves) detail=$(grep -E "^precision curves" "$OUT/$n.log") ;;
       gpt2-shape) detail=$(grep -iE '^throughput|peak|out of memory' "$OUT/$n.log" | tr '\n' ' ') ;;
+      steady) detail="torch/nabla: $(grep -E 'torch/nabla' "$OUT/$n.log" | awk '{print $NF}' | tr '\n' ' ')" ;;
     esac
     case "$n" in
       memcheck|memcheck-*|racecheck-*) detail="$detail $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$n.log" | tail -1)" ;;
