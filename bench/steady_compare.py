@@ -92,14 +92,21 @@ def main():
                                  gpu=GpuState(torch.device("cuda")))
     print("torch %s on %s; per run: median ms, SM clock, mean W, energy" % (
         torch.__version__, torch.cuda.get_device_name()))
-    rows = []
+    rows, failed = [], 0
     for cid in o.ids:
         nab, tor = [], []
-        for r in range(o.rounds):
-            spec, rotate = nabla_side(o.nabla, cid, o.warmup, o.seconds)
-            nab.append(spec)
-            tor.append(torch_side(spec, rotate, opts))
-            print("%-46s round %d  nabla %s | torch %s" % (cid, r + 1, fmt(nab[-1]), fmt(tor[-1])), flush=True)
+        try:
+            for r in range(o.rounds):
+                spec, rotate = nabla_side(o.nabla, cid, o.warmup, o.seconds)
+                nab.append(spec)
+                tor.append(torch_side(spec, rotate, opts))
+                print("%-46s round %d  nabla %s | torch %s" % (cid, r + 1, fmt(nab[-1]), fmt(tor[-1])),
+                      flush=True)
+        except (RuntimeError, subprocess.CalledProcessError, torch.cuda.OutOfMemoryError) as e:
+            print("%-46s failed: %s" % (cid, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__),
+                  flush=True)
+            failed = 1
+            continue
         n = statistics.median(s["ms_median"] for s in nab)
         t = statistics.median(s["ms_median"] for s in tor)
         rows.append((cid, n, t, t / n))
@@ -109,7 +116,7 @@ def main():
             f.write("| case | nabla ms | torch eager ms | torch / nabla |\n|---|--:|--:|--:|\n")
             for cid, n, t, x in rows:
                 f.write("| %s | %.4f | %.4f | %.3f |\n" % (cid, n, t, x))
-    return 0
+    return failed
 
 
 if __name__ == "__main__":
