@@ -408,6 +408,14 @@ static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm)
   return ktiles <= kPPMaxKtiles && tiles >= n_sm;
 }
 
+/* Tile rows per raster group: the candidate's, or NABLA_GEMM_GROUP=n for
+ * every candidate (read once; for measurements). */
+static int sm90_group_rows(int cand) {
+  static const char *e = getenv("NABLA_GEMM_GROUP");
+  int g = e ? atoi(e) : 0;
+  return g >= 1 ? g : cand;
+}
+
 nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm) {
   if (i == 0 && sm90_heuristic_pingpong(tiles_m, N, ktiles, n_sm)) i = kCandPingpong;
   int pp = sm90_cands[i].pingpong, tiles_n = (int)((N + (pp ? kBN / 2 : kBN) - 1) / (pp ? kBN / 2 : kBN));
@@ -437,7 +445,8 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 && n_sm >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
   int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
-  s.group = sm90_cands[i].group / s.cluster < rows ? sm90_cands[i].group / s.cluster : (int)rows;
+  int g = sm90_group_rows(sm90_cands[i].group) / s.cluster;
+  s.group = g < 1 ? 1 : g < rows ? g : (int)rows;
   if (s.cluster > 1) /* clusters of 2 CTAs, one per unit at most */
     s.grid = 2 * (units < n_sm / 2 ? units : n_sm / 2);
   else
