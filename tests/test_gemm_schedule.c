@@ -115,7 +115,8 @@ static void check_rules_of(int f8, int64_t M, int64_t N, int64_t K, int n_sm) {
               c, (long long)s.tiles, (long long)tiles, s.splits, S, s.sync_q, s.sync_l, sync, (long long)L);
     int64_t grid = sync ? n_sm : S > 1 ? tiles * S : tiles < n_sm ? tiles : n_sm;
     NBT_CHECK(s.grid == grid, "%s cand %d: grid %lld, want %lld", what, c, (long long)s.grid, (long long)grid);
-    int g = c == GROUP4 ? 4 : c == GROUP16 ? 16 : 8;
+    /* the heuristic's narrow grids (at most 3 tile columns, a wave, unsplit): groups of 2 */
+    int g = c == GROUP4 ? 4 : c == GROUP16 ? 16 : c == DEFAULT && S == 1 && !sync && tn <= 3 && tiles >= n_sm ? 2 : 8;
     NBT_CHECK(s.group == (g < tm ? g : tm), "%s cand %d: group %d", what, c, s.group);
   }
   nb_gemm_own_schedule dp = sched_of(f8, DATA_PARALLEL, M, N, K, n_sm);
@@ -321,6 +322,15 @@ static void test_documented(void) {
   NBT_CHECK(s.cluster == 2 && s.grid == 132 && s.group == 4, "4096^3 cluster2: 66 pairs, groups of 4 pair rows");
   s = sched(DEFAULT, 16384, 768, 64, 132);
   NBT_CHECK(s.splits == 1, "one k-tile: never split");
+  /* narrow outputs (3 tile columns, a wave or more): the heuristic's groups of 2; group4 keeps 4 */
+  s = sched(DEFAULT, 16384, 768, 50304, 132);
+  NBT_CHECK(s.tiles == 384 && s.splits == 1 && s.grid == 132 && s.group == 2, "16384x768x50304: groups of 2");
+  s = sched(DEFAULT, 50304, 768, 16384, 132);
+  NBT_CHECK(s.tiles == 1179 && s.group == 2, "50304x768x16384: groups of 2");
+  s = sched(GROUP4, 16384, 768, 50304, 132);
+  NBT_CHECK(s.group == 4, "16384x768x50304 group4: groups of 4");
+  s = sched(DEFAULT, 16384, 1024, 50304, 132);
+  NBT_CHECK(s.group == 8, "16384x1024x50304 (4 tile columns): groups of 8");
   /* FP8 (nb_scaled_mm): 8192^3 is 2048 tiles of 64 k-tiles, 15.5 waves on 132 SMs */
   s = sched8(DEFAULT, 8192, 8192, 8192, 132);
   NBT_CHECK(s.tiles == 2048 && s.splits == 1 && !s.stream_k && s.cluster == 1 && s.grid == 132 && s.group == 8,

@@ -409,11 +409,19 @@ static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm)
 }
 
 /* Tile rows per raster group: the candidate's, or NABLA_GEMM_GROUP=n for
- * every candidate (read once; for measurements). */
-static int sm90_group_rows(int cand) {
+ * every candidate (read once; for measurements). The heuristic's is 8, but 2
+ * for an unsplit grid of at least a wave of tiles at most 3 columns wide (N
+ * <= 768: the dX = dY W products of GPT-2's qkv, fc and lm head layers, the
+ * lm head's TN weight gradient): a CTA's tile then shares its A panel with
+ * the CTAs a few ids away instead of 8 apart. On the H100 at the steady
+ * clock (interleaved, bench/results/h100-2026-11-25-session23.md):
+ * 16384x768x50304 NN 0.8-1.8% and 50304x768x16384 TN 2.2% faster than
+ * groups of 8 in four and one calls; a group of 32 or 128 rows on the lm
+ * head's NT forward cut its DRAM reads by two thirds and ran 10-14% slower. */
+static int sm90_group_rows(int cand, int narrow) {
   static const char *e = getenv("NABLA_GEMM_GROUP");
   int g = e ? atoi(e) : 0;
-  return g >= 1 ? g : cand;
+  return g >= 1 ? g : narrow ? 2 : cand;
 }
 
 nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_sm) {
@@ -445,7 +453,8 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 && n_sm >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
   int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
-  int g = sm90_group_rows(sm90_cands[i].group) / s.cluster;
+  int narrow = i == 0 && !sync && s.splits == 1 && !s.sk && s.cluster == 1 && tiles_n <= 3 && tiles >= n_sm;
+  int g = sm90_group_rows(sm90_cands[i].group, narrow) / s.cluster;
   s.group = g < 1 ? 1 : g < rows ? g : (int)rows;
   if (s.cluster > 1) /* clusters of 2 CTAs, one per unit at most */
     s.grid = 2 * (units < n_sm / 2 ? units : n_sm / 2);
