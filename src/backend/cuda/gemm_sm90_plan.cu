@@ -169,7 +169,8 @@ int nb_sm90_ws_get(const nb_cuda_ctx *ctx, float **ws, unsigned **flags, unsigne
  * do not multiply (the ping-pong kernel has its own). Candidate 0 is the
  * heuristic, the choice when tuning is off: pingpong's launch where
  * sm90_heuristic_pingpong says so (few k-tiles, a full wave of 128 x 128
- * tiles; below), else raster groups of 8 tile rows, split-K when
+ * tiles; below), else raster groups of 8 tile rows (2 on narrow grids:
+ * sm90_group_rows), split-K when
  * sm90_splits says so (or split-sync, below, where its time model is
  * shorter than that split-K's), else a persistent grid of min(tiles, SMs)
  * CTAs. The
