@@ -74,6 +74,41 @@ static void test_pick(void) {
   nb_tune_force(-1);
 }
 
+/* A timer whose every run is 3% slower than the one before (a GPU whose
+ * clock falls as it warms), recording the order of the candidates run. */
+typedef struct {
+  const double *base;
+  int calls;
+  int order[64];
+} drift;
+
+static double drift_time(void *ctx, int i) {
+  drift *d = ctx;
+  if (d->calls < 64) d->order[d->calls] = i;
+  double t = d->base[i] < 0 ? -1 : d->base[i] * (1.0 + 0.03 * d->calls);
+  d->calls++;
+  return t;
+}
+
+/* Candidates are timed in rounds (a warm-up of each, then one run of each
+ * per round), so a drifting clock does not favour the first: run one after
+ * another, candidate 0 (base 1.00, runs 1-3 of 8) would beat candidate 1
+ * (base 0.95, runs 5-7). A candidate that fails is dropped from the rounds. */
+static void test_rounds(void) {
+  setenv("NABLA_AUTOTUNE", "1", 1);
+  nb_tune_reset();
+  drift d = {(const double[]){1.00, 0.95}, 0, {0}};
+  NBT_CHECK(nb_tune_pick("r/a", 2, NULL, drift_time, &d, 0) == 1, "drift: the faster candidate");
+  int want[] = {0, 1, 0, 1, 0, 1, 0, 1};
+  NBT_CHECK(d.calls == 8 && memcmp(d.order, want, sizeof want) == 0, "rounds: %d runs, order %d %d %d %d ...",
+            d.calls, d.order[0], d.order[1], d.order[2], d.order[3]);
+  drift e = {(const double[]){2.0, -1, 1.5}, 0, {0}};
+  NBT_CHECK(nb_tune_pick("r/b", 3, NULL, drift_time, &e, 0) == 2 && e.calls == 9,
+            "a failing candidate: run once, skipped (%d runs)", e.calls);
+  unsetenv("NABLA_AUTOTUNE");
+  nb_tune_reset();
+}
+
 /* NABLA_AUTOTUNE_SAMPLE_US: microseconds of launches per timing sample. */
 static void test_sample(void) {
   const struct { const char *env; double s; } cases[] = {
@@ -254,6 +289,7 @@ int main(void) {
   setenv("NABLA_AUTOTUNE_CACHE", g_path, 1);
   test_keys();
   test_pick();
+  test_rounds();
   test_sample();
   test_file();
   test_force_name();

@@ -217,14 +217,31 @@ static int nbt_cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Median of NBT_REPEATS runs of candidate i (after one warm-up), or -1. */
-static double nbt_time(nb_tune_time_fn fn, void *ctx, int i) {
-  double t[NBT_REPEATS];
-  if (fn(ctx, i) < 0) return -1;
+/* Each candidate's median of NBT_REPEATS runs into med[0..n), -1 where a
+ * run failed (or returned -1: a candidate the kernel skips). The runs go in
+ * rounds: one warm-up run of every candidate, then NBT_REPEATS rounds of one
+ * run of each, so every candidate is timed in each stretch of the tuning.
+ * A GPU under load lowers its clock as it warms (the H100 from about 1980 MHz
+ * to 1500-1750 within the first seconds of full load): timed one after
+ * another, the later candidates would run slower for that alone. Where the table of runs cannot
+ * be had, one candidate after another. */
+static void nbt_time_all(nb_tune_time_fn fn, void *ctx, int n, double *med) {
+  double *t = malloc((size_t)n * NBT_REPEATS * sizeof *t);
+  for (int i = 0; i < n; i++) med[i] = fn(ctx, i) < 0 ? -1 : 0; /* warm-up */
   for (int r = 0; r < NBT_REPEATS; r++)
-    if ((t[r] = fn(ctx, i)) < 0) return -1;
-  qsort(t, NBT_REPEATS, sizeof t[0], nbt_cmp);
-  return t[NBT_REPEATS / 2];
+    for (int i = 0; i < n; i++) {
+      if (med[i] < 0) continue;
+      double x = fn(ctx, i);
+      if (x < 0) med[i] = -1;
+      else if (t) t[(size_t)i * NBT_REPEATS + r] = x;
+      else med[i] += x / NBT_REPEATS; /* no table: the mean */
+    }
+  for (int i = 0; t && i < n; i++)
+    if (med[i] >= 0) {
+      qsort(t + (size_t)i * NBT_REPEATS, NBT_REPEATS, sizeof *t, nbt_cmp);
+      med[i] = t[(size_t)i * NBT_REPEATS + NBT_REPEATS / 2];
+    }
+  free(t);
 }
 
 int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_fn time_fn,
@@ -250,11 +267,13 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
   if (pick >= 0) return pick;
   if (!nb_tune_enabled() || !time_fn) return heuristic;
   /* Timing runs outside the lock: time_fn may itself run parallel kernels. */
-  double best = -1;
+  double best = -1, stack[16], *med = n <= 16 ? stack : malloc((size_t)n * sizeof *med);
   pick = heuristic;
-  for (int i = 0; i < n; i++) {
-    double t = nbt_time(time_fn, ctx, i);
-    if (t >= 0 && (best < 0 || t < best)) best = t, pick = i;
+  if (med) {
+    nbt_time_all(time_fn, ctx, n, med);
+    for (int i = 0; i < n; i++)
+      if (med[i] >= 0 && (best < 0 || med[i] < best)) best = med[i], pick = i;
+    if (med != stack) free(med);
   }
   pthread_mutex_lock(&nbt_mu);
   int first = nbt_choice(nbt_find(key), n, names);
