@@ -217,31 +217,33 @@ static int nbt_cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Each candidate's median of NBT_REPEATS runs into med[0..n), -1 where a
- * run failed (or returned -1: a candidate the kernel skips). The runs go in
- * rounds: one warm-up run of every candidate, then NBT_REPEATS rounds of one
- * run of each, so every candidate is timed in each stretch of the tuning.
- * A GPU under load lowers its clock as it warms (the H100 from about 1980 MHz
- * to 1500-1750 within the first seconds of full load): timed one after
- * another, the later candidates would run slower for that alone. Where the table of runs cannot
- * be had, one candidate after another. */
-static void nbt_time_all(nb_tune_time_fn fn, void *ctx, int n, double *med) {
-  double *t = malloc((size_t)n * NBT_REPEATS * sizeof *t);
-  for (int i = 0; i < n; i++) med[i] = fn(ctx, i) < 0 ? -1 : 0; /* warm-up */
+/* The fastest candidate by its median of NBT_REPEATS runs (into *best), or
+ * -1 where none ran (each returned -1 once: a candidate the kernel skips, or
+ * a failure) or there is no memory. The runs go in rounds: one warm-up run
+ * of every candidate, then NBT_REPEATS rounds of one run of each, so every
+ * candidate is timed in each stretch of the tuning. A GPU under load lowers
+ * its clock as it warms (the H100 from about 1980 MHz to 1500-1750 within
+ * the first seconds of full load): timed one after another, the later
+ * candidates would run slower for that alone. */
+static int nbt_fastest(nb_tune_time_fn fn, void *ctx, int n, double *best) {
+  double *t = malloc((size_t)n * NBT_REPEATS * sizeof *t); /* candidate i's runs at t + i R; t[i R] < 0: out */
+  if (!t) return -1;
+  for (int i = 0; i < n; i++) t[i * NBT_REPEATS] = fn(ctx, i) < 0 ? -1 : 0; /* warm-up */
   for (int r = 0; r < NBT_REPEATS; r++)
-    for (int i = 0; i < n; i++) {
-      if (med[i] < 0) continue;
-      double x = fn(ctx, i);
-      if (x < 0) med[i] = -1;
-      else if (t) t[(size_t)i * NBT_REPEATS + r] = x;
-      else med[i] += x / NBT_REPEATS; /* no table: the mean */
-    }
-  for (int i = 0; t && i < n; i++)
-    if (med[i] >= 0) {
-      qsort(t + (size_t)i * NBT_REPEATS, NBT_REPEATS, sizeof *t, nbt_cmp);
-      med[i] = t[(size_t)i * NBT_REPEATS + NBT_REPEATS / 2];
-    }
+    for (int i = 0; i < n; i++)
+      if (t[i * NBT_REPEATS] >= 0) {
+        double x = fn(ctx, i);
+        t[i * NBT_REPEATS + (x < 0 ? 0 : r)] = x;
+      }
+  int pick = -1;
+  for (int i = 0; i < n; i++) {
+    double *ti = t + (size_t)i * NBT_REPEATS;
+    if (ti[0] < 0) continue;
+    qsort(ti, NBT_REPEATS, sizeof *ti, nbt_cmp);
+    if (pick < 0 || ti[NBT_REPEATS / 2] < *best) *best = ti[NBT_REPEATS / 2], pick = i;
+  }
   free(t);
+  return pick;
 }
 
 int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_fn time_fn,
@@ -267,14 +269,9 @@ int nb_tune_pick(const char *key, int n, const char *const *names, nb_tune_time_
   if (pick >= 0) return pick;
   if (!nb_tune_enabled() || !time_fn) return heuristic;
   /* Timing runs outside the lock: time_fn may itself run parallel kernels. */
-  double best = -1, stack[16], *med = n <= 16 ? stack : malloc((size_t)n * sizeof *med);
-  pick = heuristic;
-  if (med) {
-    nbt_time_all(time_fn, ctx, n, med);
-    for (int i = 0; i < n; i++)
-      if (med[i] >= 0 && (best < 0 || med[i] < best)) best = med[i], pick = i;
-    if (med != stack) free(med);
-  }
+  double best = -1;
+  pick = nbt_fastest(time_fn, ctx, n, &best);
+  if (pick < 0) pick = heuristic;
   pthread_mutex_lock(&nbt_mu);
   int first = nbt_choice(nbt_find(key), n, names);
   const char *name = names ? names[pick] : NULL;

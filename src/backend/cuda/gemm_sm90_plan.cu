@@ -411,7 +411,7 @@ static int sm90_heuristic_pingpong(int tiles_m, int64_t N, int ktiles, int n_sm)
 
 /* Tile rows per raster group: the candidate's, or NABLA_GEMM_GROUP=n for
  * every candidate (read once; for measurements). The heuristic's is 8, but 2
- * for an unsplit grid of at least a wave of tiles at most 3 columns wide (N
+ * for a grid of at least a wave of tiles (never split) at most 3 columns wide (N
  * <= 768: the dX = dY W products of GPT-2's qkv, fc and lm head layers, the
  * lm head's TN weight gradient): a CTA's tile then shares its A panel with
  * the CTAs a few ids away instead of 8 apart. On the H100 at the steady
@@ -454,7 +454,7 @@ nb_sm90_sched nb_sm90_resolve(int i, int tiles_m, int64_t N, int ktiles, int n_s
   s.cluster = !s.sk && s.splits == 1 && tiles_m >= 2 && n_sm >= 2 ? sm90_cands[i].cluster : 1;
   /* a group of at least all the unit rows is one raster: column by column */
   int64_t rows = (tiles_m + s.cluster - 1) / s.cluster, units = rows * tiles_n;
-  int narrow = i == 0 && !sync && s.splits == 1 && !s.sk && s.cluster == 1 && tiles_n <= 3 && tiles >= n_sm;
+  int narrow = i == 0 && tiles_n <= 3 && tiles >= n_sm; /* a wave or more: never split, no cluster */
   int g = sm90_group_rows(sm90_cands[i].group, narrow) / s.cluster;
   s.group = g < 1 ? 1 : g < rows ? g : (int)rows;
   if (s.cluster > 1) /* clusters of 2 CTAs, one per unit at most */
